@@ -1,0 +1,45 @@
+//! kmem-core: what kmem's allocators share, in `no_std`.
+//!
+//! ```text
+//!   bitmap        Bitmap over caller words: ranges, counts, word-at-a-time searches
+//!   list          intrusive doubly linked list, container_of!
+//!   lock          Lock<T>: a lock_api mutex that counts acquisitions, contention, wait
+//!   topology      Topology (CPUs, packages, nodes) and Cpus (real, simulated, fixed)
+//!   page_source   PageSource trait, FixedSource (caller buffer), RegionSource (std)
+//!   stats         LockStats, Counter, CachePadded
+//!   sync          core or loom atomics (cfg(loom)), spin_loop
+//!   error         Error: the typed error of every kmem allocator
+//! ```
+//!
+//! The crate allocates nothing: every structure lives in memory the caller
+//! provides, so it runs in kernels and firmware. The `std` feature (default)
+//! adds what needs the operating system through kmem-sys: the real CPU id and
+//! topology, wait-time accounting in locks, parking instead of spinning, and a
+//! page source over reserved address space.
+
+#![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod bitmap;
+pub mod error;
+pub mod list;
+pub mod lock;
+pub mod page_source;
+pub mod stats;
+pub mod sync;
+pub mod topology;
+
+pub use bitmap::Bitmap;
+pub use error::{Error, Result};
+pub use list::{Link, List};
+pub use lock::{Lock, LockGuard, RawCountingLock};
+#[cfg(feature = "std")]
+pub use page_source::RegionSource;
+pub use page_source::{FixedSource, PageSource};
+pub use stats::{CachePadded, Counter, LockStats};
+#[cfg(feature = "std")]
+pub use topology::{bind_simulated_cpu, simulated_cpu_binding};
+pub use topology::{CpuSource, Cpus, Topology, MAX_CPUS};

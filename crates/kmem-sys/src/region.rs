@@ -1,0 +1,311 @@
+//! Reserved address space.
+//!
+//! A [`Region`] is a range of virtual addresses reserved with `PROT_NONE` and
+//! `MAP_NORESERVE`: it costs no memory until parts of it are committed.
+//!
+//! ```text
+//!   reserve(len)        mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)
+//!   commit(off, len)    mprotect(READ|WRITE)            pages fault in as zero
+//!   purge(off, len)     madvise(MADV_DONTNEED)          stays accessible, reads zero
+//!   decommit(off, len)  madvise(MADV_DONTNEED) + mprotect(PROT_NONE)
+//!   drop                munmap
+//! ```
+//!
+//! `purge` is the cheap way to give memory back: it does not split the
+//! mapping, so it never adds to the process's count of mappings
+//! (`vm.max_map_count`). `decommit` returns a range to the reserved state, where
+//! a stray access faults instead of silently reading zero.
+
+use core::fmt;
+use core::ptr::NonNull;
+
+use crate::geometry::page_size;
+
+/// An error from the operating system, typed by what it means to an allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SysError {
+    /// The kernel has no memory or address space for the request (`ENOMEM`).
+    OutOfMemory,
+    /// An argument was rejected: zero or unaligned length, a range outside the
+    /// region, or an offset that is not page aligned.
+    InvalidArgument,
+    /// The kernel refused the operation (`EPERM`, `EACCES`).
+    PermissionDenied,
+    /// Any other `errno`.
+    Os(i32),
+}
+
+impl SysError {
+    fn last() -> SysError {
+        // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+        let errno = unsafe { *libc::__errno_location() };
+        match errno {
+            libc::ENOMEM | libc::EAGAIN => SysError::OutOfMemory,
+            libc::EINVAL => SysError::InvalidArgument,
+            libc::EPERM | libc::EACCES => SysError::PermissionDenied,
+            e => SysError::Os(e),
+        }
+    }
+}
+
+impl fmt::Display for SysError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SysError::OutOfMemory => f.write_str("out of memory or address space"),
+            SysError::InvalidArgument => f.write_str("invalid argument"),
+            SysError::PermissionDenied => f.write_str("permission denied"),
+            SysError::Os(e) => write!(f, "system error {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SysError {}
+
+/// A reserved range of address space; released when dropped.
+///
+/// All offsets and lengths given to its methods must be multiples of the page
+/// size and lie inside the region; anything else is
+/// [`SysError::InvalidArgument`] and changes nothing.
+#[derive(Debug)]
+pub struct Region {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Region is an address range owned by this value; the kernel calls on
+// it are thread-safe and the struct holds no thread-affine state.
+unsafe impl Send for Region {}
+// SAFETY: as above; `&Region` methods only make system calls on the range.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Reserves `len` bytes (rounded up to whole pages) of address space that
+    /// no access may touch until it is committed.
+    pub fn reserve(len: usize) -> Result<Region, SysError> {
+        Self::reserve_aligned(len, page_size())
+    }
+
+    /// Reserves `len` bytes whose base is aligned to `align` (a power of two,
+    /// at least the page size is used). Over-reserves and trims the excess.
+    pub fn reserve_aligned(len: usize, align: usize) -> Result<Region, SysError> {
+        let page = page_size();
+        if len == 0 || !align.is_power_of_two() {
+            return Err(SysError::InvalidArgument);
+        }
+        let align = align.max(page);
+        let len = len
+            .checked_next_multiple_of(page)
+            .ok_or(SysError::OutOfMemory)?;
+        let extra = align - page;
+        let total = len.checked_add(extra).ok_or(SysError::OutOfMemory)?;
+        // SAFETY: an anonymous PROT_NONE mapping at a kernel-chosen address has no
+        // effect on existing memory.
+        let raw = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(SysError::last());
+        }
+        let start = raw as usize;
+        let aligned = (start + align - 1) & !(align - 1);
+        let head = aligned - start;
+        let tail = total - head - len;
+        // SAFETY: both trims unmap parts of the mapping just made, outside the
+        // aligned range that is kept.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Region {
+            // SAFETY: mmap never returns null for a successful anonymous map
+            // without MAP_FIXED, and `aligned >= start`.
+            base: unsafe { NonNull::new_unchecked(aligned as *mut u8) },
+            len,
+        })
+    }
+
+    /// The first byte of the region.
+    #[inline]
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a region holds at least one page.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when `ptr` lies inside the region.
+    #[inline]
+    pub fn contains(&self, ptr: *const u8) -> bool {
+        (ptr as usize).wrapping_sub(self.base.as_ptr() as usize) < self.len
+    }
+
+    fn range(&self, off: usize, len: usize) -> Result<*mut libc::c_void, SysError> {
+        let page = page_size();
+        if len == 0 || off % page != 0 || len % page != 0 {
+            return Err(SysError::InvalidArgument);
+        }
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => {}
+            _ => return Err(SysError::InvalidArgument),
+        }
+        Ok(self.base.as_ptr().wrapping_add(off).cast())
+    }
+
+    /// Makes `[off, off + len)` readable and writable. Pages never touched
+    /// before, or decommitted or purged since, read as zero.
+    pub fn commit(&self, off: usize, len: usize) -> Result<(), SysError> {
+        let addr = self.range(off, len)?;
+        // SAFETY: the range lies inside our own mapping (checked by `range`).
+        let r = unsafe { libc::mprotect(addr, len, libc::PROT_READ | libc::PROT_WRITE) };
+        if r != 0 {
+            return Err(SysError::last());
+        }
+        Ok(())
+    }
+
+    /// Gives the memory of `[off, off + len)` back to the kernel and makes the
+    /// range inaccessible again; a later [`commit`](Self::commit) reads zero.
+    pub fn decommit(&self, off: usize, len: usize) -> Result<(), SysError> {
+        self.purge(off, len)?;
+        let addr = self.range(off, len)?;
+        // SAFETY: the range lies inside our own mapping.
+        let r = unsafe { libc::mprotect(addr, len, libc::PROT_NONE) };
+        if r != 0 {
+            return Err(SysError::last());
+        }
+        Ok(())
+    }
+
+    /// Gives the memory of `[off, off + len)` back to the kernel but leaves the
+    /// range accessible; it reads zero afterwards. Does not split the mapping.
+    pub fn purge(&self, off: usize, len: usize) -> Result<(), SysError> {
+        let addr = self.range(off, len)?;
+        // SAFETY: the range lies inside our own mapping; MADV_DONTNEED on a
+        // private anonymous mapping only drops its pages.
+        let r = unsafe { libc::madvise(addr, len, libc::MADV_DONTNEED) };
+        if r != 0 {
+            return Err(SysError::last());
+        }
+        Ok(())
+    }
+
+    /// Asks for transparent huge pages on `[off, off + len)` (a hint; kernels
+    /// without THP answer [`SysError::InvalidArgument`], which callers may ignore).
+    pub fn hint_huge_pages(&self, off: usize, len: usize) -> Result<(), SysError> {
+        let addr = self.range(off, len)?;
+        // SAFETY: the range lies inside our own mapping; the advice is a hint.
+        let r = unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+        if r != 0 {
+            return Err(SysError::last());
+        }
+        Ok(())
+    }
+
+    /// Gives up ownership without unmapping; the range stays reserved for the
+    /// life of the process (for allocators that live in statics).
+    pub fn leak(self) -> (NonNull<u8>, usize) {
+        let me = core::mem::ManuallyDrop::new(self);
+        (me.base, me.len)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the range is exactly the mapping this Region owns.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_commit_write_decommit_reads_zero() {
+        let page = page_size();
+        let r = Region::reserve(16 * page).unwrap();
+        assert_eq!(r.len(), 16 * page);
+        r.commit(2 * page, 4 * page).unwrap();
+        let p = r.base().as_ptr().wrapping_add(2 * page);
+        // SAFETY: the four pages at `p` were committed read-write just above.
+        unsafe {
+            for i in 0..4 * page {
+                assert_eq!(*p.add(i), 0);
+                *p.add(i) = 0xa5;
+            }
+        }
+        r.decommit(2 * page, 4 * page).unwrap();
+        r.commit(2 * page, 4 * page).unwrap();
+        // SAFETY: committed again above.
+        unsafe {
+            for i in 0..4 * page {
+                assert_eq!(*p.add(i), 0);
+            }
+        }
+        // Purge keeps the range accessible and reading zero.
+        // SAFETY: still committed.
+        unsafe { *p = 7 };
+        r.purge(2 * page, page).unwrap();
+        // SAFETY: purge leaves the page accessible.
+        assert_eq!(unsafe { *p }, 0);
+        assert!(r.contains(p));
+        assert!(!r.contains(r.base().as_ptr().wrapping_add(16 * page)));
+    }
+
+    #[test]
+    fn aligned_reservation() {
+        let align = 2 << 20;
+        let r = Region::reserve_aligned(3 * page_size(), align).unwrap();
+        assert_eq!(r.base().as_ptr() as usize % align, 0);
+    }
+
+    #[test]
+    fn bad_arguments_are_typed_errors() {
+        let page = page_size();
+        assert_eq!(Region::reserve(0).unwrap_err(), SysError::InvalidArgument);
+        assert_eq!(
+            Region::reserve_aligned(page, 3).unwrap_err(),
+            SysError::InvalidArgument
+        );
+        let r = Region::reserve(4 * page).unwrap();
+        assert_eq!(r.commit(1, page), Err(SysError::InvalidArgument));
+        assert_eq!(r.commit(0, page + 1), Err(SysError::InvalidArgument));
+        assert_eq!(r.commit(0, 0), Err(SysError::InvalidArgument));
+        assert_eq!(r.commit(3 * page, 2 * page), Err(SysError::InvalidArgument));
+        assert_eq!(
+            r.decommit(usize::MAX - page + 1, page),
+            Err(SysError::InvalidArgument)
+        );
+        assert_eq!(r.purge(8 * page, page), Err(SysError::InvalidArgument));
+        // Still usable after the errors.
+        r.commit(0, 4 * page).unwrap();
+    }
+
+    #[test]
+    fn huge_reservation_fails_cleanly() {
+        // 2^62 bytes is beyond any x86-64 or aarch64 address space.
+        assert_eq!(Region::reserve(1 << 62).unwrap_err(), SysError::OutOfMemory);
+    }
+}
