@@ -409,27 +409,28 @@ impl<S: AsRef<[u64]> + AsMut<[u64]>> Bitmap<S> {
     }
 }
 
-/// Naive bit-by-bit `find_next_zero_area`, the reference that the word-at-a-time
-/// search is tested and benchmarked against.
+/// Naive bit-by-bit `find_next_zero_area`: one linear pass that tests every
+/// bit once and restarts the candidate after each set bit. The reference that
+/// the word-at-a-time search is tested and benchmarked against.
 pub fn naive_find_next_zero_area<S: AsRef<[u64]>>(
     map: &Bitmap<S>,
     start: usize,
     len: usize,
     align: usize,
 ) -> Option<usize> {
-    let mut i = start.checked_add(align - 1)? & !(align - 1);
-    while i.checked_add(len)? <= map.len() {
-        let mut ok = true;
-        for j in i..i + len {
-            if map.test(j) {
-                ok = false;
-                break;
-            }
+    let up = |i: usize| i.checked_add(align - 1).map(|v| v & !(align - 1));
+    let mut cand = up(start)?;
+    let mut i = cand;
+    while cand.checked_add(len)? <= map.len() {
+        if i == cand + len {
+            return Some(cand);
         }
-        if ok {
-            return Some(i);
+        if map.test(i) {
+            cand = up(i + 1)?;
+            i = cand;
+        } else {
+            i += 1;
         }
-        i += align;
     }
     None
 }

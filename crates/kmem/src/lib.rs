@@ -1,0 +1,25 @@
+//! The `kmem` command's library: the benchmark harness, the suites, the seeds'
+//! "before" designs as baselines, and the report.
+//!
+//! ```text
+//!   harness     interleaved rounds, medians, a deterministic PRNG
+//!   output      Measure / Published / Table / Figure, the suite JSON
+//!   suites      the Suite trait and the registry (suites::all)
+//!   baselines   the designs the seeds replaced, kept faithful for comparison
+//!   report      runs suites, prints tables, writes target/kmem-report/
+//!   svg         hand-written SVG charts and PNG maps
+//! ```
+//!
+//! A suite measures kmem, the seed's baseline and the peers in one run,
+//! interleaved, and reports ratios: on a shared 2-core machine an absolute time
+//! means little, a ratio measured side by side means a lot.
+
+#![warn(missing_docs)]
+
+pub mod baselines;
+pub mod harness;
+pub mod output;
+pub mod progress;
+pub mod report;
+pub mod suites;
+pub mod svg;

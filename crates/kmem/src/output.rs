@@ -1,0 +1,416 @@
+//! What a suite produces: measurements, the seed's published figures, tables
+//! for the terminal and the report, and figures for the report.
+//!
+//! The JSON of a suite is exactly
+//! `{"suite", "scale", "machine", "results": [{"case", "impl", "metric", "value", "unit"}], "published": [...]}`;
+//! tables, figures and notes are for people and go only to the terminal and
+//! the HTML report.
+
+use serde::Serialize;
+
+/// How long a suite may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scale {
+    /// Tiny, for CI: every case runs, in seconds for the whole report.
+    Smoke,
+    /// The default: seconds per suite.
+    Quick,
+    /// The seed's own scale (minutes).
+    Full,
+}
+
+impl Scale {
+    /// The name used in JSON and on the terminal.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scale::Smoke => "smoke",
+            Scale::Quick => "quick",
+            Scale::Full => "full",
+        }
+    }
+
+    /// Picks one of three values by scale.
+    pub fn pick<T>(self, smoke: T, quick: T, full: T) -> T {
+        match self {
+            Scale::Smoke => smoke,
+            Scale::Quick => quick,
+            Scale::Full => full,
+        }
+    }
+}
+
+/// One measured number.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measure {
+    /// The workload, e.g. `long_busy_list_alloc`.
+    pub case: String,
+    /// Which implementation: `kmem`, `baseline`, or a peer's name.
+    #[serde(rename = "impl")]
+    pub imp: String,
+    /// What was measured, e.g. `ops_per_s`, `ratio_to_baseline`.
+    pub metric: String,
+    /// The value.
+    pub value: f64,
+    /// Its unit, e.g. `ops/s`, `ns`, `x`.
+    pub unit: String,
+}
+
+impl Measure {
+    /// A measurement.
+    pub fn new(
+        case: impl Into<String>,
+        imp: impl Into<String>,
+        metric: impl Into<String>,
+        value: f64,
+        unit: impl Into<String>,
+    ) -> Measure {
+        Measure {
+            case: case.into(),
+            imp: imp.into(),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+        }
+    }
+}
+
+/// One figure from the seed document.
+#[derive(Clone, Debug, Serialize)]
+pub struct Published {
+    /// The seed's case name.
+    pub case: String,
+    /// `before`, `after`, or the seed's own label.
+    #[serde(rename = "impl")]
+    pub imp: String,
+    /// What it measures.
+    pub metric: String,
+    /// The value as published.
+    pub value: f64,
+    /// Its unit.
+    pub unit: String,
+    /// Where it comes from (seed file and the machine it ran on).
+    pub source: String,
+}
+
+impl Published {
+    /// A published figure.
+    pub fn new(
+        case: impl Into<String>,
+        imp: impl Into<String>,
+        metric: impl Into<String>,
+        value: f64,
+        unit: impl Into<String>,
+        source: impl Into<String>,
+    ) -> Published {
+        Published {
+            case: case.into(),
+            imp: imp.into(),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// A table for people.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    /// Heading.
+    pub title: String,
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Cells, row by row.
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// An empty table with a title and column names.
+    pub fn new(title: impl Into<String>, columns: &[&str]) -> Table {
+        Table {
+            title: title.into(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row.
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Renders as aligned monospace text (numbers right-aligned).
+    pub fn to_text(&self) -> String {
+        let ncol = self
+            .columns
+            .len()
+            .max(self.rows.iter().map(|r| r.len()).max().unwrap_or(0));
+        let mut w = vec![0usize; ncol];
+        for (i, c) in self.columns.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let numeric = |s: &str| {
+            s.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+')
+        };
+        let line = |cells: &[String]| {
+            let mut s = String::from("  ");
+            for (i, width) in w.iter().enumerate() {
+                let c = cells.get(i).map(String::as_str).unwrap_or("");
+                let pad = width - c.chars().count();
+                if numeric(c) && i > 0 {
+                    s.push_str(&" ".repeat(pad));
+                    s.push_str(c);
+                } else {
+                    s.push_str(c);
+                    s.push_str(&" ".repeat(pad));
+                }
+                s.push_str("  ");
+            }
+            s.trim_end().to_string()
+        };
+        let mut out = format!("{}\n", self.title);
+        out.push_str(&line(&self.columns));
+        out.push('\n');
+        out.push_str("  ");
+        out.push_str(
+            &w.iter()
+                .map(|n| "-".repeat(*n))
+                .collect::<Vec<_>>()
+                .join("  "),
+        );
+        out.push('\n');
+        for r in &self.rows {
+            out.push_str(&line(r));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// A picture for the report.
+#[derive(Clone, Debug)]
+pub enum Figure {
+    /// An SVG document.
+    Svg {
+        /// Caption.
+        title: String,
+        /// The `<svg>` element.
+        svg: String,
+    },
+    /// A PNG image.
+    Png {
+        /// Caption.
+        title: String,
+        /// Encoded PNG bytes.
+        data: Vec<u8>,
+    },
+}
+
+/// Everything one run of a suite produced.
+#[derive(Clone, Debug, Default)]
+pub struct SuiteOutput {
+    /// Measurements (the JSON `results`).
+    pub results: Vec<Measure>,
+    /// The seed's figures (the JSON `published`).
+    pub published: Vec<Published>,
+    /// Tables for the terminal and the report.
+    pub tables: Vec<Table>,
+    /// Figures for the report (a bar chart per metric is added automatically).
+    pub figures: Vec<Figure>,
+    /// Remarks: what was skipped and why, what a number means.
+    pub notes: Vec<String>,
+}
+
+impl SuiteOutput {
+    /// Records a measurement.
+    pub fn measure(
+        &mut self,
+        case: impl Into<String>,
+        imp: impl Into<String>,
+        metric: impl Into<String>,
+        value: f64,
+        unit: impl Into<String>,
+    ) {
+        self.results
+            .push(Measure::new(case, imp, metric, value, unit));
+    }
+
+    /// Records a published figure.
+    pub fn publish(
+        &mut self,
+        case: impl Into<String>,
+        imp: impl Into<String>,
+        metric: impl Into<String>,
+        value: f64,
+        unit: impl Into<String>,
+        source: impl Into<String>,
+    ) {
+        self.published
+            .push(Published::new(case, imp, metric, value, unit, source));
+    }
+
+    /// The value of a measurement, if recorded.
+    pub fn value(&self, case: &str, imp: &str, metric: &str) -> Option<f64> {
+        self.results
+            .iter()
+            .find(|m| m.case == case && m.imp == imp && m.metric == metric)
+            .map(|m| m.value)
+    }
+}
+
+/// The machine section of the JSON.
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineJson {
+    /// CPU model.
+    pub cpu_model: String,
+    /// CPUs the process may use.
+    pub online_cpus: usize,
+    /// Possible CPUs.
+    pub cpus: usize,
+    /// Packages.
+    pub packages: usize,
+    /// NUMA nodes.
+    pub nodes: usize,
+    /// Page size.
+    pub page_size: usize,
+    /// Cache line.
+    pub cache_line: usize,
+    /// L2 bytes.
+    pub l2_size: usize,
+    /// L2 ways.
+    pub l2_ways: usize,
+    /// How the current CPU is read.
+    pub cpu_id_method: String,
+    /// Kernel release.
+    pub kernel: String,
+}
+
+impl MachineJson {
+    /// This machine.
+    pub fn current() -> MachineJson {
+        let m = kmem_sys::machine::machine_info();
+        MachineJson {
+            cpu_model: m.cpu_model,
+            online_cpus: m.online_cpus,
+            cpus: m.cpus,
+            packages: m.packages,
+            nodes: m.nodes,
+            page_size: m.page_size,
+            cache_line: m.cache_line,
+            l2_size: m.l2_size,
+            l2_ways: m.l2_ways,
+            cpu_id_method: m.cpu_id_method.to_string(),
+            kernel: m.kernel,
+        }
+    }
+}
+
+/// The JSON document of one suite run.
+#[derive(Clone, Debug, Serialize)]
+pub struct SuiteJson<'a> {
+    /// Suite name.
+    pub suite: &'a str,
+    /// Scale it ran at.
+    pub scale: Scale,
+    /// Where it ran.
+    pub machine: &'a MachineJson,
+    /// Measurements.
+    pub results: &'a [Measure],
+    /// The seed's figures.
+    pub published: &'a [Published],
+}
+
+/// Formats a number for a table: 3 significant digits, thousands separated.
+pub fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        let s = format!("{:.0}", v);
+        let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
+        let mut out = String::new();
+        for (i, ch) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(ch);
+        }
+        format!("{sign}{out}")
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else if a == 0.0 {
+        "0".into()
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Formats a ratio as `12.3x`.
+pub fn fmt_ratio(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    format!("{}x", fmt_num(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(fmt_num(1234567.0), "1,234,567");
+        assert_eq!(fmt_num(-1234.0), "-1,234");
+        assert_eq!(fmt_num(123.4), "123");
+        assert_eq!(fmt_num(12.34), "12.3");
+        assert_eq!(fmt_num(1.234), "1.23");
+        assert_eq!(fmt_num(0.1234), "0.123");
+        assert_eq!(fmt_num(0.0), "0");
+        assert_eq!(fmt_num(f64::NAN), "-");
+        assert_eq!(fmt_ratio(2.0), "2.00x");
+    }
+
+    #[test]
+    fn table_text() {
+        let mut t = Table::new("T", &["case", "value"]);
+        t.row(vec!["a".into(), "1".into()]);
+        t.row(vec!["longer".into(), "1,000".into()]);
+        let s = t.to_text();
+        assert!(s.contains("  longer  1,000"), "{s}");
+        assert!(s.contains(&format!("  a{}1", " ".repeat(11))), "{s}");
+    }
+
+    #[test]
+    fn json_shape() {
+        let m = MachineJson::current();
+        let mut o = SuiteOutput::default();
+        o.measure("c", "kmem", "ops_per_s", 1.0, "ops/s");
+        o.publish("c", "before", "ms", 2.0, "ms", "seed");
+        let j = serde_json::to_value(SuiteJson {
+            suite: "x",
+            scale: Scale::Quick,
+            machine: &m,
+            results: &o.results,
+            published: &o.published,
+        })
+        .unwrap();
+        let keys: Vec<_> = j.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys.len(), 5);
+        assert_eq!(j["results"][0]["impl"], "kmem");
+        assert_eq!(j["scale"], "quick");
+        assert_eq!(o.value("c", "kmem", "ops_per_s"), Some(1.0));
+    }
+}

@@ -1,0 +1,352 @@
+//! `kmem report`: every suite, tables on the terminal, JSON and an HTML page.
+//!
+//! The report knows nothing of individual suites: it runs [`suites::all`],
+//! prints each suite's tables and the seed's published figures, draws one bar
+//! chart per metric from the results (plus any figures the suite made), and
+//! writes `index.html` and `<suite>.json` into the output directory.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::output::{fmt_num, Figure, MachineJson, Scale, SuiteJson, SuiteOutput, Table};
+use crate::progress::Progress;
+use crate::suites::{self, Ctx, Suite};
+use crate::svg;
+
+/// One finished suite.
+pub struct Ran {
+    /// The suite.
+    pub suite: &'static dyn Suite,
+    /// What it produced.
+    pub output: SuiteOutput,
+    /// Seconds it took.
+    pub seconds: f64,
+}
+
+/// Runs one suite with a progress bar.
+pub fn run_suite(
+    suite: &'static dyn Suite,
+    scale: Scale,
+    threads: Option<usize>,
+    cpus: Option<usize>,
+) -> Ran {
+    let progress = Progress::new(suite.name());
+    let t0 = std::time::Instant::now();
+    let output = suite.run(&Ctx {
+        scale,
+        threads,
+        cpus,
+        progress: &progress,
+    });
+    progress.finish();
+    Ran {
+        suite,
+        output,
+        seconds: t0.elapsed().as_secs_f64(),
+    }
+}
+
+/// The JSON document of a run, as DESIGN.md specifies it.
+pub fn suite_json(ran: &Ran, scale: Scale, machine: &MachineJson) -> String {
+    serde_json::to_string_pretty(&SuiteJson {
+        suite: ran.suite.name(),
+        scale,
+        machine,
+        results: &ran.output.results,
+        published: &ran.output.published,
+    })
+    .expect("suite JSON serialises")
+}
+
+/// The published figures as a table.
+pub fn published_table(o: &SuiteOutput) -> Option<Table> {
+    if o.published.is_empty() {
+        return None;
+    }
+    let mut t = Table::new(
+        "Published in the seed",
+        &["case", "impl", "metric", "value", "unit", "source"],
+    );
+    for p in &o.published {
+        t.row(vec![
+            p.case.clone(),
+            p.imp.clone(),
+            p.metric.clone(),
+            fmt_num(p.value),
+            p.unit.clone(),
+            p.source.clone(),
+        ]);
+    }
+    Some(t)
+}
+
+/// The terminal text of a run.
+pub fn suite_text(ran: &Ran) -> String {
+    let mut s = format!("== {}: {}", ran.suite.name(), ran.suite.title());
+    if let Some(seed) = ran.suite.seed() {
+        let _ = write!(s, " (seed {seed})");
+    }
+    let _ = writeln!(s, " [{:.1} s]\n", ran.seconds);
+    for t in &ran.output.tables {
+        s.push_str(&t.to_text());
+        s.push('\n');
+    }
+    if let Some(t) = published_table(&ran.output) {
+        s.push_str(&t.to_text());
+        s.push('\n');
+    }
+    for n in &ran.output.notes {
+        let _ = writeln!(s, "  note: {n}");
+    }
+    s
+}
+
+/// One grouped bar chart per metric of the results.
+pub fn auto_charts(o: &SuiteOutput) -> Vec<Figure> {
+    let mut by_metric: BTreeMap<(String, String), Vec<&crate::output::Measure>> = BTreeMap::new();
+    for m in &o.results {
+        by_metric
+            .entry((m.metric.clone(), m.unit.clone()))
+            .or_default()
+            .push(m);
+    }
+    let mut figs = Vec::new();
+    for ((metric, unit), ms) in by_metric {
+        let mut cases: Vec<String> = Vec::new();
+        let mut imps: Vec<String> = Vec::new();
+        for m in &ms {
+            if !cases.contains(&m.case) {
+                cases.push(m.case.clone());
+            }
+            if !imps.contains(&m.imp) {
+                imps.push(m.imp.clone());
+            }
+        }
+        if cases.len() > 40 || imps.len() > 8 {
+            continue;
+        }
+        let series: Vec<(String, Vec<Option<f64>>)> = imps
+            .iter()
+            .map(|i| {
+                let vals = cases
+                    .iter()
+                    .map(|c| {
+                        ms.iter()
+                            .find(|m| &m.case == c && &m.imp == i)
+                            .map(|m| m.value)
+                    })
+                    .collect();
+                (i.clone(), vals)
+            })
+            .collect();
+        let vals: Vec<f64> = ms
+            .iter()
+            .map(|m| m.value)
+            .filter(|v| *v > 0.0 && v.is_finite())
+            .collect();
+        let (lo, hi) = vals
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(l, h), v| (l.min(*v), h.max(*v)));
+        let log = !vals.is_empty() && hi / lo > 50.0;
+        let title = format!("{metric} ({unit}){}", if log { ", log scale" } else { "" });
+        figs.push(Figure::Svg {
+            svg: svg::bar_chart(&title, &unit, &cases, &series, log),
+            title,
+        });
+    }
+    figs
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn table_html(t: &Table) -> String {
+    let mut s = format!("<table><caption>{}</caption><tr>", esc(&t.title));
+    for c in &t.columns {
+        let _ = write!(s, "<th>{}</th>", esc(c));
+    }
+    s.push_str("</tr>");
+    for r in &t.rows {
+        s.push_str("<tr>");
+        for c in r {
+            let _ = write!(s, "<td>{}</td>", esc(c));
+        }
+        s.push_str("</tr>");
+    }
+    s.push_str("</table>");
+    s
+}
+
+fn figure_html(f: &Figure) -> String {
+    match f {
+        Figure::Svg { title, svg } => format!("<figure>{svg}<figcaption>{}</figcaption></figure>", esc(title)),
+        Figure::Png { title, data } => format!(
+            "<figure><img alt=\"{0}\" src=\"data:image/png;base64,{1}\"><figcaption>{0}</figcaption></figure>",
+            esc(title),
+            svg::base64(data)
+        ),
+    }
+}
+
+/// The HTML page of a set of runs.
+pub fn html(runs: &[Ran], scale: Scale, machine: &MachineJson) -> String {
+    let mut s = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>kmem report</title><style>\
+body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}\
+table{border-collapse:collapse;margin:1em 0;font-size:13px}caption{text-align:left;font-weight:bold;padding:4px 0}\
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\
+th{background:#f3f3f3}figure{margin:1em 0}figcaption{font-size:12px;color:#555}img{image-rendering:pixelated;max-width:100%}\
+.note{color:#555;font-size:13px}section{border-top:2px solid #333;margin-top:2em}</style></head><body>",
+    );
+    let _ = write!(
+        s,
+        "<h1>kmem report</h1><p>Scale <b>{}</b>. Machine: {} ({} CPUs online; {} possible, {} package(s), {} node(s)); page {} B, line {} B, L2 {} KiB {}-way; current CPU via {}; kernel {}.</p>",
+        scale.name(),
+        esc(&machine.cpu_model),
+        machine.online_cpus,
+        machine.cpus,
+        machine.packages,
+        machine.nodes,
+        machine.page_size,
+        machine.cache_line,
+        machine.l2_size / 1024,
+        machine.l2_ways,
+        machine.cpu_id_method,
+        esc(&machine.kernel)
+    );
+    s.push_str("<p>Every ratio is measured in one run, implementations interleaved; absolute times on a shared machine mean little.</p><ul>");
+    for r in runs {
+        let _ = write!(
+            s,
+            "<li><a href=\"#{0}\">{0}</a>: {1}</li>",
+            r.suite.name(),
+            esc(r.suite.title())
+        );
+    }
+    s.push_str("</ul>");
+    for r in runs {
+        let _ = write!(
+            s,
+            "<section id=\"{0}\"><h2>{0}</h2><p>{1}{2} &middot; {3:.1} s &middot; <a href=\"{0}.json\">JSON</a></p>",
+            r.suite.name(),
+            esc(r.suite.title()),
+            r.suite.seed().map(|x| format!(" (seed {x})")).unwrap_or_default(),
+            r.seconds
+        );
+        for t in &r.output.tables {
+            s.push_str(&table_html(t));
+        }
+        if let Some(t) = published_table(&r.output) {
+            s.push_str(&table_html(&t));
+        }
+        for n in &r.output.notes {
+            let _ = write!(s, "<p class=\"note\">{}</p>", esc(n));
+        }
+        for f in r.output.figures.iter().chain(auto_charts(&r.output).iter()) {
+            s.push_str(&figure_html(f));
+        }
+        s.push_str("</section>");
+    }
+    s.push_str("</body></html>\n");
+    s
+}
+
+/// Where the report goes by default: `target/kmem-report` of the workspace.
+pub fn default_out_dir() -> PathBuf {
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(t).join("kmem-report");
+    }
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    ws.canonicalize()
+        .unwrap_or(ws)
+        .join("target")
+        .join("kmem-report")
+}
+
+/// Runs the named suites (all when `only` is empty), prints, and writes the report.
+pub fn run_report(scale: Scale, out_dir: &Path, only: &[String]) -> std::io::Result<PathBuf> {
+    let machine = MachineJson::current();
+    let chosen: Vec<&'static dyn Suite> = suites::all()
+        .iter()
+        .copied()
+        .filter(|s| only.is_empty() || only.iter().any(|o| o == s.name()))
+        .collect();
+    println!(
+        "kmem report: {} suite(s) at {} scale on {} ({} CPUs online)\n",
+        chosen.len(),
+        scale.name(),
+        machine.cpu_model,
+        machine.online_cpus
+    );
+    std::fs::create_dir_all(out_dir)?;
+    let mut runs = Vec::new();
+    for suite in chosen {
+        let ran = run_suite(suite, scale, None, None);
+        print!("{}", suite_text(&ran));
+        println!();
+        std::fs::write(
+            out_dir.join(format!("{}.json", suite.name())),
+            suite_json(&ran, scale, &machine),
+        )?;
+        runs.push(ran);
+    }
+    let index = out_dir.join("index.html");
+    std::fs::write(&index, html(&runs, scale, &machine))?;
+    println!("report written to {}", index.display());
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::Measure;
+
+    struct Fake;
+    impl Suite for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn title(&self) -> &'static str {
+            "a fake suite"
+        }
+        fn run(&self, _: &Ctx<'_>) -> SuiteOutput {
+            let mut o = SuiteOutput::default();
+            o.results
+                .push(Measure::new("c1", "kmem", "ops_per_s", 10.0, "ops/s"));
+            o.results
+                .push(Measure::new("c1", "baseline", "ops_per_s", 5.0, "ops/s"));
+            o.publish("c1", "after", "ms", 3.0, "ms", "seed 999");
+            o.tables.push(Table::new("t", &["a"]));
+            o
+        }
+    }
+
+    #[test]
+    fn report_pieces() {
+        static FAKE: Fake = Fake;
+        let ran = Ran {
+            suite: &FAKE,
+            output: FAKE.run(&Ctx {
+                scale: Scale::Smoke,
+                threads: None,
+                cpus: None,
+                progress: &Progress::hidden(),
+            }),
+            seconds: 0.1,
+        };
+        let m = MachineJson::current();
+        let j: serde_json::Value =
+            serde_json::from_str(&suite_json(&ran, Scale::Smoke, &m)).unwrap();
+        assert_eq!(j["suite"], "fake");
+        assert_eq!(j["published"][0]["value"], 3.0);
+        let text = suite_text(&ran);
+        assert!(text.contains("Published in the seed"));
+        assert_eq!(auto_charts(&ran.output).len(), 1);
+        let page = html(&[ran], Scale::Smoke, &m);
+        assert!(page.contains("<svg") && page.contains("fake.json"));
+    }
+}

@@ -1,0 +1,47 @@
+//! The benchmark suites, and the one place they are registered.
+//!
+//! A suite is a type implementing [`Suite`]; adding one means writing its
+//! module and adding it to [`all`]. The report, `bench --list`, JSON and HTML
+//! all work from that list and need no change.
+
+use crate::output::{Scale, SuiteOutput};
+use crate::progress::Progress;
+
+mod core;
+pub use self::core::CoreSuite;
+
+/// How a suite is asked to run.
+pub struct Ctx<'a> {
+    /// Smoke, quick or full.
+    pub scale: Scale,
+    /// `--threads N`, for suites with a thread count.
+    pub threads: Option<usize>,
+    /// `--cpus N`, for suites on a simulated topology.
+    pub cpus: Option<usize>,
+    /// Progress reporting.
+    pub progress: &'a Progress,
+}
+
+/// A benchmark suite.
+pub trait Suite: Sync {
+    /// Short name for `kmem bench NAME`.
+    fn name(&self) -> &'static str;
+    /// One line saying what it measures.
+    fn title(&self) -> &'static str;
+    /// The seed file it reproduces, if any.
+    fn seed(&self) -> Option<&'static str> {
+        None
+    }
+    /// Runs at `ctx.scale` and returns what it measured.
+    fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput;
+}
+
+/// Every registered suite, in report order.
+pub fn all() -> &'static [&'static dyn Suite] {
+    &[&core::CoreSuite]
+}
+
+/// The suite of that name.
+pub fn find(name: &str) -> Option<&'static dyn Suite> {
+    all().iter().copied().find(|s| s.name() == name)
+}
