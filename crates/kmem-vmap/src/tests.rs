@@ -360,3 +360,45 @@ fn node_pool_grows_and_reports_oom() {
     }
     a.check().unwrap();
 }
+
+#[test]
+fn purge_rebuilds_the_free_tree_when_many_ranges_wait() {
+    // Pairs of 1-page areas, every second freed at once (exact holes), then
+    // the holes taken and lazily freed: the purge then meets as many lazy
+    // ranges as free blocks and rebuilds the tree in one pass.
+    let mut a = VmapArena::with_lazy_max(source(1024), 0, 1 << 40, u64::MAX).unwrap();
+    let mut keep = Vec::new();
+    for i in 0..3000 {
+        let x = a.alloc(PAGE, 1).unwrap();
+        if i % 2 == 0 {
+            keep.push(x);
+        }
+    }
+    for i in 0..1500u64 {
+        a.free(i * 2 * PAGE + PAGE).unwrap();
+    }
+    a.check().unwrap();
+    let holes: Vec<u64> = (0..1000).map(|_| a.alloc(PAGE, 1).unwrap()).collect();
+    assert_eq!(holes[999], 1999 * PAGE);
+    for (i, &h) in holes.iter().enumerate() {
+        a.free_lazy(h).unwrap();
+        if i % 250 == 0 {
+            a.check().unwrap();
+        }
+    }
+    // Free some kept areas lazily too, so lazy ranges merge with free ones
+    // on both sides.
+    for &k in &keep[1000..1200] {
+        a.free_lazy(k).unwrap();
+    }
+    let before = a.stats();
+    assert_eq!(a.purge(), before.lazy_bytes);
+    a.check().unwrap();
+    let s = a.stats();
+    assert_eq!(s.free_bytes, before.free_bytes + before.lazy_bytes);
+    // Odd holes 1..=1997, one block 1999..2400, odd holes 2401..=2997, the tail.
+    assert_eq!(s.free_blocks, 999 + 1 + 299 + 1);
+    assert_eq!(a.alloc(PAGE, 1).unwrap(), PAGE);
+    assert_eq!(a.alloc(401 * PAGE, 1).unwrap(), 2000 * PAGE - PAGE);
+    a.check().unwrap();
+}
