@@ -305,7 +305,11 @@ impl<P: PageSource> VmapArena<P> {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
-        if self.lazy.root.is_null() {
+        // No aligned address of [lo, hi) has room: a purge cannot help.
+        let impossible = lo
+            .checked_next_multiple_of(align)
+            .is_none_or(|x| x > hi || hi - x < size);
+        if impossible || self.lazy.root.is_null() {
             return Err(Error::OutOfMemory { size });
         }
         // As Linux: a failing allocation purges the lazy areas and retries.
@@ -355,15 +359,13 @@ impl<P: PageSource> VmapArena<P> {
     /// The lowest-address free block where the request fits, and the
     /// address in it.
     ///
-    /// An in-order walk pruned by the augmentation: a subtree whose largest
-    /// block is smaller than `size` is skipped, as is one that lies wholly
-    /// outside `[lo, hi)`. Without alignment (or when blocks and sizes are
-    /// multiples of it) every block that passes the size test fits, so this is
-    /// one descent from the root, O(log n). With alignment a block at least
-    /// `size` long may still miss once its start is rounded up; the walk then
-    /// checks it and goes on in address order (climbing through parents, no
-    /// recursion), so the answer is exactly the lowest fit: O((1 + k) log n)
-    /// for k such near misses below the answer.
+    /// First the plain descent guided by the augmentation: left while the
+    /// left subtree holds a block of at least `size` (and can reach past
+    /// `lo`), else this block, else right. Without alignment (or when blocks
+    /// and sizes are multiples of it) the block it reaches always fits and is
+    /// the answer: one descent, O(log n), no stack, no recursion. With
+    /// alignment a block of at least `size` may still miss once its start is
+    /// rounded up; then [`find_fit_exact`](Self::find_fit_exact) takes over.
     ///
     /// CONTEXT: `lo + size <= hi`, `mask + 1` a power of two.
     #[inline]
@@ -374,13 +376,16 @@ impl<P: PageSource> VmapArena<P> {
         }
         let lo_end = lo + size; // a block left of here ends too low
         let hi_start = hi - size; // a block right of here starts too high
-        'descend: loop {
+        loop {
             // `n`'s subtree holds a block of at least `size`.
             let l = n.left();
             if !l.is_null() && l.max() >= size && n.start() > lo_end {
                 n = l;
                 continue;
             }
+            // Every block before `n` is in a subtree skipped for size or
+            // range, or is an ancestor that did not fit: `n` is the lowest
+            // candidate.
             if let Some(x) = Self::fit(n, size, mask, lo, hi) {
                 return Some((n, x));
             }
@@ -389,25 +394,55 @@ impl<P: PageSource> VmapArena<P> {
                 n = r;
                 continue;
             }
-            // Nothing in this subtree: climb to the first ancestor that we
-            // reached from its left, try it, then its right subtree.
-            loop {
-                let p = n.parent();
-                if p.is_null() {
-                    return None;
+            break;
+        }
+        self.find_fit_exact(size, mask, lo, hi)
+    }
+
+    /// The exact search after a near miss: an in-order walk with an explicit
+    /// stack (depth at most the tree's height), skipping a subtree when its
+    /// largest block is under `size` or when the address span it covers
+    /// (known from the ancestors: between the end of the last block passed on
+    /// the left and the start of the last one passed on the right) holds no
+    /// aligned address with `size` units of room. Large alignments thus skip
+    /// whole subtrees; each block checked and missed costs O(1) amortised.
+    #[cold]
+    #[inline(never)]
+    fn find_fit_exact(&self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
+        // A red-black tree of n nodes is at most 2 log2(n + 1) high.
+        let mut stack = [(NodePtr::NULL, 0u64); 128];
+        let mut sp = 0usize;
+        let no_room = |lb: u64, ub: u64| -> bool {
+            let s = lb.max(lo);
+            let e = ub.min(hi);
+            match s.checked_add(mask) {
+                None => true,
+                Some(v) => {
+                    let x = v & !mask;
+                    x > e || e - x < size
                 }
-                if p.left() == n {
-                    if let Some(x) = Self::fit(p, size, mask, lo, hi) {
-                        return Some((p, x));
-                    }
-                    let r = p.right();
-                    if !r.is_null() && r.max() >= size && p.end() < hi_start {
-                        n = r;
-                        continue 'descend;
-                    }
-                }
-                n = p;
             }
+        };
+        let mut cur = self.free.root;
+        let (mut lb, mut ub) = (self.start, self.end);
+        loop {
+            while !cur.is_null() && cur.max() >= size && !no_room(lb, ub) {
+                stack[sp] = (cur, ub);
+                sp += 1;
+                ub = cur.start();
+                cur = cur.left();
+            }
+            if sp == 0 {
+                return None;
+            }
+            sp -= 1;
+            let (n, nub) = stack[sp];
+            if let Some(x) = Self::fit(n, size, mask, lo, hi) {
+                return Some((n, x));
+            }
+            cur = n.right();
+            lb = n.end();
+            ub = nub;
         }
     }
 

@@ -94,10 +94,14 @@ impl Model {
         }
     }
 
-    /// What alloc_in must return: the fit, after a purge if there is none.
+    /// What alloc_in must return: the fit, after a purge if there is none
+    /// (unless no aligned address of the range has room: then no purge).
     fn alloc(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
+        let possible = lo
+            .checked_next_multiple_of(align)
+            .is_some_and(|x| x <= hi && hi - x >= size);
         let x = self.lowest_fit(size, align, lo, hi).or_else(|| {
-            if self.lazy.is_empty() {
+            if self.lazy.is_empty() || !possible {
                 return None;
             }
             self.purge();
