@@ -136,8 +136,14 @@ fn merge_insert<A: Aug, P: PageSource>(tree: &mut Tree, pool: &mut Pool<P>, n: N
             cur = cur.right();
         }
     }
-    debug_assert!(prev.is_null() || prev.end() <= s, "overlaps the previous block");
-    debug_assert!(next.is_null() || e <= next.start(), "overlaps the next block");
+    debug_assert!(
+        prev.is_null() || prev.end() <= s,
+        "overlaps the previous block"
+    );
+    debug_assert!(
+        next.is_null() || e <= next.start(),
+        "overlaps the next block"
+    );
     let mp = !prev.is_null() && prev.end() == s;
     let mn = !next.is_null() && next.start() == e;
     match (mp, mn) {
@@ -338,10 +344,7 @@ impl<P: PageSource> VmapArena<P> {
             return Err(Error::OutOfRange { addr: hi });
         }
         if size > hi - lo {
-            return Err(Error::TooLarge {
-                size,
-                max: hi - lo,
-            });
+            return Err(Error::TooLarge { size, max: hi - lo });
         }
         Ok(())
     }
@@ -643,7 +646,9 @@ impl<P: PageSource> VmapArena<P> {
         let h = 63 - count.leading_zeros();
         let mut cur = head;
         self.free.root = build_balanced(&mut cur, count, 0, if h == 0 { u32::MAX } else { h });
-        self.free.root.set_parent_color(NodePtr::NULL, crate::node::BLACK);
+        self.free
+            .root
+            .set_parent_color(NodePtr::NULL, crate::node::BLACK);
     }
 
     /// The live area that contains `addr`, if any.

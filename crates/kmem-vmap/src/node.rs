@@ -292,7 +292,10 @@ impl<P: PageSource> Drop for Pool<P> {
             // SAFETY: `c` is the first byte of a run of `pages` pages that this
             // pool took from `source` and has not freed; no node of it is used
             // after the pool is dropped.
-            let _ = unsafe { self.source.free_pages(NonNull::new_unchecked(c.0.cast()), pages) };
+            let _ = unsafe {
+                self.source
+                    .free_pages(NonNull::new_unchecked(c.0.cast()), pages)
+            };
             c = next;
         }
     }

@@ -42,7 +42,10 @@ fn split_cases_and_merges() {
     assert_eq!(y, 8 * PAGE);
     assert_eq!(a.stats().free_blocks, 2);
     a.check().unwrap();
-    assert_eq!(free_list(&a), vec![(0x2000, 8 * PAGE), (9 * PAGE, 65 * PAGE)]);
+    assert_eq!(
+        free_list(&a),
+        vec![(0x2000, 8 * PAGE), (9 * PAGE, 65 * PAGE)]
+    );
     // FL: the left remainder exactly.
     let z = a.alloc(6 * PAGE, PAGE).unwrap();
     assert_eq!(z, 0x2000);
@@ -52,9 +55,18 @@ fn split_cases_and_merges() {
     let r = a
         .alloc_in(PAGE, PAGE, 60 * PAGE, 65 * PAGE)
         .and_then(|_| a.alloc_in(4 * PAGE, 4 * PAGE, 60 * PAGE, 65 * PAGE));
-    assert!(r.is_err(), "60..65 has one page used: 4 aligned pages cannot fit");
+    assert!(
+        r.is_err(),
+        "60..65 has one page used: 4 aligned pages cannot fit"
+    );
     a.check().unwrap();
-    assert_eq!(a.find(60 * PAGE + 5), Some(Area { start: 60 * PAGE, size: PAGE }));
+    assert_eq!(
+        a.find(60 * PAGE + 5),
+        Some(Area {
+            start: 60 * PAGE,
+            size: PAGE
+        })
+    );
     // Free in an order that exercises merge with next, prev and both.
     assert_eq!(a.free(z).unwrap(), 6 * PAGE);
     a.check().unwrap();
@@ -122,7 +134,8 @@ fn alloc_in_bounds() {
     assert_eq!(a.alloc(PAGE, PAGE).unwrap(), 0x10000);
     // A block straddling lo: start is clipped to lo, then aligned.
     assert_eq!(
-        a.alloc_in(PAGE, 4 * PAGE, lo - 2 * PAGE, hi + 8 * PAGE).unwrap(),
+        a.alloc_in(PAGE, 4 * PAGE, lo - 2 * PAGE, hi + 8 * PAGE)
+            .unwrap(),
         hi.next_multiple_of(4 * PAGE)
     );
     a.check().unwrap();
@@ -164,7 +177,10 @@ fn lazy_free_waits_for_purge() {
 fn failing_alloc_purges_and_retries() {
     let mut a = VmapArena::with_lazy_max(source(64), 0, 16 * PAGE, u64::MAX).unwrap();
     let xs: Vec<u64> = (0..16).map(|_| a.alloc(PAGE, PAGE).unwrap()).collect();
-    assert!(matches!(a.alloc(PAGE, PAGE), Err(Error::OutOfMemory { size: PAGE })));
+    assert!(matches!(
+        a.alloc(PAGE, PAGE),
+        Err(Error::OutOfMemory { size: PAGE })
+    ));
     a.check().unwrap();
     for &x in &xs[4..8] {
         a.free_lazy(x).unwrap();
@@ -186,7 +202,10 @@ fn exhaustion_and_recovery() {
     let s = a.stats();
     assert_eq!(s.free_bytes, PAGE);
     a.check().unwrap();
-    assert!(matches!(a.alloc(2 * PAGE, PAGE), Err(Error::OutOfMemory { .. })));
+    assert!(matches!(
+        a.alloc(2 * PAGE, PAGE),
+        Err(Error::OutOfMemory { .. })
+    ));
     // Free every other one: holes of 3 pages.
     for x in live.iter().step_by(2) {
         a.free(*x).unwrap();
@@ -224,14 +243,20 @@ fn bad_input_is_typed_and_harmless() {
                 max: 64 * PAGE,
             },
         ),
-        (a.alloc_in(PAGE, 1, 0, 0x5000), Error::OutOfRange { addr: 0 }),
+        (
+            a.alloc_in(PAGE, 1, 0, 0x5000),
+            Error::OutOfRange { addr: 0 },
+        ),
         (
             a.alloc_in(PAGE, 1, 0x2000, 0x1000 + 65 * PAGE),
             Error::OutOfRange {
                 addr: 0x1000 + 65 * PAGE,
             },
         ),
-        (a.alloc_in(PAGE, 1, 0x3000, 0x3000), Error::OutOfRange { addr: 0x3000 }),
+        (
+            a.alloc_in(PAGE, 1, 0x3000, 0x3000),
+            Error::OutOfRange { addr: 0x3000 },
+        ),
         (a.free(x + 1), Error::NotAllocated { addr: x + 1 }),
         (a.free(0x10), Error::OutOfRange { addr: 0x10 }),
     ];
@@ -241,7 +266,10 @@ fn bad_input_is_typed_and_harmless() {
         assert_eq!(a.stats(), before);
     }
     assert_eq!(a.free(0x9000), Err(Error::DoubleFree { addr: 0x9000 }));
-    assert_eq!(a.free_lazy(x + PAGE), Err(Error::NotAllocated { addr: x + PAGE }));
+    assert_eq!(
+        a.free_lazy(x + PAGE),
+        Err(Error::NotAllocated { addr: x + PAGE })
+    );
     a.free(x).unwrap();
     assert_eq!(a.free(x), Err(Error::DoubleFree { addr: x }));
     assert_eq!(a.free_lazy(x), Err(Error::DoubleFree { addr: x }));

@@ -25,13 +25,29 @@ fn source() -> FixedSource<'static> {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: u64, shift: u32 },
-    AllocIn { size: u64, shift: u32, lo: u64, len: u64 },
-    Free { pick: usize },
-    FreeLazy { pick: usize },
+    Alloc {
+        size: u64,
+        shift: u32,
+    },
+    AllocIn {
+        size: u64,
+        shift: u32,
+        lo: u64,
+        len: u64,
+    },
+    Free {
+        pick: usize,
+    },
+    FreeLazy {
+        pick: usize,
+    },
     Purge,
-    BadFree { at: u64 },
-    BadAlloc { which: u8 },
+    BadFree {
+        at: u64,
+    },
+    BadAlloc {
+        which: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -123,7 +139,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let got = a.alloc(size, align).ok();
                 prop_assert_eq!(got, want, "alloc({}, {})", size, align);
             }
-            Op::AllocIn { size, shift, lo, len } => {
+            Op::AllocIn {
+                size,
+                shift,
+                lo,
+                len,
+            } => {
                 let align = 1u64 << shift;
                 let lo = START + lo;
                 let hi = (lo + len).min(END);
@@ -133,7 +154,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert!(too_large);
                 } else {
                     let want = m.alloc(size, align, lo, hi);
-                    prop_assert_eq!(got.ok(), want, "alloc_in({}, {}, {:#x}, {:#x})", size, align, lo, hi);
+                    prop_assert_eq!(
+                        got.ok(),
+                        want,
+                        "alloc_in({}, {}, {:#x}, {:#x})",
+                        size,
+                        align,
+                        lo,
+                        hi
+                    );
                     if let Some(x) = want {
                         prop_assert!(x >= lo && x + size <= hi && x % align == 0);
                     }
@@ -167,7 +196,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 let before = a.stats();
                 let r = a.free(at);
-                let inside = m.busy.range(..=at).next_back().is_some_and(|(&s, &n)| at < s + n);
+                let inside = m
+                    .busy
+                    .range(..=at)
+                    .next_back()
+                    .is_some_and(|(&s, &n)| at < s + n);
                 let want = if !(START..END).contains(&at) {
                     Error::OutOfRange { addr: at }
                 } else if inside {

@@ -21,7 +21,8 @@ fn threads_share_one_arena() {
         .map(|t| {
             let a = a.clone();
             std::thread::spawn(move || {
-                let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1).wrapping_mul(0x1234_5678_9abc_def1);
+                let mut seed =
+                    0x9e37_79b9_7f4a_7c15u64 ^ (t + 1).wrapping_mul(0x1234_5678_9abc_def1);
                 let mut rnd = move || {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
@@ -53,7 +54,11 @@ fn threads_share_one_arena() {
                         let size = mine.remove(&k).unwrap();
                         let found = a.find(k + size - 1).unwrap();
                         assert_eq!((found.start, found.size), (k, size), "someone else's area?");
-                        let freed = if r % 2 == 0 { a.free(k) } else { a.free_lazy(k) };
+                        let freed = if r % 2 == 0 {
+                            a.free(k)
+                        } else {
+                            a.free_lazy(k)
+                        };
                         assert_eq!(freed, Ok(size));
                     }
                 }

@@ -215,7 +215,14 @@ impl BusyListVmap {
     }
 
     #[inline(always)]
-    fn found(&self, addr: u64, size: u64, vstart: u64, vend: u64, before: u32) -> Option<(u64, u32)> {
+    fn found(
+        &self,
+        addr: u64,
+        size: u64,
+        vstart: u64,
+        vend: u64,
+        before: u32,
+    ) -> Option<(u64, u32)> {
         // Also check the address against vstart: a big alignment can wrap it to 0.
         if addr.wrapping_add(size) > vend || addr < vstart {
             return None;

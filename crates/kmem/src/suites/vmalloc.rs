@@ -613,11 +613,7 @@ impl Suite for VmallocSuite {
                     }
                     interleave(rounds, &mut cs)
                 };
-                let get = |imp: &str| {
-                    med.iter()
-                        .find(|(n, _)| n == imp)
-                        .map_or(f64::NAN, |m| m.1)
-                };
+                let get = |imp: &str| med.iter().find(|(n, _)| n == imp).map_or(f64::NAN, |m| m.1);
                 let k = get("kmem");
                 for (imp, v) in &med {
                     out.measure(&cname, imp.as_str(), "ops_per_s", *v, "ops/s");
@@ -753,11 +749,7 @@ impl VmallocSuite {
                     .collect();
                 interleave(rounds, &mut cs)
             };
-            let get = |imp: &str| {
-                med.iter()
-                    .find(|(n, _)| n == imp)
-                    .map_or(f64::NAN, |m| m.1)
-            };
+            let get = |imp: &str| med.iter().find(|(n, _)| n == imp).map_or(f64::NAN, |m| m.1);
             let k = get("kmem");
             for (imp, v) in &med {
                 out.measure(&cname, imp.as_str(), "ops_per_s", *v, "ops/s");
