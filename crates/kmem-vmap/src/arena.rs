@@ -124,6 +124,13 @@ fn merge_insert<A: Aug, P: PageSource>(tree: &mut Tree, pool: &mut Pool<P>, n: N
     let mut left = false;
     let mut prev = NodePtr::NULL;
     let mut next = NodePtr::NULL;
+    let last = tree.last;
+    if !last.is_null() && s >= last.end() {
+        // Above every block (areas freed in address order): no search.
+        prev = last;
+        parent = last;
+        cur = NodePtr::NULL;
+    }
     while !cur.is_null() {
         parent = cur;
         if s < cur.start() {
@@ -646,6 +653,7 @@ impl<P: PageSource> VmapArena<P> {
         let h = 63 - count.leading_zeros();
         let mut cur = head;
         self.free.root = build_balanced(&mut cur, count, 0, if h == 0 { u32::MAX } else { h });
+        self.free.last = last;
         self.free
             .root
             .set_parent_color(NodePtr::NULL, crate::node::BLACK);

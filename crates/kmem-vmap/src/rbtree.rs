@@ -70,16 +70,19 @@ impl Aug for MaxAug {
     }
 }
 
-/// A tree: just its root.
+/// A tree: its root, and its last (rightmost) node, so that the common
+/// insert at the top of the space needs no search.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tree {
     pub(crate) root: NodePtr,
+    pub(crate) last: NodePtr,
 }
 
 impl Tree {
     pub(crate) const fn new() -> Tree {
         Tree {
             root: NodePtr::NULL,
+            last: NodePtr::NULL,
         }
     }
 
@@ -113,10 +116,14 @@ impl Tree {
         n.set_parent_color(parent, RED);
         if parent.is_null() {
             self.root = n;
+            self.last = n;
         } else if left {
             parent.set_left(n);
         } else {
             parent.set_right(n);
+            if parent == self.last {
+                self.last = n;
+            }
         }
         A::propagate(parent, NodePtr::NULL);
         self.insert_fixup::<A>(n);
@@ -126,6 +133,12 @@ impl Tree {
     #[inline]
     pub(crate) fn insert_by_start<A: Aug>(&mut self, n: NodePtr) {
         let key = n.start();
+        let last = self.last;
+        if !last.is_null() && key > last.start() {
+            // Above every node: the last one's right child (always empty).
+            self.link::<A>(n, last, false);
+            return;
+        }
         let mut parent = NodePtr::NULL;
         let mut cur = self.root;
         let mut left = false;
@@ -239,6 +252,9 @@ impl Tree {
 
     /// Unlinks `node` (a node of this tree) and rebalances.
     pub(crate) fn erase<A: Aug>(&mut self, node: NodePtr) {
+        if node == self.last {
+            self.last = Tree::prev(node);
+        }
         let rebalance = self.erase_augmented::<A>(node);
         if !rebalance.is_null() {
             self.erase_color::<A>(rebalance);
@@ -481,6 +497,24 @@ impl Tree {
         n
     }
 
+    /// The in-order predecessor of `n`, or null.
+    pub(crate) fn prev(n: NodePtr) -> NodePtr {
+        let mut l = n.left();
+        if !l.is_null() {
+            while !l.right().is_null() {
+                l = l.right();
+            }
+            return l;
+        }
+        let mut c = n;
+        let mut p = c.parent();
+        while !p.is_null() && p.left() == c {
+            c = p;
+            p = p.parent();
+        }
+        p
+    }
+
     /// The in-order successor of `n`, or null.
     pub(crate) fn next(n: NodePtr) -> NodePtr {
         let mut r = n.right();
@@ -508,6 +542,13 @@ impl Tree {
         }
         if !root.parent().is_null() {
             return Err("root has a parent");
+        }
+        let mut rightmost = root;
+        while !rightmost.right().is_null() {
+            rightmost = rightmost.right();
+        }
+        if rightmost != self.last {
+            return Err("cached last node is not the rightmost");
         }
         if root.is_red() {
             return Err("root is red");
