@@ -91,7 +91,19 @@ pub struct VmapArena<P: PageSource> {
     lazy_areas: u64,
     lazy_max: u64,
     purges: u64,
+    /// Recently allocated areas by a hash of their start: a free of one of
+    /// them finds its node without descending the busy tree. Every non-null
+    /// slot holds a node of the busy tree whose start hashes to that slot.
+    recent: [NodePtr; RECENT],
     pool: Pool<P>,
+}
+
+/// Slots of the recent-allocation cache (a power of two).
+const RECENT: usize = 64;
+
+#[inline(always)]
+fn recent_slot(addr: u64) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT.trailing_zeros())) as usize
 }
 
 // SAFETY: the arena owns every node it points to (they come from its pool's
@@ -257,6 +269,7 @@ impl<P: PageSource> VmapArena<P> {
             lazy_areas: 0,
             lazy_max,
             purges: 0,
+            recent: [NodePtr::NULL; RECENT],
             pool: Pool::new(source),
         };
         a.pool.reserve(3)?;
@@ -493,6 +506,7 @@ impl<P: PageSource> VmapArena<P> {
         self.free_bytes -= size;
         busy.init(x, xe);
         self.busy.insert_by_start::<NoAug>(busy);
+        self.recent[recent_slot(x)] = busy;
         self.busy_blocks += 1;
         self.busy_bytes += size;
         x
@@ -501,10 +515,18 @@ impl<P: PageSource> VmapArena<P> {
     /// Unlinks the busy area starting at `addr`.
     #[inline(always)]
     fn unbusy(&mut self, addr: u64) -> Result<NodePtr> {
-        let n = self.busy.find_start(addr);
-        if n.is_null() {
-            return Err(self.classify(addr));
-        }
+        let slot = recent_slot(addr);
+        let r = self.recent[slot];
+        let n = if !r.is_null() && r.start() == addr {
+            self.recent[slot] = NodePtr::NULL;
+            r
+        } else {
+            let n = self.busy.find_start(addr);
+            if n.is_null() {
+                return Err(self.classify(addr));
+            }
+            n
+        };
         self.busy.erase::<NoAug>(n);
         self.busy_blocks -= 1;
         self.busy_bytes -= n.size();
@@ -787,6 +809,11 @@ impl<P: PageSource> VmapArena<P> {
         }
         if self.free.root.max_or_0() > self.free_bytes {
             return Err("largest free block exceeds free bytes");
+        }
+        for (i, &r) in self.recent.iter().enumerate() {
+            if !r.is_null() && (recent_slot(r.start()) != i || self.busy.find_start(r.start()) != r) {
+                return Err("recent-allocation cache holds a node that is not busy");
+            }
         }
         let (total, _) = self.pool.footprint();
         if self.pool.available() as u64 + self.free_blocks + self.busy_blocks + self.lazy_nodes
