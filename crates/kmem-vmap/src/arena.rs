@@ -811,7 +811,8 @@ impl<P: PageSource> VmapArena<P> {
             return Err("largest free block exceeds free bytes");
         }
         for (i, &r) in self.recent.iter().enumerate() {
-            if !r.is_null() && (recent_slot(r.start()) != i || self.busy.find_start(r.start()) != r) {
+            if !r.is_null() && (recent_slot(r.start()) != i || self.busy.find_start(r.start()) != r)
+            {
                 return Err("recent-allocation cache holds a node that is not busy");
             }
         }

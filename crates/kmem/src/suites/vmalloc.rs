@@ -548,10 +548,10 @@ impl Suite for VmallocSuite {
             out.publish(test, "before", "time", v[2], "us", src_hk);
             out.publish(test, "after", "time", v[3], "us", src_hk);
         }
-        let rounds = ctx.scale.pick(1, 5, 3);
+        let rounds = ctx.scale.pick(1, 7, 3);
         let budget = match ctx.scale {
             Scale::Smoke => Budget::Nanos(2_000_000),
-            Scale::Quick => Budget::Nanos(25_000_000),
+            Scale::Quick => Budget::Nanos(30_000_000),
             // The module's test_loop_count (align_shift: 64 allocs a loop).
             Scale::Full => Budget::Loops(1_000_000),
         };
