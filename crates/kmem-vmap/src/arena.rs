@@ -2,6 +2,7 @@
 
 use core::fmt;
 use core::marker::PhantomData;
+use core::mem::MaybeUninit;
 
 use kmem_core::{Error, PageSource, Result};
 
@@ -432,9 +433,6 @@ impl<P: PageSource> VmapArena<P> {
     #[cold]
     #[inline(never)]
     fn find_fit_exact(&self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
-        // A red-black tree of n nodes is at most 2 log2(n + 1) high.
-        let mut stack = [(NodePtr::NULL, 0u64); 128];
-        let mut sp = 0usize;
         let no_room = |lb: u64, ub: u64| -> bool {
             let s = lb.max(lo);
             let e = ub.min(hi);
@@ -446,11 +444,19 @@ impl<P: PageSource> VmapArena<P> {
                 }
             }
         };
+        if no_room(self.start, self.end) {
+            return None;
+        }
+        // A red-black tree of n nodes is at most 2 log2(n + 1) high: 128
+        // levels cover any tree that fits in memory. Left uninitialised: an
+        // entry is read only after it was written (below `sp`).
+        let mut stack = [const { MaybeUninit::<(NodePtr, u64)>::uninit() }; 128];
+        let mut sp = 0usize;
         let mut cur = self.free.root;
         let (mut lb, mut ub) = (self.start, self.end);
         loop {
             while !cur.is_null() && cur.max() >= size && !no_room(lb, ub) {
-                stack[sp] = (cur, ub);
+                stack[sp].write((cur, ub));
                 sp += 1;
                 ub = cur.start();
                 cur = cur.left();
@@ -459,7 +465,9 @@ impl<P: PageSource> VmapArena<P> {
                 return None;
             }
             sp -= 1;
-            let (n, nub) = stack[sp];
+            // SAFETY: entries below the old `sp` were written by the loop above
+            // (each push writes `stack[sp]` before raising `sp`).
+            let (n, nub) = unsafe { stack[sp].assume_init() };
             if let Some(x) = Self::fit(n, size, mask, lo, hi) {
                 return Some((n, x));
             }
