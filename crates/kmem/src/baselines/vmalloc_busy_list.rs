@@ -333,6 +333,9 @@ impl BusyListVmap {
 
     /// `__purge_vmap_area_lazy`: frees every lazily freed area, newest first.
     pub fn purge(&mut self) {
+        if self.purge_list.is_empty() {
+            return;
+        }
         while let Some(i) = self.purge_list.pop() {
             self.free_area(i);
         }

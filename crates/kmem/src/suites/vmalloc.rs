@@ -310,7 +310,14 @@ enum Budget {
 
 /// Runs `case` on `v`: the setup, then the timed loop (with the neighbour
 /// when `mixed`), then the teardown. Only the loop is timed.
-fn run_case<V: Vm>(case: Case, v: &mut V, mixed: bool, budget: Budget, seed: u64) -> Run {
+fn run_case<V: Vm>(
+    case: Case,
+    v: &mut V,
+    mixed: bool,
+    shared: bool,
+    budget: Budget,
+    seed: u64,
+) -> Run {
     let mut rng = Rng::new(seed);
     let mut nrng = Rng::new(seed ^ 0x5eed);
     let mut turn = 0u32;
@@ -389,7 +396,14 @@ fn run_case<V: Vm>(case: Case, v: &mut V, mixed: bool, budget: Budget, seed: u64
                             None => fails += 1,
                         }
                     }
-                    assert_eq!(fails, expected_fail, "align_shift: unexpected failures");
+                    // Alone, exactly the alignments the space cannot meet fail;
+                    // with other threads, one may hold the only 2^45-aligned
+                    // address at that moment.
+                    if shared {
+                        assert!(fails >= expected_fail, "align_shift: too few failures");
+                    } else {
+                        assert_eq!(fails, expected_fail, "align_shift: unexpected failures");
+                    }
                     run.failures += fails;
                     run.ops += 64;
                 }
@@ -423,7 +437,7 @@ fn run_threads<S: SharedVm>(case: Case, s: &S, threads: usize, budget: Budget) -
                 let b = barrier.clone();
                 sc.spawn(move || {
                     b.wait();
-                    run_case(case, &mut Shared(s), false, budget, 0x1000 + t as u64)
+                    run_case(case, &mut Shared(s), false, true, budget, 0x1000 + t as u64)
                 })
             })
             .collect();
@@ -462,16 +476,16 @@ fn sample(imp: &str, case: Case, mixed: bool, budget: Budget, round: u64) -> f64
     let r = match imp {
         "kmem" => {
             let mut a = kmem_arena();
-            let r = run_case(case, &mut a, mixed, budget, seed);
+            let r = run_case(case, &mut a, mixed, false, budget, seed);
             debug_assert!(a.check().is_ok());
             r
         }
         "baseline" => {
             let mut b = BusyListVmap::new(VSTART, VEND, lazy_max());
-            run_case(case, &mut b, mixed, budget, seed)
+            run_case(case, &mut b, mixed, false, budget, seed)
         }
-        "offset-allocator" => run_case(case, &mut OffsetVm::new(), mixed, budget, seed),
-        "range-alloc" => run_case(case, &mut RangeVm::new(), mixed, budget, seed),
+        "offset-allocator" => run_case(case, &mut OffsetVm::new(), mixed, false, budget, seed),
+        "range-alloc" => run_case(case, &mut RangeVm::new(), mixed, false, budget, seed),
         _ => unreachable!(),
     };
     r.ops as f64 * 1e9 / r.ns as f64
@@ -822,27 +836,39 @@ mod tests {
     }
 
     #[test]
-    fn every_implementation_gives_the_same_first_fit_without_alignment() {
-        // kmem and the baseline are both lowest-address first fit: the same
-        // sequence of requests must get the same addresses.
+    fn kmem_answers_are_the_lowest_fit_in_the_suite_space() {
+        // At the top of the u64 space, with the suite's sizes and alignments:
+        // each address kmem returns is the lowest aligned fit among its own
+        // free blocks, found by brute force (check() ties the free blocks to
+        // the busy and lazy ones). The baseline is not exact (its cache skips
+        // a hole exactly as large as the request), so it is not compared.
         let mut k = kmem_arena();
-        let mut b = BusyListVmap::new(VSTART, VEND, lazy_max());
+        k.set_lazy_max(64 * PAGE);
         let mut rng = Rng::new(7);
         let mut live: Vec<u64> = Vec::new();
-        for _ in 0..2000 {
-            if live.len() < 50 && rng.below(3) != 0 {
+        for step in 0..3000 {
+            if live.len() < 60 && rng.below(3) != 0 {
                 let s = vsize(rng.range(1, 20));
-                let x = Vm::alloc(&mut k, s, 1).unwrap();
-                assert_eq!(Vm::alloc(&mut b, s, 1), Some(x));
+                let align = 1u64 << rng.below(24);
+                let want = k.free_blocks().find_map(|b| {
+                    let x = b.start.checked_next_multiple_of(align)?;
+                    (x <= b.end() && b.end() - x >= s).then_some(x)
+                });
+                let lazy = k.stats().lazy_bytes;
+                let x = Vm::alloc(&mut k, s, align).unwrap();
+                if lazy == 0 || want.is_some() {
+                    assert_eq!(Some(x), want, "step {step}");
+                }
                 live.push(x);
             } else if !live.is_empty() {
                 let x = live.swap_remove(rng.below(live.len() as u64) as usize);
-                k.free(x).unwrap();
-                b.free(x).unwrap();
+                Vm::vfree(&mut k, x);
+            }
+            if step % 100 == 0 {
+                k.check().unwrap();
             }
         }
         k.check().unwrap();
-        b.check().unwrap();
     }
 
     #[test]
