@@ -8,7 +8,9 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod vmalloc;
 pub use self::core::CoreSuite;
+pub use self::vmalloc::VmallocSuite;
 
 /// How a suite is asked to run.
 pub struct Ctx<'a> {
@@ -38,7 +40,7 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite]
+    &[&core::CoreSuite, &vmalloc::VmallocSuite]
 }
 
 /// The suite of that name.
