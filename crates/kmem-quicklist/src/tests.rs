@@ -527,3 +527,466 @@ fn migration_frees_on_other_cpus() {
     assert_eq!(ql.stats().live, 0);
     ql.check().unwrap();
 }
+
+mod model {
+    //! Random operation sequences against a plain reference model: per-CPU
+    //! stacks, the same bound rule, the same trim; `check()` after every step.
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    const CPUS: usize = 4;
+    const LISTS: usize = 2;
+    const MIN: usize = 2;
+    const BATCH: usize = 3;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Alloc {
+            cpu: usize,
+            list: usize,
+        },
+        Free {
+            pick: usize,
+            cpu: usize,
+        },
+        /// Many allocations, then many frees on one CPU (a process exiting).
+        Burst {
+            cpu: usize,
+            list: usize,
+            n: usize,
+            free_cpu: usize,
+        },
+        Trim {
+            cpu: usize,
+            list: usize,
+        },
+        Drain {
+            list: usize,
+        },
+        DoubleFree {
+            pick: usize,
+        },
+        Foreign,
+        BadList {
+            list: usize,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0..CPUS, 0..LISTS).prop_map(|(cpu, list)| Op::Alloc { cpu, list }),
+            8 => (any::<usize>(), 0..CPUS).prop_map(|(pick, cpu)| Op::Free { pick, cpu }),
+            1 => (0..CPUS, 0..LISTS, 1..40usize, 0..CPUS)
+                .prop_map(|(cpu, list, n, free_cpu)| Op::Burst { cpu, list, n, free_cpu }),
+            2 => (0..CPUS, 0..LISTS).prop_map(|(cpu, list)| Op::Trim { cpu, list }),
+            1 => (0..LISTS).prop_map(|list| Op::Drain { list }),
+            1 => any::<usize>().prop_map(|pick| Op::DoubleFree { pick }),
+            1 => Just(Op::Foreign),
+            1 => (LISTS..LISTS + 3).prop_map(|list| Op::BadList { list }),
+        ]
+    }
+
+    /// List 1's constructed state: the upper half filled with 0xc3.
+    fn ctor(p: &mut [u8]) {
+        p[PAGE / 2..].fill(0xc3);
+    }
+
+    fn constructed(p: crate::PageRef, list: usize) -> bool {
+        let w = words(p);
+        let upper = if list == 1 { 0xc3c3_c3c3_c3c3_c3c3 } else { 0 };
+        w[..PAGE / 16].iter().all(|&v| v == 0) && w[PAGE / 16..].iter().all(|&v| v == upper)
+    }
+
+    struct Model {
+        lists: [[Vec<usize>; LISTS]; CPUS],
+        live: Vec<(crate::PageRef, usize)>,
+        freed: Vec<crate::PageRef>,
+        bound: [usize; CPUS],
+        stats: crate::Stats,
+        /// Free pages in the source when the model started.
+        free0: usize,
+    }
+
+    impl Model {
+        fn cached(&self) -> usize {
+            self.lists.iter().flatten().map(Vec::len).sum()
+        }
+        fn source_free(&self) -> usize {
+            self.free0 - self.live.len() - self.cached()
+        }
+        fn bound_now(&self, policy: Policy, nodes: usize) -> usize {
+            policy.bound(self.source_free() / nodes, CPUS / nodes, MIN)
+        }
+        /// The trim of CPU `cpu`'s list `list`; returns pages given back.
+        fn trim(&mut self, cpu: usize, list: usize, policy: Policy, nodes: usize) -> usize {
+            let bound = self.bound_now(policy, nodes);
+            self.bound[cpu] = bound;
+            let q = &mut self.lists[cpu][list];
+            if q.len() <= MIN || q.len() <= bound {
+                return 0;
+            }
+            let n = (q.len() - bound).min(BATCH);
+            for _ in 0..n {
+                let p = q.pop().unwrap();
+                self.freed.push(crate::PageRef::from_ptr(
+                    NonNull::new(p as *mut u8).unwrap(),
+                ));
+            }
+            self.stats.released += n as u64;
+            if list == 1 {
+                self.stats.dtor_calls += n as u64;
+            }
+            n
+        }
+    }
+
+    fn run(ops: Vec<Op>, policy: Policy, nodes: usize) {
+        let mut b = buffer(420);
+        let src = source(&mut b);
+        let mut b2 = buffer(2);
+        let other = source(&mut b2);
+        let foreign = crate::PageRef::from_ptr(other.alloc_pages(1, 1).unwrap());
+        let topo = Topology::uniform(CPUS, 1, nodes).unwrap();
+        let ql: Quicklists<_, LISTS> =
+            Quicklists::new(&src, &topo, Cpus::Simulated, cfg(policy, MIN, BATCH)).unwrap();
+        let mut m = Model {
+            lists: Default::default(),
+            live: Vec::new(),
+            freed: Vec::new(),
+            bound: [MIN; CPUS],
+            stats: crate::Stats::default(),
+            free0: src.free_page_count().unwrap(),
+        };
+        let dtor_seen = Cell::new(0u64);
+        let dtor = |p: &mut [u8]| {
+            assert!(p[PAGE / 2..].iter().all(|&x| x == 0xc3));
+            dtor_seen.set(dtor_seen.get() + 1);
+        };
+        let mut expanded = Vec::new();
+        for op in ops {
+            if let Op::Burst {
+                cpu,
+                list,
+                n,
+                free_cpu,
+            } = op
+            {
+                expanded.extend((0..n).map(|_| Op::Alloc { cpu, list }));
+                // Free the newest pages first: the live vector's tail.
+                expanded.extend((0..n).map(|_| Op::Free {
+                    pick: usize::MAX,
+                    cpu: free_cpu,
+                }));
+            } else {
+                expanded.push(op);
+            }
+        }
+        for op in expanded {
+            match op {
+                Op::Burst { .. } => unreachable!(),
+                Op::Alloc { cpu, list } => {
+                    bind_simulated_cpu(cpu);
+                    let r = ql.alloc(list, if list == 1 { Some(&ctor) } else { None });
+                    match m.lists[cpu][list].pop() {
+                        Some(top) => {
+                            let p = r.unwrap();
+                            assert_eq!(p.addr(), top, "a hit takes the most recent page");
+                            m.stats.hits += 1;
+                            assert!(constructed(p, list));
+                            m.live.push((p, list));
+                        }
+                        None => {
+                            m.stats.misses += 1;
+                            if m.source_free() == 0 {
+                                assert!(matches!(r, Err(Error::OutOfMemory { .. })));
+                                m.stats.alloc_failures += 1;
+                            } else {
+                                let p = r.unwrap();
+                                assert!(constructed(p, list));
+                                assert!(m.live.iter().all(|&(q, _)| q != p));
+                                if list == 1 {
+                                    m.stats.ctor_calls += 1;
+                                }
+                                m.freed.retain(|&q| q != p);
+                                m.live.push((p, list));
+                            }
+                        }
+                    }
+                }
+                Op::Free { pick, cpu } => {
+                    if m.live.is_empty() {
+                        continue;
+                    }
+                    let at = if pick == usize::MAX {
+                        m.live.len() - 1
+                    } else {
+                        pick % m.live.len()
+                    };
+                    let (p, list) = m.live.swap_remove(at);
+                    // Use the page, then bring it back to its constructed state.
+                    words(p)[3] = 0xdead;
+                    words(p)[3] = 0;
+                    bind_simulated_cpu(cpu);
+                    ql.free(list, p, if list == 1 { Some(&dtor) } else { None })
+                        .unwrap();
+                    m.stats.frees += 1;
+                    m.lists[cpu][list].push(p.addr());
+                    let nr = m.lists[cpu][list].len();
+                    if nr > MIN && (nr > m.bound[cpu] || nr % BATCH == 0) {
+                        m.trim(cpu, list, policy, nodes);
+                    }
+                }
+                Op::Trim { cpu, list } => {
+                    bind_simulated_cpu(cpu);
+                    let n = ql
+                        .trim(list, if list == 1 { Some(&dtor) } else { None })
+                        .unwrap();
+                    assert_eq!(n, m.trim(cpu, list, policy, nodes));
+                }
+                Op::Drain { list } => {
+                    let n = ql
+                        .drain(list, if list == 1 { Some(&dtor) } else { None })
+                        .unwrap();
+                    let mut k = 0;
+                    for cpu in 0..CPUS {
+                        for a in m.lists[cpu][list].drain(..) {
+                            m.freed.push(crate::PageRef::from_ptr(
+                                NonNull::new(a as *mut u8).unwrap(),
+                            ));
+                            k += 1;
+                        }
+                    }
+                    assert_eq!(n, k);
+                    m.stats.released += k as u64;
+                    if list == 1 {
+                        m.stats.dtor_calls += k as u64;
+                    }
+                }
+                Op::DoubleFree { pick } => {
+                    let listed: Vec<usize> = m.lists.iter().flatten().flatten().copied().collect();
+                    let mut cands: Vec<crate::PageRef> = m.freed.clone();
+                    cands.extend(
+                        listed.iter().map(|&a| {
+                            crate::PageRef::from_ptr(NonNull::new(a as *mut u8).unwrap())
+                        }),
+                    );
+                    if cands.is_empty() {
+                        continue;
+                    }
+                    let p = cands[pick % cands.len()];
+                    assert_eq!(
+                        ql.free(pick % LISTS, p, None),
+                        Err(Error::DoubleFree {
+                            addr: p.addr() as u64
+                        })
+                    );
+                }
+                Op::Foreign => {
+                    assert!(matches!(
+                        ql.free(0, foreign, None),
+                        Err(Error::OutOfRange { .. })
+                    ));
+                }
+                Op::BadList { list } => {
+                    assert!(matches!(ql.alloc(list, None), Err(Error::BadIndex { .. })));
+                    if let Some(&(p, _)) = m.live.first() {
+                        assert!(matches!(
+                            ql.free(list, p, None),
+                            Err(Error::BadIndex { .. })
+                        ));
+                    }
+                }
+            }
+            ql.check().unwrap();
+            m.stats.pages = m.cached();
+            m.stats.live = m.live.len() as u64;
+            assert_eq!(ql.stats(), m.stats);
+            assert_eq!(dtor_seen.get(), m.stats.dtor_calls);
+            assert_eq!(src.free_page_count(), Some(m.source_free()));
+            for cpu in 0..CPUS {
+                for list in 0..LISTS {
+                    assert_eq!(ql.list_len(cpu, list), Ok(m.lists[cpu][list].len()));
+                }
+            }
+            let distinct: BTreeSet<usize> = m.lists.iter().flatten().flatten().copied().collect();
+            assert_eq!(distinct.len(), m.cached());
+        }
+        for (p, list) in m.live.drain(..) {
+            ql.free(list, p, None).unwrap();
+        }
+        ql.check().unwrap();
+        assert_eq!(ql.stats().live, 0);
+        drop(ql);
+        assert_eq!(src.free_page_count(), src.total_page_count());
+        src.check().unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn matches_the_model(
+            ops in proptest::collection::vec(op(), 1..400),
+            old in any::<bool>(),
+            two_nodes in any::<bool>(),
+        ) {
+            let policy = if old { Policy::PerNodeFree16 } else { Policy::PerNodeFree16PerCpu };
+            // Each proptest case runs on a fresh thread so its CPU bindings stay its own.
+            std::thread::spawn(move || run(ops, policy, if two_nodes { 2 } else { 1 }))
+                .join()
+                .unwrap();
+        }
+    }
+}
+
+mod stress {
+    //! Threads on simulated CPUs allocate, pass pages to each other, free them
+    //! on other CPUs and migrate; invariants checked after join.
+    use super::*;
+    use kmem_core::RegionSource;
+    use std::sync::Mutex;
+
+    fn ctor(p: &mut [u8]) {
+        p[PAGE - 64..].fill(0x77);
+    }
+
+    #[test]
+    fn threads_free_on_other_cpus_and_migrate() {
+        const THREADS: usize = 4;
+        const ROUNDS: usize = 3000;
+        let src = RegionSource::new(8 << 20).unwrap();
+        let topo = Topology::single(THREADS).unwrap();
+        let cfg = cfg(Policy::PerNodeFree16PerCpu, 8, 4);
+        let ql: Quicklists<_, 2> = Quicklists::new(&src, &topo, Cpus::Simulated, cfg).unwrap();
+        let mailboxes: Vec<Mutex<Vec<(crate::PageRef, usize, u64)>>> =
+            (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
+        let dtors = AtomicUsize::new(0);
+        let dtor = |p: &mut [u8]| {
+            assert!(p[PAGE - 64..].iter().all(|&x| x == 0x77));
+            dtors.fetch_add(1, Ordering::Relaxed);
+        };
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (ql, mailboxes, dtor) = (&ql, &mailboxes, &dtor);
+                s.spawn(move || {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                    let mut next = || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    bind_simulated_cpu(t);
+                    let mut mine: Vec<(crate::PageRef, usize, u64)> = Vec::new();
+                    let finish = |p: crate::PageRef, list: usize, cookie: u64| {
+                        let w = words(p);
+                        assert_eq!(w[1], cookie, "a page changed hands without its owner");
+                        w[1] = 0; // back to the constructed state
+                        let d: Option<crate::Dtor<'_>> = if list == 1 { Some(dtor) } else { None };
+                        ql.free(list, p, d).unwrap();
+                    };
+                    for round in 0..ROUNDS {
+                        let r = next();
+                        if r % 97 == 0 {
+                            bind_simulated_cpu((r >> 8) as usize % THREADS); // migrate
+                        }
+                        if mine.is_empty() || ((r >> 24) % 2 == 0 && mine.len() < 64) {
+                            let list = (r >> 16) as usize % 2;
+                            let c: Option<crate::Ctor<'_>> =
+                                if list == 1 { Some(&ctor) } else { None };
+                            let p = ql.alloc(list, c).unwrap();
+                            let w = words(p);
+                            assert_eq!(w[0], 0, "link word zero on a handed-out page");
+                            assert_eq!(w[1], 0, "a handed-out page is in its constructed state");
+                            if list == 1 {
+                                assert_eq!(w[PAGE / 8 - 1], 0x7777_7777_7777_7777);
+                            }
+                            let cookie = ((t as u64) << 32) | round as u64 | 1;
+                            w[1] = cookie;
+                            mine.push((p, list, cookie));
+                        } else {
+                            let (p, list, cookie) =
+                                mine.swap_remove((r >> 20) as usize % mine.len());
+                            if r % 2 == 0 {
+                                // Hand it to another thread, which frees it on its CPU.
+                                let to = (t + 1 + (r >> 4) as usize % (THREADS - 1)) % THREADS;
+                                mailboxes[to].lock().unwrap().push((p, list, cookie));
+                            } else {
+                                finish(p, list, cookie);
+                            }
+                        }
+                        if round % 16 == 0 {
+                            let inbox = core::mem::take(&mut *mailboxes[t].lock().unwrap());
+                            for (p, list, cookie) in inbox {
+                                finish(p, list, cookie);
+                            }
+                        }
+                    }
+                    for (p, list, cookie) in mine {
+                        finish(p, list, cookie);
+                    }
+                });
+            }
+        });
+        // Pages still in mailboxes (sent after their owner's last look).
+        for mb in &mailboxes {
+            for (p, list, _) in mb.lock().unwrap().drain(..) {
+                words(p)[1] = 0;
+                ql.free(list, p, None).unwrap();
+            }
+        }
+        ql.check().unwrap();
+        let s = ql.stats();
+        assert_eq!(s.live, 0);
+        assert_eq!(s.hits + s.misses, s.frees);
+        assert_eq!(s.dtor_calls as usize, dtors.load(Ordering::Relaxed));
+        assert!(s.hits > s.misses, "{s:?}");
+        for c in 0..THREADS {
+            assert!(
+                ql.pages_on_cpu(c) <= 2 * ql.bound(c),
+                "{c}: {}",
+                ql.pages_on_cpu(c)
+            );
+        }
+        let total = src.total_page_count().unwrap();
+        drop(ql);
+        assert_eq!(src.free_page_count(), Some(total));
+        src.check().unwrap();
+    }
+
+    #[test]
+    fn racing_double_frees_succeed_once() {
+        let src = RegionSource::new(4 << 20).unwrap();
+        let topo = Topology::single(2).unwrap();
+        // A minimum above what is freed: no trim, every page stays listed.
+        let c = cfg(Policy::default(), 1000, 16);
+        let ql: Quicklists<_> = Quicklists::new(&src, &topo, Cpus::Simulated, c).unwrap();
+        for _ in 0..20 {
+            bind_simulated_cpu(0);
+            let pages: Vec<_> = (0..64).map(|_| ql.alloc(0, None).unwrap()).collect();
+            let oks = AtomicUsize::new(0);
+            let doubles = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for cpu in 0..2 {
+                    let (ql, pages, oks, doubles) = (&ql, &pages, &oks, &doubles);
+                    s.spawn(move || {
+                        bind_simulated_cpu(cpu);
+                        for &p in pages {
+                            match ql.free(0, p, None) {
+                                Ok(()) => oks.fetch_add(1, Ordering::Relaxed),
+                                Err(Error::DoubleFree { .. }) => {
+                                    doubles.fetch_add(1, Ordering::Relaxed)
+                                }
+                                Err(e) => panic!("{e}"),
+                            };
+                        }
+                    });
+                }
+            });
+            assert_eq!(oks.load(Ordering::Relaxed), 64);
+            assert_eq!(doubles.load(Ordering::Relaxed), 64);
+            ql.check().unwrap();
+            assert_eq!(ql.drain(0, None), Ok(64));
+        }
+    }
+}
