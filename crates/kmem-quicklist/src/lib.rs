@@ -44,9 +44,11 @@
 //!   and the default). `node_free` is what the source can actually hand out
 //!   ([`PageSource::free_page_count`](kmem_core::PageSource::free_page_count),
 //!   the seed's second commit), divided evenly among the topology's nodes.
-//!   The bound is computed at each trim and cached per CPU; a free trims when
-//!   its list is above the cached bound, or at every batch boundary past the
-//!   minimum, so a bound lowered by falling free memory is noticed.
+//!   The bound is computed at each trim (reading the source's free count)
+//!   and cached: a free trims when its list is above the cached bound, or a
+//!   batch past its length at the last trim, so a bound lowered by falling
+//!   free memory is noticed within a batch of frees while most frees read
+//!   nothing but their own list.
 //!
 //! # Invariants (checked by [`Quicklists::check`])
 //!

@@ -68,12 +68,32 @@ pub type Ctor<'a> = &'a dyn Fn(&mut [u8]);
 /// goes back to the source (a trim, a drain).
 pub type Dtor<'a> = &'a dyn Fn(&mut [u8]);
 
+/// Starts loading the cache line at `p` (no effect on a null or unmapped
+/// address: a prefetch never faults).
+#[inline(always)]
+fn prefetch(p: *const usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 only hints the cache; it reads nothing architecturally
+    // and cannot fault, whatever the address.
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// One list: a chain of pages linked through the word at `link_offset`.
 struct QList {
     /// Address of the first page, 0 when empty.
     head: usize,
     /// Pages on the list.
     nr: usize,
+    /// A free that takes `nr` above this trims (and so recomputes the
+    /// bound): the cached bound, or one batch past the length at the last
+    /// trim if that is lower, so that a bound lowered by falling free memory
+    /// is noticed within a batch of frees. At least `min_pages`.
+    trim_above: usize,
 }
 
 /// What a CPU's lock protects.
@@ -81,8 +101,7 @@ struct CpuLists<const NR: usize> {
     lists: [QList; NR],
     /// Sum of the lists' `nr`.
     pages: usize,
-    /// The bound last computed for this CPU (at least `min_pages`): a free
-    /// above it trims. Refreshed by every trim.
+    /// The bound last computed for this CPU (at least `min_pages`).
     bound: usize,
 }
 
@@ -115,7 +134,11 @@ impl<const NR: usize> PerCpu<NR> {
     fn new(cpus_on_node: usize, min_pages: usize) -> PerCpu<NR> {
         PerCpu {
             lists: Lock::new(CpuLists {
-                lists: core::array::from_fn(|_| QList { head: 0, nr: 0 }),
+                lists: core::array::from_fn(|_| QList {
+                    head: 0,
+                    nr: 0,
+                    trim_above: min_pages,
+                }),
                 pages: 0,
                 bound: min_pages,
             }),
@@ -363,6 +386,11 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
                     q.head = link.read();
                     link.write(0);
                 }
+                // The next allocation will read the new head's link word:
+                // start fetching its line now (page tables come in bursts).
+                if q.head != 0 {
+                    prefetch(self.link(q.head));
+                }
                 q.nr -= 1;
                 g.pages -= 1;
                 pc.pages.store(g.pages, Ordering::Relaxed);
@@ -451,13 +479,11 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             unsafe { self.link(p).write(q.head) };
             q.head = p;
             q.nr += 1;
-            let nr = q.nr;
+            let over = q.nr > q.trim_above;
             g.pages += 1;
             pc.pages.store(g.pages, Ordering::Relaxed);
             pc.frees.add_owned(1);
-            // Above the cached bound, or at every batch past the minimum (so a
-            // bound that free memory has since lowered is noticed).
-            nr > self.config.min_pages && (nr > g.bound || nr % self.config.batch == 0)
+            over
         };
         if over {
             self.trim_on(cpu, list, dtor);
@@ -499,11 +525,18 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         let (chain, n) = {
             let mut g = pc.lists.lock();
             g.bound = bound;
+            let (min, batch) = (self.config.min_pages, self.config.batch);
             let q = &mut g.lists[list];
-            if q.nr <= self.config.min_pages || q.nr <= bound {
+            let n = if q.nr > min && q.nr > bound {
+                (q.nr - bound).min(batch)
+            } else {
+                0
+            };
+            let left = q.nr - n;
+            q.trim_above = bound.min(left.max(min) + batch);
+            if n == 0 {
                 return 0;
             }
-            let n = (q.nr - bound).min(self.config.batch);
             let chain = self.cut(q, n);
             g.pages -= n;
             pc.pages.store(g.pages, Ordering::Relaxed);
@@ -699,6 +732,9 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             }
             if g.bound < self.config.min_pages {
                 return Err("a cached bound is below the minimum");
+            }
+            if g.lists.iter().any(|q| q.trim_above < self.config.min_pages) {
+                return Err("a trim threshold is below the minimum");
             }
             listed += sum;
         }

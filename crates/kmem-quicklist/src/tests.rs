@@ -272,22 +272,27 @@ fn a_free_trims_a_list_whose_bound_fell() {
         cfg(Policy::PerNodeFree16, 4, 4),
     )
     .unwrap();
-    let mut pages: Vec<_> = (0..40).map(|_| ql.alloc(0, None).unwrap()).collect();
+    let mut pages: Vec<_> = (0..60).map(|_| ql.alloc(0, None).unwrap()).collect();
     for p in pages.drain(..30) {
         ql.free(0, p, None).unwrap();
     }
     assert_eq!(ql.list_len(0, 0), Ok(30)); // bound ~ 1900/16 = 118
     let hogged = hog(&src, 16);
     assert_eq!(ql.bound(0), 4);
-    // Frees now trim: each adds one and gives back up to a batch of 4.
+    // The last trim (at 30) set the next one a batch later: frees to 34 do
+    // not look at the bound, the one to 35 does and gives back a batch of 4.
+    for (k, p) in pages.drain(..5).enumerate() {
+        ql.free(0, p, None).unwrap();
+        assert_eq!(ql.list_len(0, 0), Ok(if k < 4 { 31 + k } else { 31 }));
+    }
+    // From then on each free adds one and gives back four, down to the bound
+    // of 4 and no further.
     for p in pages.drain(..) {
         ql.free(0, p, None).unwrap();
         ql.check().unwrap();
     }
-    // 31 -> 27, 28 -> 24, ... each free adds one and gives back a batch of
-    // four, down to the bound of 4 and no further.
     assert_eq!(ql.list_len(0, 0), Ok(4));
-    assert_eq!(ql.stats().released, 36);
+    assert_eq!(ql.stats().released, 56);
     unhog(&src, hogged);
 }
 
@@ -603,6 +608,7 @@ mod model {
         live: Vec<(crate::PageRef, usize)>,
         freed: Vec<crate::PageRef>,
         bound: [usize; CPUS],
+        trim_above: [[usize; LISTS]; CPUS],
         stats: crate::Stats,
         /// Free pages in the source when the model started.
         free0: usize,
@@ -623,10 +629,12 @@ mod model {
             let bound = self.bound_now(policy, nodes);
             self.bound[cpu] = bound;
             let q = &mut self.lists[cpu][list];
-            if q.len() <= MIN || q.len() <= bound {
-                return 0;
-            }
-            let n = (q.len() - bound).min(BATCH);
+            let n = if q.len() > MIN && q.len() > bound {
+                (q.len() - bound).min(BATCH)
+            } else {
+                0
+            };
+            self.trim_above[cpu][list] = bound.min((q.len() - n).max(MIN) + BATCH);
             for _ in 0..n {
                 let p = q.pop().unwrap();
                 self.freed.push(crate::PageRef::from_ptr(
@@ -655,6 +663,7 @@ mod model {
             live: Vec::new(),
             freed: Vec::new(),
             bound: [MIN; CPUS],
+            trim_above: [[MIN; LISTS]; CPUS],
             stats: crate::Stats::default(),
             free0: src.free_page_count().unwrap(),
         };
@@ -732,8 +741,7 @@ mod model {
                         .unwrap();
                     m.stats.frees += 1;
                     m.lists[cpu][list].push(p.addr());
-                    let nr = m.lists[cpu][list].len();
-                    if nr > MIN && (nr > m.bound[cpu] || nr % BATCH == 0) {
+                    if m.lists[cpu][list].len() > m.trim_above[cpu][list] {
                         m.trim(cpu, list, policy, nodes);
                     }
                 }
