@@ -507,6 +507,8 @@ impl ForkSim<'_> {
 /// What one fork-and-migrate run ended with.
 #[derive(Clone, Copy, Debug)]
 struct MemRow {
+    /// The "Quicklists:" line of /proc/meminfo at the end, in kB.
+    kb: u64,
     quick_pages: usize,
     free_pages: usize,
     children: usize,
@@ -569,6 +571,7 @@ fn fork_and_migrate(cpus: usize, policy: Policy, pages: usize) -> MemRow {
             sim.exit(parent);
             sim.ql.check().expect("quicklist invariants after the run");
             MemRow {
+                kb: sim.ql.meminfo().kb,
                 quick_pages: sim.ql.total_pages(),
                 free_pages: src
                     .free_page_count()
@@ -599,7 +602,15 @@ impl Suite for QuicklistSuite {
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
         let mut out = SuiteOutput::default();
-        ctx.progress.set_steps(4 + 2 * SEED_SHARES.len());
+        // `--cpus N` runs the memory table for N CPUs only.
+        let cpu_counts: Vec<(usize, Option<f64>)> = match ctx.cpus {
+            Some(n) => vec![(
+                n.clamp(2, kmem_core::MAX_CPUS),
+                SEED_SHARES.iter().find(|s| s.0 == n).map(|s| s.1),
+            )],
+            None => SEED_SHARES.iter().map(|&(n, s)| (n, Some(s))).collect(),
+        };
+        ctx.progress.set_steps(4 + 2 * cpu_counts.len());
         publish(&mut out);
 
         let rows = cost_table(ctx, &mut out);
@@ -656,13 +667,14 @@ impl Suite for QuicklistSuite {
                 "(n-1)/(16+n-1)",
                 "old: free/16 per CPU",
                 "new: free/16/CPUs",
+                "Quicklists: old / new",
                 "children old/new",
             ],
         );
         let mut old_series = Vec::new();
         let mut new_series = Vec::new();
         let mut seed_series = Vec::new();
-        for (cpus, seed) in SEED_SHARES {
+        for (cpus, seed) in cpu_counts {
             ctx.progress.step(&format!("fork_exit_{cpus}cpus_old"));
             let old = fork_and_migrate(cpus, Policy::PerNodeFree16, pages);
             ctx.progress.step(&format!("fork_exit_{cpus}cpus_new"));
@@ -676,15 +688,18 @@ impl Suite for QuicklistSuite {
             }
             t.row(vec![
                 cpus.to_string(),
-                format!("{seed:.1} %"),
+                seed.map_or("-".into(), |s| format!("{s:.1} %")),
                 format!("{formula:.1} %"),
                 format!("{:.1} %", old.share()),
                 format!("{:.1} %", new.share()),
+                format!("{} / {} kB", fmt_num(old.kb as f64), fmt_num(new.kb as f64)),
                 format!("{}/{}", old.children, new.children),
             ]);
             old_series.push((cpus as f64, old.share()));
             new_series.push((cpus as f64, new.share()));
-            seed_series.push((cpus as f64, seed));
+            if let Some(seed) = seed {
+                seed_series.push((cpus as f64, seed));
+            }
         }
         out.tables.push(t);
         out.figures.push(Figure::Svg {
