@@ -320,7 +320,7 @@ fn cost_table(ctx: &Ctx<'_>, out: &mut SuiteOutput) -> Vec<CostRow> {
     let topo = Topology::from_system();
     let quick = QuickPgtables::new(&src, &template, &pgds, &topo, Cpus::Real);
 
-    let rounds = ctx.scale.pick(3, 9, 21);
+    let rounds = ctx.scale.pick(3, 15, 31);
     let iters_hot = ctx.scale.pick(200, 5000, 20000);
     let iters_work = ctx.scale.pick(5, 60, 200);
     let work = RefCell::new(vec![0u64; (4 << 20) / 8]);
