@@ -4,4 +4,5 @@
 //! same data structures and algorithms, not a strawman: a suite compares kmem
 //! with it in the same run. One module per seed.
 
+pub mod pgalloc;
 pub mod vmalloc_busy_list;

@@ -8,8 +8,10 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod quicklist;
 mod vmalloc;
 pub use self::core::CoreSuite;
+pub use self::quicklist::QuicklistSuite;
 pub use self::vmalloc::VmallocSuite;
 
 /// How a suite is asked to run.
@@ -40,7 +42,7 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite, &vmalloc::VmallocSuite]
+    &[&core::CoreSuite, &vmalloc::VmallocSuite, &quicklist::QuicklistSuite]
 }
 
 /// The suite of that name.
