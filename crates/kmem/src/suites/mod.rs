@@ -42,7 +42,11 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite, &vmalloc::VmallocSuite, &quicklist::QuicklistSuite]
+    &[
+        &core::CoreSuite,
+        &vmalloc::VmallocSuite,
+        &quicklist::QuicklistSuite,
+    ]
 }
 
 /// The suite of that name.
