@@ -113,6 +113,8 @@ pub struct Stats {
     pub remote_frees: u64,
     /// Remote frees still waiting on semi-free lists.
     pub remote_pending: usize,
+    /// Bytes of chunks in those waiting frees (part of `bytes_held`).
+    pub remote_pending_bytes: usize,
     /// Heap locks taken, contended, waited for.
     pub locks: LockStats,
     /// Times a heap was busy and the caller went elsewhere (steal mode), or
@@ -298,7 +300,6 @@ pub(crate) fn bad_free(e: Error) -> ! {
         let left = w.len();
         let n = buf.len() - left;
         let _ = std::io::stderr().write_all(&buf[..n]);
-        eprintln!("{}", std::backtrace::Backtrace::force_capture());
         std::process::abort()
     }
     #[cfg(not(feature = "std"))]
@@ -1404,7 +1405,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 s.remote_pending += 1;
                 // SAFETY: queued entries stay valid while we hold the heap's
                 // lock (only a holder drains them).
-                e = unsafe { (*e).next };
+                unsafe {
+                    s.remote_pending_bytes += (*e).chunks << self.geo.chunk_shift;
+                    e = (*e).next;
+                }
             }
             drop(heap);
             s.locks += slot.heap.stats();
