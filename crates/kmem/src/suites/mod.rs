@@ -8,7 +8,9 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod nta;
 pub use self::core::CoreSuite;
+pub use self::nta::NtaSuite;
 
 /// How a suite is asked to run.
 pub struct Ctx<'a> {
@@ -38,7 +40,7 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite]
+    &[&core::CoreSuite, &nta::NtaSuite]
 }
 
 /// The suite of that name.
