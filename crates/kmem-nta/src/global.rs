@@ -59,7 +59,16 @@ pub struct LazyRegion {
     state: AtomicU8,
     guard: AtomicBool,
     src: UnsafeCell<MaybeUninit<RegionSource>>,
+    /// Freed node-sized runs kept for reuse (under `guard`): the region's
+    /// next-fit search would otherwise hand out fresh, unfaulted pages.
+    cache: UnsafeCell<[usize; RUN_CACHE]>,
+    cached: UnsafeCell<usize>,
 }
+
+/// Node-sized runs a [`LazyRegion`] keeps for reuse (8 MiB of 32 KiB nodes);
+/// other freed runs are given back to the OS at once.
+pub const RUN_CACHE: usize = 256;
+const RUN_PAGES_SHIFT: u32 = 15;
 
 // SAFETY: the inner source is written once before `state` becomes READY
 // (Release) and only read after observing READY (Acquire); RegionSource is Sync.
@@ -81,6 +90,8 @@ impl LazyRegion {
             state: AtomicU8::new(UNINIT),
             guard: AtomicBool::new(false),
             src: UnsafeCell::new(MaybeUninit::uninit()),
+            cache: UnsafeCell::new([0; RUN_CACHE]),
+            cached: UnsafeCell::new(0),
         }
     }
 
@@ -104,7 +115,7 @@ impl LazyRegion {
                 Ok(_) => {
                     let mut bytes = self.bytes;
                     let made = loop {
-                        match RegionSource::with_purge_threshold(bytes, 16) {
+                        match RegionSource::with_purge_threshold(bytes, 1) {
                             Ok(s) => break Some(s),
                             Err(_) if bytes > 64 << 20 => bytes /= 2,
                             Err(_) => break None,
@@ -137,7 +148,7 @@ impl LazyRegion {
         }
     }
 
-    fn locked<R>(&self, f: impl FnOnce(&RegionSource) -> Result<R>) -> Result<R> {
+    fn locked<R>(&self, f: impl FnOnce(&RegionSource, &mut [usize; RUN_CACHE], &mut usize) -> Result<R>) -> Result<R> {
         let s = self.get()?;
         let mut round = 0;
         while self
@@ -148,9 +159,16 @@ impl LazyRegion {
             round += 1;
             spin_or_yield(round);
         }
-        let r = f(s);
+        // SAFETY: the guard is held: the cache is ours alone.
+        let r = unsafe { f(s, &mut *self.cache.get(), &mut *self.cached.get()) };
         self.guard.store(false, Ordering::Release);
         r
+    }
+
+    /// True for runs the cache keeps: one 32 KiB node, node-aligned.
+    fn cacheable(pages: usize, align: usize) -> bool {
+        let node_pages = (1usize << RUN_PAGES_SHIFT) / kmem_sys::page_size();
+        pages == node_pages && align <= node_pages
     }
 }
 
@@ -169,16 +187,33 @@ unsafe impl PageSource for LazyRegion {
     }
 
     fn alloc_pages(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
-        self.locked(|s| s.alloc_pages(pages, align))
+        let cache = Self::cacheable(pages, align);
+        self.locked(|s, c, n| {
+            if cache && *n > 0 {
+                *n -= 1;
+                // SAFETY: cached runs are live runs of the region we hold.
+                return Ok(unsafe { NonNull::new_unchecked(c[*n] as *mut u8) });
+            }
+            s.alloc_pages(pages, align)
+        })
     }
 
     fn alloc_pages_zeroed(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
-        self.locked(|s| s.alloc_pages_zeroed(pages, align))
+        self.locked(|s, _, _| s.alloc_pages_zeroed(pages, align))
     }
 
     unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
-        // SAFETY: forwarded contract.
-        self.locked(|s| unsafe { s.free_pages(ptr, pages) })
+        let node_pages = (1usize << RUN_PAGES_SHIFT) / kmem_sys::page_size();
+        let cache = pages == node_pages && (ptr.as_ptr() as usize).trailing_zeros() >= RUN_PAGES_SHIFT;
+        self.locked(|s, c, n| {
+            if cache && *n < RUN_CACHE {
+                c[*n] = ptr.as_ptr() as usize;
+                *n += 1;
+                return Ok(());
+            }
+            // SAFETY: forwarded contract.
+            unsafe { s.free_pages(ptr, pages) }
+        })
     }
 
     fn free_page_count(&self) -> Option<usize> {
@@ -210,7 +245,7 @@ pub const GLOBAL_CONFIG: Config = Config {
     chunk_size: GLOBAL_CHUNK,
     node_size: 32 << 10,
     heaps: MAX_HEAPS,
-    reserve_nodes: 1,
+    reserve_nodes: 4,
     steal: true,
 };
 
@@ -221,15 +256,15 @@ pub const FRONT_CLASSES: usize = 64;
 /// Largest request the front cache serves.
 pub const FRONT_MAX: usize = FRONT_CLASSES * GLOBAL_CHUNK;
 /// Most bytes one thread's front cache holds.
-pub const FRONT_BYTES: usize = 256 << 10;
+pub const FRONT_BYTES: usize = 1 << 20;
 
-/// Entries kept per class: about 16 KiB of each, 8 to 128 entries.
+/// Entries kept per class: about 32 KiB of each, 16 to 256 entries.
 const fn limit(k: usize) -> u32 {
-    let n = (16 << 10) / (k * GLOBAL_CHUNK);
-    if n < 8 {
-        8
-    } else if n > 128 {
-        128
+    let n = (32 << 10) / (k * GLOBAL_CHUNK);
+    if n < 16 {
+        16
+    } else if n > 256 {
+        256
     } else {
         n as u32
     }
@@ -535,9 +570,9 @@ mod tests {
 
     #[test]
     fn limits_are_bounded() {
-        assert_eq!(LIMITS[1], 128);
-        assert_eq!(LIMITS[4], 64);
-        assert_eq!(LIMITS[64], 8);
+        assert_eq!(LIMITS[1], 256);
+        assert_eq!(LIMITS[4], 128);
+        assert_eq!(LIMITS[64], 16);
         let worst: usize = (1..=FRONT_CLASSES)
             .map(|k| LIMITS[k] as usize * k * GLOBAL_CHUNK)
             .sum();

@@ -39,13 +39,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// 64-byte chunks, 32 KiB nodes, one heap, one reserve node, blocking locks.
+    /// 64-byte chunks, 32 KiB nodes, one heap, four reserve nodes, blocking locks.
     pub const fn new() -> Config {
         Config {
             chunk_size: 64,
             node_size: 32 << 10,
             heaps: 1,
-            reserve_nodes: 1,
+            reserve_nodes: 4,
             steal: false,
         }
     }
