@@ -148,7 +148,10 @@ impl LazyRegion {
         }
     }
 
-    fn locked<R>(&self, f: impl FnOnce(&RegionSource, &mut [usize; RUN_CACHE], &mut usize) -> Result<R>) -> Result<R> {
+    fn locked<R>(
+        &self,
+        f: impl FnOnce(&RegionSource, &mut [usize; RUN_CACHE], &mut usize) -> Result<R>,
+    ) -> Result<R> {
         let s = self.get()?;
         let mut round = 0;
         while self
@@ -204,7 +207,8 @@ unsafe impl PageSource for LazyRegion {
 
     unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
         let node_pages = (1usize << RUN_PAGES_SHIFT) / kmem_sys::page_size();
-        let cache = pages == node_pages && (ptr.as_ptr() as usize).trailing_zeros() >= RUN_PAGES_SHIFT;
+        let cache =
+            pages == node_pages && (ptr.as_ptr() as usize).trailing_zeros() >= RUN_PAGES_SHIFT;
         self.locked(|s, c, n| {
             if cache && *n < RUN_CACHE {
                 c[*n] = ptr.as_ptr() as usize;
@@ -356,15 +360,32 @@ impl Front {
         let want = (LIMITS[k] / 2).max(1) as usize;
         let mut got: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
-        NTA.alloc_batch(k, want, |p| {
+        let (heads, counts, bytes) = (&mut self.heads, &mut self.counts, &mut self.bytes);
+        NTA.alloc_batch(k, want, |p, kk| {
             let e: *mut Semi = p.cast();
-            // SAFETY: a fresh allocation of k chunks.
-            unsafe {
-                (*e).next = got;
-                (*e).chunks = 0;
+            if kk == k {
+                // SAFETY: a fresh (or recycled) allocation of k chunks.
+                unsafe {
+                    (*e).next = got;
+                    (*e).chunks = 0;
+                }
+                got = e;
+                n += 1;
+                return true;
             }
-            got = e;
-            n += 1;
+            // A remote free of another size: keep it if its class has room.
+            if kk > FRONT_CLASSES || counts[kk] >= LIMITS[kk] || *bytes >= FRONT_BYTES {
+                return false;
+            }
+            // SAFETY: an allocation of kk chunks handed to us.
+            unsafe {
+                (*e).next = heads[kk];
+                (*e).chunks = key(e);
+            }
+            heads[kk] = e;
+            counts[kk] += 1;
+            *bytes += kk << SHIFT;
+            true
         });
         if got.is_null() {
             return ptr::null_mut();

@@ -301,7 +301,9 @@ pub(crate) mod bits {
 /// Pointers to a node's two bitmaps.
 #[inline(always)]
 pub(crate) fn used_map(node: *mut Node) -> *mut u64 {
-    node.cast::<u8>().wrapping_add(core::mem::size_of::<Node>()).cast()
+    node.cast::<u8>()
+        .wrapping_add(core::mem::size_of::<Node>())
+        .cast()
 }
 
 #[inline(always)]

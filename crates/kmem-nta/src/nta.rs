@@ -4,7 +4,9 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
 use kmem_core::sync::{AtomicPtr, AtomicUsize, Ordering};
-use kmem_core::{CachePadded, Counter, CpuSource, Cpus, Error, Lock, LockGuard, LockStats, PageSource, Result};
+use kmem_core::{
+    CachePadded, Counter, CpuSource, Cpus, Error, Lock, LockGuard, LockStats, PageSource, Result,
+};
 
 use crate::node::{
     bits, end_map, load_check, seal, seal_freed, used_map, Geometry, Node, KIND_LARGE, KIND_SMALL,
@@ -101,6 +103,8 @@ pub struct Stats {
     pub nodes: usize,
     /// Of those, nodes with no chunk in use (the reserve).
     pub empty_nodes: usize,
+    /// Empty nodes in the shared pool (not counted in `nodes`).
+    pub pooled_nodes: usize,
     /// Free chunks on the size lists (each a maximal free run).
     pub free_chunks: usize,
     /// Bytes in those free chunks.
@@ -283,7 +287,18 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     large_allocs: Counter,
     large_frees: Counter,
     large_requested: Counter,
+    /// Empty nodes past every heap's reserve, kept for any heap to reuse
+    /// before the source is asked (sealed as freed while here).
+    pool: Lock<NodePool>,
     pub(crate) slots: [Slot; MAX_HEAPS],
+}
+
+/// Nodes an allocator keeps in its shared pool.
+pub const NODE_POOL: usize = 32;
+
+struct NodePool {
+    nodes: [usize; NODE_POOL],
+    n: usize,
 }
 
 /// Reports bad input met where no error can be returned (`GlobalAlloc::dealloc`,
@@ -344,7 +359,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             Ok(g) => g,
             Err(e) => panic!("{}", e),
         };
-        assert!(cfg.heaps >= 1 && cfg.heaps <= MAX_HEAPS, "heaps must be 1..=64");
+        assert!(
+            cfg.heaps >= 1 && cfg.heaps <= MAX_HEAPS,
+            "heaps must be 1..=64"
+        );
         Nta {
             source,
             cpus,
@@ -360,6 +378,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             large_allocs: Counter::new(),
             large_frees: Counter::new(),
             large_requested: Counter::new(),
+            pool: Lock::new(NodePool {
+                nodes: [0; NODE_POOL],
+                n: 0,
+            }),
             slots: [const { Slot::new() }; MAX_HEAPS],
         }
     }
@@ -566,7 +588,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     c = unsafe { (*c).next };
                     budget -= 1;
                 }
-                j = if j + 1 > self.geo.max { 0 } else { heap.find(j + 1) };
+                j = if j + 1 > self.geo.max {
+                    0
+                } else {
+                    heap.find(j + 1)
+                };
             }
             if attempt == 0 {
                 // SAFETY: forwarded.
@@ -684,6 +710,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             (*node)
                 .check
                 .store(seal_freed(addr, self.secret()), Ordering::Release);
+            if let Some(mut pool) = self.pool.try_lock() {
+                if pool.n < NODE_POOL {
+                    let n = pool.n;
+                    pool.nodes[n] = addr;
+                    pool.n += 1;
+                    return;
+                }
+            }
             let _ = self
                 .source
                 .free_pages(NonNull::new_unchecked(node.cast()), pages);
@@ -745,8 +779,22 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             return Err(Error::BadConfig("node size below the page size"));
         }
         let pages = g.node() / ps;
-        let p = self.source.alloc_pages(pages, pages).map_err(|_| oom)?;
-        let node: *mut Node = p.as_ptr().cast();
+        let pooled = match self.pool.try_lock() {
+            Some(mut pool) if pool.n > 0 => {
+                pool.n -= 1;
+                Some(pool.nodes[pool.n])
+            }
+            _ => None,
+        };
+        let node: *mut Node = match pooled {
+            Some(a) => a as *mut Node,
+            None => self
+                .source
+                .alloc_pages(pages, pages)
+                .map_err(|_| oom)?
+                .as_ptr()
+                .cast(),
+        };
         let addr = node as usize;
         // SAFETY: the run is ours, node-aligned, node-sized; the header and
         // maps fit in its first `hdr` chunks.
@@ -1192,7 +1240,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// # Safety
     /// `ptr` is a live allocation of this allocator made with `old`; on
     /// success it must not be used again unless the same pointer came back.
-    pub unsafe fn realloc(&self, ptr: NonNull<u8>, old: Layout, new_size: usize) -> Result<NonNull<u8>> {
+    pub unsafe fn realloc(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new_size: usize,
+    ) -> Result<NonNull<u8>> {
         if new_size == 0 {
             return Err(Error::ZeroSize);
         }
@@ -1283,12 +1336,51 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- batches, for front caches ----------------------------------------
 
     /// Allocates up to `n` allocations of `k` chunks each (k <= max) under one
-    /// lock, calling `out` with each; returns how many (0 when out of memory).
+    /// lock, calling `out(ptr, k)` with each; returns how many (0 when out of
+    /// memory). Remote frees queued for the heap are offered to `out` as
+    /// they are, with their own size; it returns false for those it does not
+    /// take, which are then freed.
     #[cfg_attr(not(feature = "std"), allow(dead_code))]
-    pub(crate) fn alloc_batch(&self, k: usize, n: usize, mut out: impl FnMut(*mut u8)) -> usize {
+    pub(crate) fn alloc_batch(
+        &self,
+        k: usize,
+        n: usize,
+        mut out: impl FnMut(*mut u8, usize) -> bool,
+    ) -> usize {
         let (h, mut heap) = self.lock_for_alloc();
-        self.drain(&mut heap, h);
         let mut got = 0;
+        // Frees queued by other CPUs: chunks of exactly k are handed out as
+        // they are (still marked allocated, so nothing to split or merge);
+        // the rest are finished as usual.
+        if !self.slots[h].semi.load(Ordering::Relaxed).is_null() {
+            let mut e = self.slots[h].semi.swap(ptr::null_mut(), Ordering::Acquire);
+            while !e.is_null() {
+                // SAFETY: queued entries are live allocations of this heap's
+                // nodes (the Acquire swap makes their words visible).
+                unsafe {
+                    let next = (*e).next;
+                    let kk = (*e).chunks;
+                    let (node, idx) = self.node_of(e as usize);
+                    if let Err(x) = self.validate(node, idx, kk, e as usize) {
+                        bad_free(x);
+                    }
+                    heap.remote += 1;
+                    if kk == k && got < n {
+                        heap.frees += 1;
+                        heap.allocs += 1;
+                        out(e.cast(), k);
+                        got += 1;
+                    } else if kk != k && out(e.cast(), kk) {
+                        // Taken as it is by the caller's cache of size kk.
+                        heap.frees += 1;
+                        heap.allocs += 1;
+                    } else {
+                        self.release(&mut heap, node, idx, kk);
+                    }
+                    e = next;
+                }
+            }
+        }
         while got < n {
             let mut j = heap.find(k);
             if j == 0 {
@@ -1307,7 +1399,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 let end = end_map(node, &self.geo);
                 for t in 0..m {
                     bits::set(end, idx + t * k + k - 1);
-                    out(self.chunk_addr(node, idx + t * k));
+                    out(self.chunk_addr(node, idx + t * k), k);
                 }
                 if (*node).used == 0 {
                     heap.empty_nodes -= 1;
@@ -1417,6 +1509,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         s.bytes_requested += self.large_requested.get();
         s.allocations += self.large_allocs.get();
         s.frees += self.large_frees.get();
+        s.pooled_nodes = self.pool.lock().n;
         s.large_runs = self.large_runs.load(Ordering::Relaxed);
         s.large_pages = self.large_pages.load(Ordering::Relaxed);
         s
@@ -1602,7 +1695,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 // (only a lock holder drains).
                 unsafe {
                     let (node, idx) = self.node_of(e as usize);
-                    if load_check(node) != seal(node as usize, secret) || (*node).owner as usize != h {
+                    if load_check(node) != seal(node as usize, secret)
+                        || (*node).owner as usize != h
+                    {
                         return Err("semi-free entry in a foreign node");
                     }
                     match self.validate(node, idx, (*e).chunks, e as usize) {
@@ -1613,6 +1708,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 }
             }
             drop(heap);
+        }
+        let pool = self.pool.lock();
+        for &a in &pool.nodes[..pool.n] {
+            if load_check(a as *const Node) != seal_freed(a, secret) {
+                return Err("pooled node not sealed as free");
+            }
         }
         Ok(())
     }
@@ -1656,6 +1757,17 @@ impl<P: PageSource, C: CpuSource> Drop for Nta<P, C> {
     /// under them).
     fn drop(&mut self) {
         let ps = self.source.page_size();
+        let node_pages = self.geo.node() / ps;
+        let pool = self.pool.get_mut();
+        for &a in &pool.nodes[..pool.n] {
+            // SAFETY: pooled nodes are runs of ours, used by nobody.
+            unsafe {
+                let _ = self
+                    .source
+                    .free_pages(NonNull::new_unchecked(a as *mut u8), node_pages);
+            }
+        }
+        pool.n = 0;
         for slot in &mut self.slots[..self.nheaps] {
             let heap = slot.heap.get_mut();
             let mut n = heap.nodes;
@@ -1665,7 +1777,9 @@ impl<P: PageSource, C: CpuSource> Drop for Nta<P, C> {
                     let next = (*n).next;
                     let pages = (*n).pages;
                     (*n).check.store(0, Ordering::Relaxed);
-                    let _ = self.source.free_pages(NonNull::new_unchecked(n.cast()), pages);
+                    let _ = self
+                        .source
+                        .free_pages(NonNull::new_unchecked(n.cast()), pages);
                     n = next;
                 }
             }

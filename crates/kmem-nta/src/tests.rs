@@ -19,7 +19,8 @@ fn buf(pages: usize) -> Vec<u64> {
 
 fn source(b: &mut [u64]) -> FixedSource<'_> {
     // SAFETY: viewing the u64 buffer as bytes.
-    let bytes = unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
     FixedSource::new(bytes, PAGE).unwrap()
 }
 
@@ -80,7 +81,10 @@ fn rounds_to_chunks_and_coalesces() {
         nta.free(d).unwrap();
     }
     let s = nta.stats();
-    assert_eq!((s.bytes_held, s.free_chunks, s.nodes, s.empty_nodes), (0, 1, 1, 1));
+    assert_eq!(
+        (s.bytes_held, s.free_chunks, s.nodes, s.empty_nodes),
+        (0, 1, 1, 1)
+    );
     nta.check().unwrap();
 }
 
@@ -122,9 +126,20 @@ fn empty_nodes_go_back_past_the_reserve() {
         nta.check().unwrap();
     }
     let s = nta.stats();
-    assert_eq!((s.nodes, s.empty_nodes), (1, 1));
-    // One node (8 pages) and the lists page remain taken.
-    assert_eq!(src.free_page_count().unwrap(), total - 8 - 1);
+    assert_eq!((s.nodes, s.empty_nodes, s.pooled_nodes), (1, 1, 3));
+    // One reserve node and three pooled (8 pages each), and the lists page.
+    assert_eq!(src.free_page_count().unwrap(), total - 4 * 8 - 1);
+    // A new node comes from the pool, not the source.
+    let p = nta.alloc(l(big)).unwrap();
+    let q = nta.alloc(l(big)).unwrap();
+    assert_eq!(nta.stats().pooled_nodes, 2);
+    assert_eq!(src.free_page_count().unwrap(), total - 4 * 8 - 1);
+    // SAFETY: live.
+    unsafe {
+        nta.free(p).unwrap();
+        nta.free(q).unwrap();
+    }
+    nta.check().unwrap();
     drop(nta);
     assert_eq!(src.free_page_count().unwrap(), total);
 }
@@ -149,18 +164,27 @@ fn bad_input_is_an_error_and_changes_nothing() {
         assert!(matches!(nta.free(mid), Err(Error::NotAllocated { .. })));
         let odd = NonNull::new_unchecked(a.as_ptr().add(8));
         assert!(matches!(nta.free(odd), Err(Error::NotAllocated { .. })));
-        assert!(matches!(nta.usable_size(mid), Err(Error::NotAllocated { .. })));
+        assert!(matches!(
+            nta.usable_size(mid),
+            Err(Error::NotAllocated { .. })
+        ));
         let node = NonNull::new_unchecked((a.as_ptr() as usize & !((32 << 10) - 1)) as *mut u8);
         assert!(matches!(nta.free(node), Err(Error::NotAllocated { .. })));
         let free_chunk = NonNull::new_unchecked(c.as_ptr().add(128));
-        assert!(matches!(nta.free(free_chunk), Err(Error::DoubleFree { .. })));
+        assert!(matches!(
+            nta.free(free_chunk),
+            Err(Error::DoubleFree { .. })
+        ));
         assert!(matches!(
             nta.free_sized(a, l(64)),
             Err(Error::WrongSize { .. })
         ));
         let big_mid = NonNull::new_unchecked(big.as_ptr().add(4096));
         assert!(nta.free(big_mid).is_err());
-        assert!(matches!(nta.free_sized(big, l(64)), Err(Error::WrongSize { .. })));
+        assert!(matches!(
+            nta.free_sized(big, l(64)),
+            Err(Error::WrongSize { .. })
+        ));
         assert_eq!(state(nta.stats()), before);
         nta.check().unwrap();
         // Now the real frees, then the second ones.
@@ -174,7 +198,9 @@ fn bad_input_is_an_error_and_changes_nothing() {
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
     assert!(matches!(nta.alloc(l(0)), Err(Error::ZeroSize)));
-    assert!(nta.alloc(Layout::from_size_align(8, 1 << 20).unwrap()).is_err());
+    assert!(nta
+        .alloc(Layout::from_size_align(8, 1 << 20).unwrap())
+        .is_err());
     nta.check().unwrap();
 }
 
@@ -250,7 +276,15 @@ fn aligned_and_large() {
     let mut b = buf(200);
     let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
     let mut v = Vec::new();
-    for (size, align) in [(10, 128), (100, 256), (64, 4096), (3000, 1024), (50_000, 8), (9000, 8192), (5000, 65536)] {
+    for (size, align) in [
+        (10, 128),
+        (100, 256),
+        (64, 4096),
+        (3000, 1024),
+        (50_000, 8),
+        (9000, 8192),
+        (5000, 65536),
+    ] {
         let lay = Layout::from_size_align(size, align).unwrap();
         let p = nta.alloc(lay).unwrap();
         assert_eq!(p.as_ptr() as usize % align, 0, "{size} {align}");
@@ -278,13 +312,18 @@ fn remote_frees_go_through_the_semi_free_list() {
     let ptrs: Vec<usize> = std::thread::scope(|s| {
         s.spawn(|| {
             kmem_core::bind_simulated_cpu(0);
-            (0..100).map(|_| nta.alloc(l(200)).unwrap().as_ptr() as usize).collect()
+            (0..100)
+                .map(|_| nta.alloc(l(200)).unwrap().as_ptr() as usize)
+                .collect()
         })
         .join()
         .unwrap()
     });
     for &p in &ptrs {
-        assert_eq!(nta.owner_of(NonNull::new(p as *mut u8).unwrap()).unwrap(), 0);
+        assert_eq!(
+            nta.owner_of(NonNull::new(p as *mut u8).unwrap()).unwrap(),
+            0
+        );
     }
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -350,5 +389,10 @@ fn seed_geometry_32_byte_chunks() {
     // SAFETY: live.
     unsafe { nta.free(p).unwrap() };
     nta.check().unwrap();
-    assert!(Nta::with_config(source(&mut buf(8)), Config { heaps: 0, ..cfg() }, Cpus::Fixed(0)).is_err());
+    assert!(Nta::with_config(
+        source(&mut buf(8)),
+        Config { heaps: 0, ..cfg() },
+        Cpus::Fixed(0)
+    )
+    .is_err());
 }

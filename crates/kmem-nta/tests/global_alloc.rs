@@ -14,7 +14,9 @@ fn collections_strings_and_threads() {
     let before = KmemNta::stats().allocations;
 
     // Strings: build, split, join, sort.
-    let words: Vec<String> = (0..20_000).map(|i| format!("w{:05}-{}", (i * 7919) % 20_000, i % 13)).collect();
+    let words: Vec<String> = (0..20_000)
+        .map(|i| format!("w{:05}-{}", (i * 7919) % 20_000, i % 13))
+        .collect();
     let mut sorted = words.clone();
     sorted.sort();
     assert_eq!(sorted.len(), 20_000);
@@ -40,7 +42,10 @@ fn collections_strings_and_threads() {
     assert_eq!(v[99_999], 99_999 * 99_999);
     v.truncate(100);
     v.shrink_to_fit();
-    assert_eq!(v.iter().sum::<u64>(), (0..100u64).map(|i| i * i).sum::<u64>());
+    assert_eq!(
+        v.iter().sum::<u64>(),
+        (0..100u64).map(|i| i * i).sum::<u64>()
+    );
     let mut q: VecDeque<Box<[u8; 100]>> = VecDeque::new();
     for i in 0..10_000 {
         q.push_back(Box::new([i as u8; 100]));
@@ -54,7 +59,8 @@ fn collections_strings_and_threads() {
     let (tx, rx) = mpsc::channel::<Vec<String>>();
     let prod = std::thread::spawn(move || {
         for i in 0..2000 {
-            tx.send((0..10).map(|j| format!("{i}:{j}")).collect()).unwrap();
+            tx.send((0..10).map(|j| format!("{i}:{j}")).collect())
+                .unwrap();
         }
     });
     let cons = std::thread::spawn(move || {

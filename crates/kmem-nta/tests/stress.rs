@@ -54,7 +54,10 @@ unsafe fn make<A: GlobalAlloc>(a: &A, size: usize) -> Block {
         // SAFETY: inside the block.
         unsafe { (p as *mut u64).add(i).write(c ^ i as u64) };
     }
-    Block { ptr: p as usize, size }
+    Block {
+        ptr: p as usize,
+        size,
+    }
 }
 
 unsafe fn kill<A: GlobalAlloc>(a: &A, b: Block) {
@@ -62,7 +65,13 @@ unsafe fn kill<A: GlobalAlloc>(a: &A, b: Block) {
     for i in 0..b.size / 8 {
         // SAFETY: inside the live block.
         let v = unsafe { (b.ptr as *const u64).add(i).read() };
-        assert_eq!(v, c ^ i as u64, "cookie broken in block {:#x}+{}", b.ptr, i * 8);
+        assert_eq!(
+            v,
+            c ^ i as u64,
+            "cookie broken in block {:#x}+{}",
+            b.ptr,
+            i * 8
+        );
     }
     // SAFETY: live block allocated with this layout.
     unsafe { a.dealloc(b.ptr as *mut u8, layout(b.size)) };
@@ -132,7 +141,10 @@ fn stress_instance_real_cpus() {
     stress(&nta, 4, Duration::from_millis(1500), false);
     nta.check().unwrap();
     let s = nta.stats();
-    assert_eq!(s.bytes_held, s.remote_pending_bytes, "only queued frees remain held");
+    assert_eq!(
+        s.bytes_held, s.remote_pending_bytes,
+        "only queued frees remain held"
+    );
     assert_eq!(s.large_runs, 0);
 }
 

@@ -275,7 +275,11 @@ impl<'a> Pow2Slab<'a> {
             // SAFETY: a fresh page of ours: chain its objects.
             unsafe {
                 for i in 0..per {
-                    let next = if i + 1 < per { ((i + 1) * size) as u16 } else { NO_OBJ };
+                    let next = if i + 1 < per {
+                        ((i + 1) * size) as u16
+                    } else {
+                        NO_OBJ
+                    };
                     *((page + i * size) as *mut u16) = next;
                 }
                 *self.desc(pi) = Desc {
@@ -428,7 +432,9 @@ impl<'a> Pow2Slab<'a> {
 
     /// The classes' object sizes.
     pub fn class_sizes(&self) -> Vec<usize> {
-        (0..self.classes).map(|c| 1 << (MIN_SHIFT as usize + c)).collect()
+        (0..self.classes)
+            .map(|c| 1 << (MIN_SHIFT as usize + c))
+            .collect()
     }
 }
 
@@ -458,7 +464,15 @@ mod tests {
     #[test]
     fn rounds_to_powers_of_two() {
         let mut b = arena(64);
-        let s = Pow2Slab::new(&mut b, 4096, SlabConfig { array_caches: false, cpus: 1 }, Cpus::Fixed(0));
+        let s = Pow2Slab::new(
+            &mut b,
+            4096,
+            SlabConfig {
+                array_caches: false,
+                cpus: 1,
+            },
+            Cpus::Fixed(0),
+        );
         assert_eq!(s.rounded(1), 64);
         assert_eq!(s.rounded(65), 128);
         assert_eq!(s.rounded(2049), 4096);
@@ -480,7 +494,15 @@ mod tests {
     fn objects_are_distinct_and_pages_come_back() {
         for caches in [false, true] {
             let mut b = arena(1500);
-            let s = Pow2Slab::new(&mut b, 4096, SlabConfig { array_caches: caches, cpus: 2 }, Cpus::Fixed(1));
+            let s = Pow2Slab::new(
+                &mut b,
+                4096,
+                SlabConfig {
+                    array_caches: caches,
+                    cpus: 2,
+                },
+                Cpus::Fixed(1),
+            );
             let before = s.source().free_page_count().unwrap();
             let mut live = Vec::new();
             let mut seen = std::collections::HashSet::new();
@@ -496,7 +518,9 @@ mod tests {
                     let (q, ql, t) = live.swap_remove(i % live.len());
                     // SAFETY: live allocation.
                     unsafe {
-                        assert!(std::slice::from_raw_parts(q.as_ptr(), ql.size()).iter().all(|&x| x == t));
+                        assert!(std::slice::from_raw_parts(q.as_ptr(), ql.size())
+                            .iter()
+                            .all(|&x| x == t));
                         s.dealloc(q, ql);
                     }
                     seen.remove(&(q.as_ptr() as usize));
@@ -505,7 +529,9 @@ mod tests {
             for (p, l, t) in live {
                 // SAFETY: live allocation.
                 unsafe {
-                    assert!(std::slice::from_raw_parts(p.as_ptr(), l.size()).iter().all(|&x| x == t));
+                    assert!(std::slice::from_raw_parts(p.as_ptr(), l.size())
+                        .iter()
+                        .all(|&x| x == t));
                     s.dealloc(p, l);
                 }
             }
@@ -520,7 +546,15 @@ mod tests {
     #[test]
     fn fails_cleanly_when_full() {
         let mut b = arena(20);
-        let s = Pow2Slab::new(&mut b, 4096, SlabConfig { array_caches: false, cpus: 1 }, Cpus::Fixed(0));
+        let s = Pow2Slab::new(
+            &mut b,
+            4096,
+            SlabConfig {
+                array_caches: false,
+                cpus: 1,
+            },
+            Cpus::Fixed(0),
+        );
         let l = Layout::from_size_align(3000, 8).unwrap();
         let mut n = 0;
         while s.alloc(l).is_some() {

@@ -151,7 +151,8 @@ fn frag_kmem(chunk: usize, seed: u64) -> Vec<Round> {
             .ok()
             .map(|p| p.as_ptr() as usize)
     });
-    nta.check().expect("kmem-nta invariants after the fragmentation test");
+    nta.check()
+        .expect("kmem-nta invariants after the fragmentation test");
     rounds
 }
 
@@ -211,7 +212,9 @@ struct RandomPlan {
 
 fn random_plan() -> RandomPlan {
     let mut r = Rng::new(42);
-    let sizes = (0..BATCH * 16).map(|_| r.range(16, 4096) as usize).collect();
+    let sizes = (0..BATCH * 16)
+        .map(|_| r.range(16, 4096) as usize)
+        .collect();
     let mut order: Vec<usize> = (0..BATCH).collect();
     for i in (1..BATCH).rev() {
         order.swap(i, r.below(i as u64 + 1) as usize);
@@ -292,7 +295,10 @@ fn larson<A: GlobalAlloc + Sync>(a: &A, slots: usize, steps: usize, rounds: usiz
                     .map(|_| {
                         let size = r.range(16, 1024) as usize;
                         // SAFETY: non-zero layout.
-                        (unsafe { a.alloc(Layout::from_size_align_unchecked(size, 8)) } as usize, size)
+                        (
+                            unsafe { a.alloc(Layout::from_size_align_unchecked(size, 8)) } as usize,
+                            size,
+                        )
                     })
                     .collect();
                 for round in 0..rounds {
@@ -353,7 +359,14 @@ fn baseline_instance() -> Pow2Slab<'static> {
     )
 }
 
-const IMPLS: [&str; 6] = ["kmem", "kmem_heaps", "baseline", "glibc", "mimalloc", "jemalloc"];
+const IMPLS: [&str; 6] = [
+    "kmem",
+    "kmem_heaps",
+    "baseline",
+    "glibc",
+    "mimalloc",
+    "jemalloc",
+];
 
 fn contenders<'a>(
     heaps: &'a Nta<RegionSource>,
@@ -419,8 +432,14 @@ impl Suite for NtaSuite {
         let seeds: Vec<u64> = (1..=sc.pick(1, 3, 9)).collect();
         let mut runs: Vec<(&str, Vec<Vec<Round>>)> = vec![
             ("kmem", seeds.iter().map(|&s| frag_kmem(64, s)).collect()),
-            ("kmem_32b", seeds.iter().map(|&s| frag_kmem(32, s)).collect()),
-            ("baseline", seeds.iter().map(|&s| frag_baseline(s)).collect()),
+            (
+                "kmem_32b",
+                seeds.iter().map(|&s| frag_kmem(32, s)).collect(),
+            ),
+            (
+                "baseline",
+                seeds.iter().map(|&s| frag_baseline(s)).collect(),
+            ),
         ];
         let mut t = Table::new(
             format!(
@@ -456,7 +475,13 @@ impl Suite for NtaSuite {
                 let _ = rr[0][r].max;
             }
             let ratio = shares[0] / shares[2];
-            out.measure(format!("frag_round{}", r + 1), "kmem", "share_ratio_to_baseline", ratio, "x");
+            out.measure(
+                format!("frag_round{}", r + 1),
+                "kmem",
+                "share_ratio_to_baseline",
+                ratio,
+                "x",
+            );
             row.push(fmt_ratio(ratio));
             row.push(fmt_num(SEED_FAILED[r]));
             t.row(row);
@@ -482,11 +507,39 @@ impl Suite for NtaSuite {
             }
         }
         for (r, f) in SEED_FAILED.iter().enumerate() {
-            out.publish(format!("frag_round{}", r + 1), "nta", "failed_size", *f, "bytes", SEED);
+            out.publish(
+                format!("frag_round{}", r + 1),
+                "nta",
+                "failed_size",
+                *f,
+                "bytes",
+                SEED,
+            );
         }
-        out.publish("web_server", "before (slab)", "requests_per_s_low", 1600.0, "req/s", "seed 003 (epoll web server)");
-        out.publish("web_server", "before (slab)", "requests_per_s_high", 1800.0, "req/s", "seed 003 (epoll web server)");
-        out.publish("web_server", "nta", "requests_per_s", 2450.0, "req/s", "seed 003 (epoll web server)");
+        out.publish(
+            "web_server",
+            "before (slab)",
+            "requests_per_s_low",
+            1600.0,
+            "req/s",
+            "seed 003 (epoll web server)",
+        );
+        out.publish(
+            "web_server",
+            "before (slab)",
+            "requests_per_s_high",
+            1800.0,
+            "req/s",
+            "seed 003 (epoll web server)",
+        );
+        out.publish(
+            "web_server",
+            "nta",
+            "requests_per_s",
+            2450.0,
+            "req/s",
+            "seed 003 (epoll web server)",
+        );
 
         // ---- speed ----
         let heaps = heap_instance();
@@ -498,11 +551,20 @@ impl Suite for NtaSuite {
         let (slots, steps, lrounds) = (1000, sc.pick(500, 20_000, 60_000), sc.pick(2, 6, 10));
         let mut cases: Vec<(String, Box<dyn Fn(&dyn Runner) -> f64 + Sync>)> = Vec::new();
         for size in [16usize, 64, 256, 1024, 4096] {
-            cases.push((format!("fixed_{size}"), Box::new(move |r: &dyn Runner| r.fixed(size, reps))));
+            cases.push((
+                format!("fixed_{size}"),
+                Box::new(move |r: &dyn Runner| r.fixed(size, reps)),
+            ));
         }
         let plan = &plan;
-        cases.push(("random_16_4096".into(), Box::new(move |r: &dyn Runner| r.random(plan, reps))));
-        cases.push(("prodcons".into(), Box::new(move |r: &dyn Runner| r.prodcons(blocks))));
+        cases.push((
+            "random_16_4096".into(),
+            Box::new(move |r: &dyn Runner| r.random(plan, reps)),
+        ));
+        cases.push((
+            "prodcons".into(),
+            Box::new(move |r: &dyn Runner| r.prodcons(blocks)),
+        ));
         cases.push((
             "larson_2t".into(),
             Box::new(move |r: &dyn Runner| r.larson(slots, steps, lrounds)),
@@ -510,8 +572,17 @@ impl Suite for NtaSuite {
         let mut t = Table::new(
             "Speed: million operations (alloc or free) per second, median of interleaved rounds",
             &[
-                "case", "kmem", "kmem_heaps", "baseline", "glibc", "mimalloc", "jemalloc", "vs baseline", "vs glibc",
-                "vs mimalloc", "vs jemalloc",
+                "case",
+                "kmem",
+                "kmem_heaps",
+                "baseline",
+                "glibc",
+                "mimalloc",
+                "jemalloc",
+                "vs baseline",
+                "vs glibc",
+                "vs mimalloc",
+                "vs jemalloc",
             ],
         );
         for (case, run) in &cases {
@@ -526,14 +597,22 @@ impl Suite for NtaSuite {
             }
             for peer in ["baseline", "glibc", "mimalloc", "jemalloc"] {
                 let ratio = v("kmem") / v(peer);
-                out.measure(case.as_str(), "kmem", format!("ratio_to_{peer}"), ratio, "x");
+                out.measure(
+                    case.as_str(),
+                    "kmem",
+                    format!("ratio_to_{peer}"),
+                    ratio,
+                    "x",
+                );
                 row.push(fmt_ratio(ratio));
             }
             t.row(row);
         }
         out.tables.push(t);
         KmemNta::flush_thread_cache();
-        heaps.check().expect("kmem_heaps invariants after the speed cases");
+        heaps
+            .check()
+            .expect("kmem_heaps invariants after the speed cases");
         let s = heaps.stats();
         out.notes.push(format!(
             "kmem = the KmemNta global allocator (per-thread front cache over per-CPU heaps); kmem_heaps = an Nta instance, the seed's algorithm on every call (lock, split/coalesce); its heaps took {} locks, {} remote frees went through semi-free lists",
@@ -568,9 +647,18 @@ mod tests {
                 assert!(s > 0.3 && s < 1.0, "{case} {imp} {s}");
             }
         }
-        for case in ["fixed_16", "fixed_4096", "random_16_4096", "prodcons", "larson_2t"] {
+        for case in [
+            "fixed_16",
+            "fixed_4096",
+            "random_16_4096",
+            "prodcons",
+            "larson_2t",
+        ] {
             for imp in IMPLS {
-                assert!(out.value(case, imp, "ops_per_s").unwrap() > 0.0, "{case} {imp}");
+                assert!(
+                    out.value(case, imp, "ops_per_s").unwrap() > 0.0,
+                    "{case} {imp}"
+                );
             }
         }
         assert_eq!(out.figures.len(), 8);
