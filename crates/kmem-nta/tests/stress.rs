@@ -45,7 +45,8 @@ fn layout(size: usize) -> Layout {
     Layout::from_size_align(size, 8).unwrap()
 }
 
-unsafe fn make<A: GlobalAlloc>(a: &A, size: usize) -> Block {
+/// A new block with its cookie written.
+fn make<A: GlobalAlloc>(a: &A, size: usize) -> Block {
     // SAFETY: non-zero layout.
     let p = unsafe { a.alloc(layout(size)) };
     assert!(!p.is_null());
@@ -60,7 +61,8 @@ unsafe fn make<A: GlobalAlloc>(a: &A, size: usize) -> Block {
     }
 }
 
-unsafe fn kill<A: GlobalAlloc>(a: &A, b: Block) {
+/// Checks a live block's cookie and frees it (every Block is live until killed once).
+fn kill<A: GlobalAlloc>(a: &A, b: Block) {
     let c = cookie(b.ptr);
     for i in 0..b.size / 8 {
         // SAFETY: inside the live block.
@@ -94,11 +96,11 @@ fn stress<A: GlobalAlloc + Sync>(a: &A, threads: usize, dur: Duration, simulated
                 while start.elapsed() < dur || iter < 2000 {
                     iter += 1;
                     match r.below(10) {
-                        0..=4 => mine.push(unsafe { make(a, size(&mut r)) }),
+                        0..=4 => mine.push(make(a, size(&mut r))),
                         5..=7 if !mine.is_empty() => {
                             let i = r.below(mine.len() as u64) as usize;
                             let b = mine.swap_remove(i);
-                            unsafe { kill(a, b) };
+                            kill(a, b);
                         }
                         8 if !mine.is_empty() => {
                             let i = r.below(mine.len() as u64) as usize;
@@ -107,26 +109,26 @@ fn stress<A: GlobalAlloc + Sync>(a: &A, threads: usize, dur: Duration, simulated
                         9 => {
                             let got = pool.lock().unwrap().pop();
                             if let Some(b) = got {
-                                unsafe { kill(a, b) };
+                                kill(a, b);
                             }
                         }
                         _ => {}
                     }
                     if mine.len() > 500 {
                         for b in mine.drain(..250) {
-                            unsafe { kill(a, b) };
+                            kill(a, b);
                         }
                     }
                 }
                 for b in mine {
-                    unsafe { kill(a, b) };
+                    kill(a, b);
                 }
             });
         }
     });
     for b in pool.into_inner().unwrap() {
         // SAFETY: live blocks left in the pool.
-        unsafe { kill(a, b) };
+        kill(a, b);
     }
 }
 

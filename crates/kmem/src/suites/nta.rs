@@ -383,6 +383,9 @@ fn contenders<'a>(
     ]
 }
 
+/// A speed case: runs one sample on some allocator.
+type Workload<'a> = Box<dyn Fn(&dyn Runner) -> f64 + Sync + 'a>;
+
 /// A workload, monomorphised per allocator behind one dyn call per sample.
 trait Runner {
     fn fixed(&self, size: usize, reps: usize) -> f64;
@@ -472,7 +475,6 @@ impl Suite for NtaSuite {
                 row.push(fmt_num(failed));
                 row.push(format!("{:.1}%", share * 100.0));
                 shares.push(share);
-                let _ = rr[0][r].max;
             }
             let ratio = shares[0] / shares[2];
             out.measure(
@@ -549,7 +551,7 @@ impl Suite for NtaSuite {
         let plan = random_plan();
         let blocks = sc.pick(2_000, 200_000, 1_000_000);
         let (slots, steps, lrounds) = (1000, sc.pick(500, 20_000, 60_000), sc.pick(2, 6, 10));
-        let mut cases: Vec<(String, Box<dyn Fn(&dyn Runner) -> f64 + Sync>)> = Vec::new();
+        let mut cases: Vec<(String, Workload<'_>)> = Vec::new();
         for size in [16usize, 64, 256, 1024, 4096] {
             cases.push((
                 format!("fixed_{size}"),
