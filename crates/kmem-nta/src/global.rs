@@ -21,8 +21,15 @@
 //! is memory parked per thread, bounded here by a count per class and
 //! [`FRONT_BYTES`] in all, and chunks that are allocated in their node's
 //! bitmap while parked, so they neither coalesce nor count as free. That bound
-//! is what keeps the seed's coalescing: at most a few hundred KiB per thread
-//! sit outside it.
+//! is what keeps the seed's coalescing: at most 1 MiB per thread (32 KiB per
+//! class) sits outside it.
+//!
+//! **Remote frees recycled.** A thread that refills its cache first takes the
+//! frees other CPUs queued on its heap: those of the size it wants, and of any
+//! size its cache has room for, are taken as they are (still allocated in
+//! their node's bitmap, so nothing is split or merged); only the rest are
+//! coalesced. A producer/consumer pair then moves chunks back and forth
+//! without coalescing each one.
 //!
 //! **Source.** [`GlobalSource`] reserves [`GLOBAL_RESERVE`] bytes of address
 //! space on first use ([`LazyRegion`]: a `RegionSource` built in place, never
