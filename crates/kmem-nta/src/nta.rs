@@ -1426,10 +1426,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     #[cfg_attr(not(feature = "std"), allow(dead_code))]
     pub(crate) unsafe fn free_batch(&self, mut head: *mut Semi, k: usize) {
         let h = self.current_heap();
-        let mut local = self.slots[h].heap.try_lock();
-        if let Some(heap) = local.as_mut() {
-            self.drain(heap, h);
-        }
+        // Taken at the first chunk of our own (a consumer that only frees
+        // other CPUs' chunks never touches its heap's lock).
+        let mut local: Option<LockGuard<'_, Heap>> = None;
+        let mut tried = false;
         // A run of consecutive entries with the same remote owner.
         let mut run: (usize, *mut Semi, *mut Semi) = (usize::MAX, ptr::null_mut(), ptr::null_mut());
         while !head.is_null() {
@@ -1440,6 +1440,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 let (node, idx) = self.node_of(e as usize);
                 let owner = (*node).owner as usize;
                 if owner == h {
+                    if !tried {
+                        tried = true;
+                        local = self.slots[h].heap.try_lock();
+                        if let Some(heap) = local.as_mut() {
+                            self.drain(heap, h);
+                        }
+                    }
                     if let Some(heap) = local.as_mut() {
                         match self.validate(node, idx, k, e as usize) {
                             Ok(_) => self.release(heap, node, idx, k),
