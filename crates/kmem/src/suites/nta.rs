@@ -546,7 +546,7 @@ impl Suite for NtaSuite {
         // ---- speed ----
         let heaps = heap_instance();
         let base = baseline_instance();
-        let rounds = sc.pick(1, 5, 15);
+        let rounds = sc.pick(1, 9, 21);
         let reps = sc.pick(20, 2000, 6000);
         let plan = random_plan();
         let blocks = sc.pick(2_000, 200_000, 1_000_000);
