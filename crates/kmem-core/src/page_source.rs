@@ -211,6 +211,17 @@ impl RunMap {
                 Error::DoubleFree { addr }
             });
         }
+        // The common case, bounded to the run: [i, i + n) all used, no run
+        // starting inside it, and the run not continuing past it. (Unbounded
+        // searches cost O(pages) per free on a large, mostly free region.)
+        let end = i.saturating_add(n);
+        if end <= self.pages
+            && used.is_set(i, n)
+            && start.find_next_bit_before(i + 1, end).is_none()
+            && (end == self.pages || !used.test(end) || start.test(end))
+        {
+            return Ok(());
+        }
         let run_end = used.find_next_zero_bit(i).unwrap_or(self.pages);
         let next_start = start.find_next_bit(i + 1).unwrap_or(self.pages);
         let actual = run_end.min(next_start) - i;

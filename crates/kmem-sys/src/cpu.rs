@@ -68,7 +68,11 @@ fn lookup_rseq() -> isize {
     if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         return UNAVAILABLE;
     }
-    if std::env::var_os("KMEM_NO_RSEQ").is_some() {
+    // libc's getenv, not std::env: this runs inside allocators (the first
+    // current_cpu() of a global allocator or of malloc), where std::env's
+    // OsString would allocate and re-enter the allocator.
+    // SAFETY: a NUL-terminated name; getenv only reads the environment.
+    if !unsafe { libc::getenv(c"KMEM_NO_RSEQ".as_ptr()) }.is_null() {
         return UNAVAILABLE;
     }
     // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names only looks symbols up.

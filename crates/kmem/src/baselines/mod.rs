@@ -5,4 +5,5 @@
 //! with it in the same run. One module per seed.
 
 pub mod pgalloc;
+pub mod pow2_slab;
 pub mod vmalloc_busy_list;

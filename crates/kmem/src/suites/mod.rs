@@ -8,9 +8,11 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod nta;
 mod quicklist;
 mod vmalloc;
 pub use self::core::CoreSuite;
+pub use self::nta::NtaSuite;
 pub use self::quicklist::QuicklistSuite;
 pub use self::vmalloc::VmallocSuite;
 
@@ -47,6 +49,7 @@ pub fn all() -> &'static [&'static dyn Suite] {
         &vmalloc::VmallocSuite,
         &quicklist::QuicklistSuite,
     ]
+    &[&core::CoreSuite, &nta::NtaSuite]
 }
 
 /// The suite of that name.
