@@ -48,8 +48,8 @@ pub fn all() -> &'static [&'static dyn Suite] {
         &core::CoreSuite,
         &vmalloc::VmallocSuite,
         &quicklist::QuicklistSuite,
+        &nta::NtaSuite,
     ]
-    &[&core::CoreSuite, &nta::NtaSuite]
 }
 
 /// The suite of that name.
