@@ -15,7 +15,7 @@
 
 use core::ptr::NonNull;
 
-use kmem_core::{Error, PageSource, Result};
+use kmem_core::{PageSource, Result};
 
 /// The memory behind the chunks of a per-CPU allocator.
 ///
@@ -127,7 +127,7 @@ pub use vm::{Depopulate, VmBackend};
 #[cfg(feature = "std")]
 mod vm {
     use super::*;
-    use kmem_core::RegionSource;
+    use kmem_core::{Error, RegionSource};
     use kmem_sys::Region;
 
     /// How a [`VmBackend`] gives empty pages back.

@@ -399,18 +399,6 @@ impl ChunkMeta {
         unsafe { core::slice::from_raw_parts(self.md.as_ptr(), g.nr_blocks as usize) }
     }
 
-    /// Hints of block `j` (for statistics and tests).
-    #[cfg(test)]
-    pub(crate) fn block(&self, g: &Geom, j: usize) -> BlockMd {
-        self.mds(g)[j]
-    }
-
-    /// True when page `j` is populated.
-    #[cfg(test)]
-    pub(crate) fn is_populated(&self, g: &Geom, j: u32) -> bool {
-        self.block_map(self.pop, g).test(j as usize)
-    }
-
     /// True when no bit is in use.
     #[inline]
     pub(crate) fn is_empty(&self, g: &Geom) -> bool {
@@ -714,7 +702,7 @@ impl ChunkMeta {
             if md.contig > 0 {
                 let at_right = md.contig_start + md.contig == bb;
                 let at_left = md.contig_start == 0;
-                if !at_right && !(at_left && had_carry) {
+                if !(at_right || at_left && had_carry) {
                     consider(&mut best, j * bb + md.contig_start, md.contig, snap, j * bb);
                 }
             }

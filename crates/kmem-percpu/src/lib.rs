@@ -272,6 +272,9 @@ impl Table {
     }
 }
 
+/// A successful search: the chunk, the bit, what the allocation touched.
+type Found<H> = (NonNull<Chunk<H>>, u32, chunk::Touched);
+
 /// Everything the lock protects.
 struct State<H> {
     slots: [List; MAX_SLOTS],
@@ -534,9 +537,9 @@ impl<B: Backend> PerCpuAllocator<B> {
             drop(st);
             spare = Some(self.create_chunk()?);
         };
-        // SAFETY: the chunk holds our allocation, so it is not released.
-        let base = unsafe { (*chunk.as_ptr()).base };
-        let id = unsafe { (*chunk.as_ptr()).id };
+        // SAFETY: the chunk holds our allocation, so it is not released; its
+        // base and id are written before it is listed and never change.
+        let (base, id) = unsafe { ((*chunk.as_ptr()).base, (*chunk.as_ptr()).id) };
         let off = p as usize * MIN_ALLOC;
         if B::POPULATES && t.needs_populate {
             self.populate(chunk, p, bits, t.first_page, t.last_page)?;
@@ -618,7 +621,7 @@ impl<B: Backend> PerCpuAllocator<B> {
         bits: u32,
         abits: u32,
         size: usize,
-    ) -> Option<(NonNull<Chunk<B::Chunk>>, u32, chunk::Touched)> {
+    ) -> Option<Found<B::Chunk>> {
         let first = size_to_slot(size);
         let mut mask = st.nonempty & !((1u64 << first) - 1);
         while mask != 0 {
