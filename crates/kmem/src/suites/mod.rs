@@ -8,6 +8,7 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod percpu;
 pub use self::core::CoreSuite;
 
 /// How a suite is asked to run.
@@ -38,7 +39,7 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite]
+    &[&core::CoreSuite, &percpu::PercpuSuite]
 }
 
 /// The suite of that name.
