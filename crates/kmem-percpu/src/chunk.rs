@@ -272,6 +272,134 @@ fn align_up(x: u32, a: u32) -> u32 {
     (x + a - 1) & !(a - 1)
 }
 
+/// Word-level bit operations for the hot paths: a range inside one word is
+/// one read-modify-write; longer ones fall back to [`Bitmap`].
+mod bits {
+    use kmem_core::Bitmap;
+
+    /// Bits `[lo, hi)` of a word, `0 <= lo < hi <= 64`.
+    #[inline(always)]
+    fn mask(lo: usize, hi: usize) -> u64 {
+        (!0u64 >> (64 - (hi - lo))) << lo
+    }
+
+    #[inline(always)]
+    pub fn test(w: &[u64], i: usize) -> bool {
+        (w[i >> 6] >> (i & 63)) & 1 != 0
+    }
+
+    #[inline(always)]
+    pub fn set(w: &mut [u64], i: usize) {
+        w[i >> 6] |= 1 << (i & 63);
+    }
+
+    #[inline(always)]
+    pub fn clear(w: &mut [u64], i: usize) {
+        w[i >> 6] &= !(1 << (i & 63));
+    }
+
+    /// Sets `[s, s + n)`, `n >= 1`.
+    #[inline(always)]
+    pub fn set_run(w: &mut [u64], s: usize, n: usize) {
+        let e = s + n;
+        if s >> 6 == (e - 1) >> 6 {
+            w[s >> 6] |= mask(s & 63, e - (s & !63));
+        } else {
+            let len = w.len() * 64;
+            Bitmap::new(w, len).set_range(s, n);
+        }
+    }
+
+    /// Clears `[s, s + n)`, `n >= 1`.
+    #[inline(always)]
+    pub fn clear_run(w: &mut [u64], s: usize, n: usize) {
+        let e = s + n;
+        if s >> 6 == (e - 1) >> 6 {
+            w[s >> 6] &= !mask(s & 63, e - (s & !63));
+        } else {
+            let len = w.len() * 64;
+            Bitmap::new(w, len).clear_range(s, n);
+        }
+    }
+
+    /// Marks an allocation `[s, e)` in a bound map: bit s set, `(s, e)`
+    /// clear, bit e set.
+    #[inline(always)]
+    pub fn bound_mark(w: &mut [u64], s: usize, e: usize) {
+        if s >> 6 == e >> 6 {
+            let x = &mut w[s >> 6];
+            *x = (*x & !mask(s & 63, (e & 63) + 1)) | (1 << (s & 63)) | (1 << (e & 63));
+        } else {
+            set(w, s);
+            if e > s + 1 {
+                clear_run(w, s + 1, e - s - 1);
+            }
+            set(w, e);
+        }
+    }
+
+    /// First set bit in `[from, end)`, or `end`.
+    #[inline(always)]
+    pub fn next_set(w: &[u64], from: usize, end: usize) -> usize {
+        if from >= end {
+            return end;
+        }
+        let mut wi = from >> 6;
+        let mut cur = w[wi] & (!0u64 << (from & 63));
+        loop {
+            if cur != 0 {
+                return (wi * 64 + cur.trailing_zeros() as usize).min(end);
+            }
+            wi += 1;
+            if wi * 64 >= end {
+                return end;
+            }
+            cur = w[wi];
+        }
+    }
+
+    /// First clear bit in `[from, end)`, or `end`.
+    #[inline(always)]
+    pub fn next_clear(w: &[u64], from: usize, end: usize) -> usize {
+        if from >= end {
+            return end;
+        }
+        let mut wi = from >> 6;
+        let mut cur = !w[wi] & (!0u64 << (from & 63));
+        loop {
+            if cur != 0 {
+                return (wi * 64 + cur.trailing_zeros() as usize).min(end);
+            }
+            wi += 1;
+            if wi * 64 >= end {
+                return end;
+            }
+            cur = !w[wi];
+        }
+    }
+
+    /// One past the last set bit in `[lo, end)`, or `lo` when none.
+    #[inline(always)]
+    pub fn prev_set_end(w: &[u64], lo: usize, end: usize) -> usize {
+        if end <= lo {
+            return lo;
+        }
+        let mut wi = (end - 1) >> 6;
+        let r = end & 63;
+        let mut cur = w[wi] & if r == 0 { !0 } else { (1u64 << r) - 1 };
+        loop {
+            if cur != 0 {
+                return (wi * 64 + 64 - cur.leading_zeros() as usize).max(lo);
+            }
+            if wi * 64 <= lo {
+                return lo;
+            }
+            wi -= 1;
+            cur = w[wi];
+        }
+    }
+}
+
 /// Exact hints of one block from its words.
 fn scan_block(words: &[u64], bits: u32) -> BlockMd {
     let map = Bitmap::new(words, bits as usize);
@@ -503,6 +631,7 @@ impl ChunkMeta {
     }
 
     /// Allocates `[p, p + bits)`, which must be free, and updates every hint.
+    #[inline]
     fn alloc_at(&mut self, g: &Geom, p: u32, bits: u32) -> Touched {
         let e = p + bits;
         let bb = g.block_bits;
@@ -516,15 +645,8 @@ impl ChunkMeta {
         };
         {
             let m = self.maps(g);
-            Bitmap::new(&mut *m.alloc, g.unit_bits as usize).set_range(p as usize, bits as usize);
-            let mut bd = Bitmap::new(&mut *m.bound, g.unit_bits as usize + 1);
-            bd.set(p as usize);
-            if bits > 1 {
-                bd.clear_range(p as usize + 1, bits as usize - 1);
-            }
-            bd.set(e as usize);
-            let mut empty = Bitmap::new(&mut *m.empty, g.nr_blocks as usize);
-            let pop = Bitmap::new(&*m.pop, g.nr_blocks as usize);
+            bits::set_run(m.alloc, p as usize, bits as usize);
+            bits::bound_mark(m.bound, p as usize, e as usize);
             for j in sj..=ej {
                 let ju = j as usize;
                 let lo = if j == sj { p - j * bb } else { 0 };
@@ -537,9 +659,9 @@ impl ChunkMeta {
                     block_alloc(&mut m.md[ju], w, bb, lo, hi);
                 }
                 if was_empty {
-                    empty.clear(ju);
+                    bits::clear(m.empty, ju);
                 }
-                if pop.test(ju) {
+                if bits::test(m.pop, ju) {
                     if was_empty {
                         t.empty_pop_used += 1;
                     }
@@ -601,18 +723,25 @@ impl ChunkMeta {
     }
 
     /// First free bit at or after `from` (`unit_bits` when none).
+    #[inline]
     fn next_free(&self, g: &Geom, from: u32) -> u32 {
         if from >= g.unit_bits {
             return g.unit_bits;
         }
         let bb = g.block_bits;
-        let mds = self.mds(g);
         let j = from >> g.block_shift;
-        let w = &self.alloc_words(g)[j as usize * g.wpb..(j as usize + 1) * g.wpb];
-        if let Some(i) = Bitmap::new(w, bb as usize).find_next_zero_bit((from - j * bb) as usize) {
-            return j * bb + i as u32;
+        let i = bits::next_clear(self.alloc_words(g), from as usize, ((j + 1) * bb) as usize);
+        if i < ((j + 1) * bb) as usize {
+            return i as u32;
         }
-        for k in j + 1..g.nr_blocks {
+        self.next_free_slow(g, j + 1)
+    }
+
+    #[cold]
+    fn next_free_slow(&self, g: &Geom, from_block: u32) -> u32 {
+        let bb = g.block_bits;
+        let mds = self.mds(g);
+        for k in from_block..g.nr_blocks {
             let ff = mds[k as usize].first_free;
             if ff < bb {
                 return k * bb + ff;
@@ -752,15 +881,10 @@ impl ChunkMeta {
     /// The length in bits of the live allocation starting at bit `p`.
     #[inline]
     pub(crate) fn live_len(&self, g: &Geom, p: u32) -> Result<u32, BadFree> {
-        let alloc = Bitmap::new(self.alloc_words(g), g.unit_bits as usize);
-        let bound = Bitmap::new(self.bound_words(g), g.unit_bits as usize + 1);
-        match (alloc.test(p as usize), bound.test(p as usize)) {
-            (true, true) => {
-                let end = bound
-                    .find_next_bit(p as usize + 1)
-                    .expect("a live allocation has an end boundary");
-                Ok(end as u32 - p)
-            }
+        let bound = self.bound_words(g);
+        let p = p as usize;
+        match (bits::test(self.alloc_words(g), p), bits::test(bound, p)) {
+            (true, true) => Ok((bits::next_set(bound, p + 1, g.unit_bits as usize + 1) - p) as u32),
             (false, true) => Err(BadFree::DoubleFree),
             _ => Err(BadFree::NotAllocated),
         }
@@ -777,9 +901,7 @@ impl ChunkMeta {
         let (ts, te);
         {
             let m = self.maps(g);
-            Bitmap::new(&mut *m.alloc, g.unit_bits as usize).clear_range(p as usize, bits as usize);
-            let mut empty = Bitmap::new(&mut *m.empty, nb as usize);
-            let pop = Bitmap::new(&*m.pop, nb as usize);
+            bits::clear_run(m.alloc, p as usize, bits as usize);
             let mut run_s = 0;
             let mut run_e = 0;
             for j in sj..=ej {
@@ -800,13 +922,14 @@ impl ChunkMeta {
                     run_e = re;
                 }
                 if m.md[ju].contig == bb {
-                    empty.set(ju);
-                    if pop.test(ju) {
+                    bits::set(m.empty, ju);
+                    if bits::test(m.pop, ju) {
                         made += 1;
                     }
                 }
             }
             // The whole free run, across block edges.
+            let empty = Bitmap::new(&*m.empty, nb as usize);
             let mds = &*m.md;
             ts = if run_s == 0 && sj > 0 {
                 match empty.find_prev_zero_bit(sj as usize) {
@@ -1054,7 +1177,7 @@ impl ChunkMeta {
 
 /// Block update for an allocation of `[lo, hi)` inside block `md` (words
 /// already updated).
-#[inline]
+#[inline(always)]
 fn block_alloc(md: &mut BlockMd, words: &[u64], bb: u32, lo: u32, hi: u32) {
     if lo < md.left_free {
         md.left_free = lo;
@@ -1063,9 +1186,7 @@ fn block_alloc(md: &mut BlockMd, words: &[u64], bb: u32, lo: u32, hi: u32) {
         md.right_free = bb - hi;
     }
     if lo == md.first_free {
-        md.first_free = Bitmap::new(words, bb as usize)
-            .find_next_zero_bit(hi as usize)
-            .map_or(bb, |i| i as u32);
+        md.first_free = bits::next_clear(words, hi as usize, bb as usize) as u32;
     }
     let (cs, ce) = (md.contig_start, md.contig_start + md.contig);
     if lo < ce && hi > cs {
@@ -1096,18 +1217,17 @@ fn block_alloc(md: &mut BlockMd, words: &[u64], bb: u32, lo: u32, hi: u32) {
 
 /// Block update for a free of `[lo, hi)` inside block `md` (words already
 /// updated). Returns the maximal free run inside the block that contains it.
-#[inline]
+#[inline(always)]
 fn block_free(md: &mut BlockMd, words: &[u64], bb: u32, lo: u32, hi: u32) -> (u32, u32) {
-    let map = Bitmap::new(words, bb as usize);
     let rs = if md.contig > 0 && lo == md.contig_start + md.contig {
         md.contig_start
     } else {
-        map.find_prev_bit(lo as usize).map_or(0, |i| i as u32 + 1)
+        bits::prev_set_end(words, 0, lo as usize) as u32
     };
     let re = if md.contig > 0 && hi == md.contig_start {
         md.contig_start + md.contig
     } else {
-        map.find_next_bit(hi as usize).map_or(bb, |i| i as u32)
+        bits::next_set(words, hi as usize, bb as usize) as u32
     };
     if rs == 0 {
         md.left_free = re;

@@ -127,80 +127,88 @@ impl AreaChunk {
     fn alloc_area(&mut self, size: i32, align: i32, page: i32, occ_pages: &mut i32) -> i32 {
         let mut max_contig = 0;
         let mut seen_free = false;
+        // The walk from first_free over areas that do not fit (the loop of
+        // pcpu_alloc_area up to its first fit).
+        let mut found = None;
+        let map = &self.map[..=self.map_used];
+        let used = self.map_used;
         let mut i = self.first_free;
-        while i < self.map_used {
-            let mut off = self.map[i];
-            if off & IN_USE != 0 {
-                i += 1;
-                continue;
+        let mut first_free = i;
+        while i < used {
+            let off = map[i];
+            if off & IN_USE == 0 {
+                let this_size = (map[i + 1] & !IN_USE) - off;
+                let head = Self::fit_in_area(off, this_size, size, align);
+                if head >= 0 {
+                    found = Some((i, off, this_size, head));
+                    break;
+                }
+                if !seen_free {
+                    first_free = i;
+                    seen_free = true;
+                }
+                max_contig = max_contig.max(this_size);
             }
-            let mut this_size = (self.map[i + 1] & !IN_USE) - off;
-            let mut head = Self::fit_in_area(off, this_size, size, align);
-            if head < 0 {
+            i += 1;
+        }
+        self.first_free = first_free;
+        let Some((mut i, mut off, mut this_size, mut head)) = found else {
+            self.contig_hint = max_contig; // fully scanned
+            return -1;
+        };
+        // If head is small or the previous area is free, merge them.
+        if head != 0 && (head < 4 || self.map[i - 1] & IN_USE == 0) {
+            off += head;
+            self.map[i] = off;
+            if self.map[i - 1] & IN_USE != 0 {
+                self.free_size -= head;
+            } else {
+                max_contig = max_contig.max(self.map[i] - self.map[i - 1]);
+            }
+            this_size -= head;
+            head = 0;
+        }
+        // If tail is small, just keep it around.
+        let mut size = size;
+        let mut tail = this_size - head - size;
+        if tail < 4 {
+            tail = 0;
+            size = this_size - head;
+        }
+        // Split if warranted: insert new entries with memmove.
+        if head != 0 || tail != 0 {
+            let nr_extra = (head != 0) as usize + (tail != 0) as usize;
+            self.map
+                .copy_within(i + 1..=self.map_used, i + 1 + nr_extra);
+            self.map_used += nr_extra;
+            if head != 0 {
                 if !seen_free {
                     self.first_free = i;
                     seen_free = true;
                 }
-                max_contig = max_contig.max(this_size);
                 i += 1;
-                continue;
-            }
-            // If head is small or the previous area is free, merge them.
-            if head != 0 && (head < 4 || self.map[i - 1] & IN_USE == 0) {
                 off += head;
                 self.map[i] = off;
-                if self.map[i - 1] & IN_USE != 0 {
-                    self.free_size -= head;
-                } else {
-                    max_contig = max_contig.max(self.map[i] - self.map[i - 1]);
-                }
-                this_size -= head;
-                head = 0;
+                max_contig = max_contig.max(head);
             }
-            // If tail is small, just keep it around.
-            let mut size = size;
-            let mut tail = this_size - head - size;
-            if tail < 4 {
-                tail = 0;
-                size = this_size - head;
+            if tail != 0 {
+                self.map[i + 1] = off + size;
+                max_contig = max_contig.max(tail);
             }
-            // Split if warranted: insert new entries with memmove.
-            if head != 0 || tail != 0 {
-                let nr_extra = (head != 0) as usize + (tail != 0) as usize;
-                self.map
-                    .copy_within(i + 1..=self.map_used, i + 1 + nr_extra);
-                self.map_used += nr_extra;
-                if head != 0 {
-                    if !seen_free {
-                        self.first_free = i;
-                        seen_free = true;
-                    }
-                    i += 1;
-                    off += head;
-                    self.map[i] = off;
-                    max_contig = max_contig.max(head);
-                }
-                if tail != 0 {
-                    self.map[i + 1] = off + size;
-                    max_contig = max_contig.max(tail);
-                }
-            }
-            if !seen_free {
-                self.first_free = i + 1;
-            }
-            // Update the hint and mark allocated.
-            if i + 1 == self.map_used {
-                self.contig_hint = max_contig; // fully scanned
-            } else {
-                self.contig_hint = self.contig_hint.max(max_contig);
-            }
-            self.free_size -= size;
-            self.map[i] |= IN_USE;
-            *occ_pages = self.count_occupied_pages(i, page);
-            return off;
         }
-        self.contig_hint = max_contig; // fully scanned
-        -1
+        if !seen_free {
+            self.first_free = i + 1;
+        }
+        // Update the hint and mark allocated.
+        if i + 1 == self.map_used {
+            self.contig_hint = max_contig; // fully scanned
+        } else {
+            self.contig_hint = self.contig_hint.max(max_contig);
+        }
+        self.free_size -= size;
+        self.map[i] |= IN_USE;
+        *occ_pages = self.count_occupied_pages(i, page);
+        off
     }
 
     /// `pcpu_free_area`: frees the area at `freeme`; `false` if no live area
