@@ -33,9 +33,10 @@
 //!   blocks walked by their hints and searched a word at a time.
 //! - Pages are populated (committed) in every unit when an allocation first
 //!   touches them, outside the lock. When more than `reserve_high` populated
-//!   pages hold nothing, the chunk just freed into depopulates its empty pages
-//!   (highest first) until `reserve_low` remain; they read zero when reused
-//!   (and every allocation is zeroed in every unit anyway).
+//!   pages hold nothing, a free depopulates empty pages, those of the fully
+//!   free chunk first and then those of the chunk just freed into (highest
+//!   first, whole runs at a time), until `reserve_low` remain; they read zero
+//!   when reused (and every allocation is zeroed in every unit anyway).
 //! - One fully free chunk is kept; a second one is released at once.
 //!
 //! # Invariants (what [`PerCpuAllocator::check`] verifies)
@@ -98,9 +99,11 @@ pub const MAX_UNIT_SIZE: usize = 1 << 30;
 /// Most slots any allocator uses.
 const MAX_SLOTS: usize = 32;
 
-/// Default low and high watermarks of empty populated pages.
-const RESERVE_LOW: u32 = 4;
-const RESERVE_HIGH: u32 = 16;
+/// Default low and high watermarks of empty populated pages (of one unit):
+/// depopulating costs two system calls per unit and run of pages, so it is
+/// done in batches of about `HIGH - LOW` pages.
+const RESERVE_LOW: u32 = 16;
+const RESERVE_HIGH: u32 = 64;
 
 /// A per-CPU allocation: one copy per CPU, at the same offset of each unit.
 ///
@@ -283,6 +286,8 @@ struct State<H> {
     chunks: u64,
     max_chunks: u64,
     empty_chunks: u32,
+    /// The fully free chunk, when there is one.
+    empty_chunk: Option<NonNull<Chunk<H>>>,
     empty_pop: u64,
     populating: u32,
     allocs: u64,
@@ -405,6 +410,7 @@ impl<B: Backend> PerCpuAllocator<B> {
                 chunks: 0,
                 max_chunks: 0,
                 empty_chunks: 0,
+                empty_chunk: None,
                 empty_pop: 0,
                 populating: 0,
                 allocs: 0,
@@ -420,7 +426,7 @@ impl<B: Backend> PerCpuAllocator<B> {
 
     /// Sets the watermarks of empty populated pages: when more than `high`
     /// hold nothing, a free depopulates empty pages until `low` remain
-    /// (`low <= high`; the defaults are 4 and 16).
+    /// (`low <= high`; the defaults are 16 and 64).
     pub fn with_empty_page_reserve(mut self, low: u32, high: u32) -> Self {
         self.reserve_low = low.min(high);
         self.reserve_high = high;
@@ -640,6 +646,7 @@ impl<B: Backend> PerCpuAllocator<B> {
                     if let Some((p, t)) = meta.alloc(&self.g, bits, abits) {
                         if was_empty {
                             st.empty_chunks -= 1;
+                            st.empty_chunk = None;
                         }
                         st.empty_pop -= t.empty_pop_used as u64;
                         self.relocate(st, chunk);
@@ -765,6 +772,7 @@ impl<B: Backend> PerCpuAllocator<B> {
         st.chunks += 1;
         st.max_chunks = st.max_chunks.max(st.chunks);
         st.empty_chunks += 1;
+        st.empty_chunk = Some(chunk);
         Ok(())
     }
 
@@ -830,11 +838,8 @@ impl<B: Backend> PerCpuAllocator<B> {
         p: u32,
         bits: u32,
     ) -> Option<NonNull<Chunk<B::Chunk>>> {
-        // SAFETY: a live chunk, under the lock; field-wise borrows.
-        let (meta, handle) = unsafe {
-            let c = chunk.as_ptr();
-            (&mut (*c).meta, &(*c).handle)
-        };
+        // SAFETY: a live chunk, under the lock.
+        let meta = unsafe { &mut (*chunk.as_ptr()).meta };
         let r = meta.free(&self.g, p, bits);
         st.empty_pop += r.empty_pop_made as u64;
         st.frees += 1;
@@ -845,23 +850,43 @@ impl<B: Backend> PerCpuAllocator<B> {
                 self.unlink(st, chunk);
                 return Some(chunk);
             }
+            st.empty_chunk = Some(chunk);
         }
         self.relocate(st, chunk);
         if B::POPULATES && st.empty_pop > self.reserve_high as u64 {
-            let want = (st.empty_pop - self.reserve_low as u64).min(u32::MAX as u64) as u32;
-            let page = self.g.page_size;
-            let taken = meta.take_empty_pages(&self.g, want, |first, n| {
-                for u in 0..self.g.units {
-                    self.backend.depopulate(
-                        handle,
-                        u * self.g.unit_size + first as usize * page,
-                        n as usize * page,
-                    );
-                }
-            });
-            st.empty_pop -= taken as u64;
+            // Depopulate the fully free chunk first (its pages hold nothing
+            // and may never be needed), then the chunk just freed into.
+            let mut want = st.empty_pop - self.reserve_low as u64;
+            if let Some(e) = st.empty_chunk.filter(|&e| e != chunk) {
+                want -= self.depopulate(e, want);
+            }
+            if want > 0 {
+                want -= self.depopulate(chunk, want);
+            }
+            st.empty_pop = self.reserve_low as u64 + want;
         }
         None
+    }
+
+    /// Depopulates up to `want` empty populated pages of `chunk` in every
+    /// unit, highest first, under the lock. Returns how many.
+    fn depopulate(&self, chunk: NonNull<Chunk<B::Chunk>>, want: u64) -> u64 {
+        // SAFETY: a live chunk, under the lock; field-wise borrows.
+        let (meta, handle) = unsafe {
+            let c = chunk.as_ptr();
+            (&mut (*c).meta, &(*c).handle)
+        };
+        let page = self.g.page_size;
+        let want = want.min(u32::MAX as u64) as u32;
+        meta.take_empty_pages(&self.g, want, |first, n| {
+            for u in 0..self.g.units {
+                self.backend.depopulate(
+                    handle,
+                    u * self.g.unit_size + first as usize * page,
+                    n as usize * page,
+                );
+            }
+        }) as u64
     }
 
     /// Takes a fully free chunk out of its slot and the table.
@@ -973,11 +998,17 @@ impl<B: Backend> PerCpuAllocator<B> {
                 empty_pop += c.meta.h.nr_empty_pop as u64;
                 if c.meta.is_empty(&self.g) {
                     empty_chunks += 1;
+                    if st.empty_chunk != Some(link.cast()) {
+                        return Err("the fully free chunk is not the one recorded");
+                    }
                 }
             }
         }
         if chunks != st.chunks || st.table.live as u64 != chunks {
             return Err("chunk counts differ");
+        }
+        if empty_chunks == 0 && st.empty_chunk.is_some() {
+            return Err("a fully free chunk is recorded but none is");
         }
         if empty_chunks != st.empty_chunks || empty_chunks > 1 {
             return Err("more than one fully free chunk, or a wrong count of them");

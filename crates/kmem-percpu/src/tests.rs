@@ -636,3 +636,30 @@ fn counter_from_threads() {
     });
     assert_eq!((c.get(0), c.get(1), c.sum()), (10_000, 10_000, 20_000));
 }
+
+/// With the real CPU id the counter uses restartable sequences where the
+/// system has them; threads hopping between CPUs lose no add either way.
+#[test]
+fn counter_with_real_cpus() {
+    let a = PerCpuAllocator::for_this_machine(kmem_sys::page_size()).unwrap();
+    let c = PerCpuCounter::new(&a).unwrap();
+    assert_eq!(c.uses_rseq(), kmem_sys::cpu::rseq_cpu_id().is_some());
+    let cpus = kmem_sys::cpu::online_cpus();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let c = &c;
+            s.spawn(move || {
+                for i in 0..100_000u64 {
+                    if i % 25_000 == 0 {
+                        kmem_sys::cpu::pin_to_cpu((t + (i / 25_000) as usize) % cpus);
+                    }
+                    c.add(2);
+                }
+            });
+        }
+    });
+    assert_eq!(c.sum(), 800_000);
+    assert_eq!((0..a.units()).map(|u| c.get(u)).sum::<u64>(), 800_000);
+    c.reset();
+    assert_eq!(c.sum(), 0);
+}

@@ -12,9 +12,11 @@
 //!   4-byte hole before each object (the seed: 52 minutes for the area map,
 //!   14 s for its bitmap at 1M). kmem runs at full N; the area map at doubling N
 //!   under a time cap, and the growth exponent of its time is fitted.
-//! - Counters: increments per second from 2 threads for `PerCpuCounter` (the
-//!   real CPU id), one shared `AtomicU64`, and a `thread_local::ThreadLocal`
-//!   counter; and what reading the total costs.
+//! - Counters: increments per second from 2 threads, each pinned to its own
+//!   CPU, for `PerCpuCounter` (the real CPU id: restartable per-CPU adds where
+//!   rseq is available), one shared `AtomicU64` (relaxed `fetch_add`), and a
+//!   `thread_local::ThreadLocal` counter (owner-only load and store); and
+//!   what reading the total costs.
 //!
 //! Both allocators have one unit per CPU (the machine's, at most 4, or
 //! `--cpus N`) of 256 KiB, the unit size of a typical x86-64 kernel
@@ -156,15 +158,19 @@ fn area_aligned(units: usize, n: usize) -> f64 {
     t
 }
 
-/// Runs `threads` threads doing `per_thread` calls of `f` each, released
-/// together; returns total calls per second.
+/// Runs `threads` threads, thread i pinned to CPU i (modulo the CPUs), doing
+/// `per_thread` calls of `f` each, released together; returns total calls
+/// per second.
 fn threaded(threads: usize, per_thread: u64, f: &(dyn Fn() + Sync)) -> f64 {
     let barrier = Barrier::new(threads + 1);
     let start = std::sync::Mutex::new(0u64);
+    let cpus = kmem_sys::cpu::online_cpus().max(1);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
+            .map(|i| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    kmem_sys::cpu::pin_to_cpu(i % cpus);
                     barrier.wait();
                     for _ in 0..per_thread {
                         f();
