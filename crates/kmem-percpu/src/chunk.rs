@@ -891,19 +891,72 @@ impl ChunkMeta {
     }
 
     /// Frees `[p, p + bits)` (a live allocation, see [`live_len`](Self::live_len)).
+    #[inline]
     pub(crate) fn free(&mut self, g: &Geom, p: u32, bits: u32) -> Released {
         let e = p + bits;
+        let sj = p >> g.block_shift;
+        if sj != (e - 1) >> g.block_shift {
+            return self.free_blocks(g, p, bits);
+        }
+        // One block: the common case.
         let bb = g.block_bits;
-        let nb = g.nr_blocks;
+        let base = sj * bb;
+        let ju = sj as usize;
+        let m = self.maps(g);
+        bits::clear_run(m.alloc, p as usize, bits as usize);
+        let w = &m.alloc[ju * g.wpb..(ju + 1) * g.wpb];
+        let (rs, re) = block_free(&mut m.md[ju], w, bb, p - base, e - base);
+        let mut made = 0;
+        if m.md[ju].contig == bb {
+            bits::set(m.empty, ju);
+            made = bits::test(m.pop, ju) as u32;
+        }
+        let ts = if rs == 0 && sj > 0 {
+            self.run_start_left(g, sj)
+        } else {
+            base + rs
+        };
+        let te = if re == bb && sj + 1 < g.nr_blocks {
+            self.run_end_right(g, sj)
+        } else {
+            base + re
+        };
+        self.hints_after_free(g, p, bits, ts, te, made)
+    }
+
+    /// Start of the free run that reaches block `j`'s left edge.
+    #[cold]
+    fn run_start_left(&self, g: &Geom, j: u32) -> u32 {
+        match self.block_map(self.empty, g).find_prev_zero_bit(j as usize) {
+            Some(k) => (k as u32 + 1) * g.block_bits - self.mds(g)[k].right_free,
+            None => 0,
+        }
+    }
+
+    /// End of the free run that reaches block `j`'s right edge.
+    #[cold]
+    fn run_end_right(&self, g: &Geom, j: u32) -> u32 {
+        match self
+            .block_map(self.empty, g)
+            .find_next_zero_bit(j as usize + 1)
+        {
+            Some(k) => k as u32 * g.block_bits + self.mds(g)[k].left_free,
+            None => g.unit_bits,
+        }
+    }
+
+    /// Frees an allocation that spans blocks.
+    fn free_blocks(&mut self, g: &Geom, p: u32, bits: u32) -> Released {
+        let e = p + bits;
+        let bb = g.block_bits;
         let sj = p >> g.block_shift;
         let ej = (e - 1) >> g.block_shift;
         let mut made = 0;
-        let (ts, te);
+        let mut run_s = 0;
+        let mut run_e = 0;
         {
             let m = self.maps(g);
             bits::clear_run(m.alloc, p as usize, bits as usize);
-            let mut run_s = 0;
-            let mut run_e = 0;
             for j in sj..=ej {
                 let ju = j as usize;
                 let lo = if j == sj { p - j * bb } else { 0 };
@@ -928,36 +981,44 @@ impl ChunkMeta {
                     }
                 }
             }
-            // The whole free run, across block edges.
-            let empty = Bitmap::new(&*m.empty, nb as usize);
-            let mds = &*m.md;
-            ts = if run_s == 0 && sj > 0 {
-                match empty.find_prev_zero_bit(sj as usize) {
-                    Some(k) => (k as u32 + 1) * bb - mds[k].right_free,
-                    None => 0,
-                }
-            } else {
-                sj * bb + run_s
-            };
-            te = if run_e == bb && ej + 1 < nb {
-                match empty.find_next_zero_bit(ej as usize + 1) {
-                    Some(k) => k as u32 * bb + mds[k].left_free,
-                    None => g.unit_bits,
-                }
-            } else {
-                ej * bb + run_e
-            };
         }
+        // The whole free run, across block edges.
+        let ts = if run_s == 0 && sj > 0 {
+            self.run_start_left(g, sj)
+        } else {
+            sj * bb + run_s
+        };
+        let te = if run_e == bb && ej + 1 < g.nr_blocks {
+            self.run_end_right(g, ej)
+        } else {
+            ej * bb + run_e
+        };
+        self.hints_after_free(g, p, bits, ts, te, made)
+    }
+
+    /// Chunk hints after `[p, p + bits)` was freed, making the maximal free
+    /// run `[ts, te)`.
+    #[inline(always)]
+    fn hints_after_free(
+        &mut self,
+        g: &Geom,
+        p: u32,
+        bits: u32,
+        ts: u32,
+        te: u32,
+        made: u32,
+    ) -> Released {
         let h = &mut self.h;
         h.free_bits += bits;
         h.nr_alloc -= 1;
         h.nr_empty_pop += made;
+        let r = Released {
+            bits,
+            empty_pop_made: made,
+        };
         if h.free_bits == g.unit_bits {
             self.reset_hints(g);
-            return Released {
-                bits,
-                empty_pop_made: made,
-            };
+            return r;
         }
         if p < h.first_free {
             h.first_free = p;
@@ -976,10 +1037,7 @@ impl ChunkMeta {
             h.contig = len;
             h.contig_start = ts;
         }
-        Released {
-            bits,
-            empty_pop_made: made,
-        }
+        r
     }
 
     /// Takes up to `want` empty populated pages out of the populated map,

@@ -264,6 +264,7 @@ impl Table {
         unsafe { core::slice::from_raw_parts_mut(self.entries.as_ptr(), self.cap) }
     }
 
+    #[inline]
     fn get(&self, id: u32) -> Option<usize> {
         let id = id as usize;
         if id >= self.used {
@@ -669,17 +670,27 @@ impl<B: Backend> PerCpuAllocator<B> {
 
     /// Moves a chunk to the slot of its contig hint: to the front when it
     /// gained space, to the back when it lost some (as Linux).
-    #[inline]
+    #[inline(always)]
     fn relocate(&self, st: &mut State<B::Chunk>, chunk: NonNull<Chunk<B::Chunk>>) {
         // SAFETY: a live chunk, under the lock.
-        let c = unsafe { &mut *chunk.as_ptr() };
-        let new = self.chunk_slot(c.meta.h.contig);
-        let old = c.slot as usize;
-        if new == old {
-            return;
+        let (contig, old) = unsafe { ((*chunk.as_ptr()).meta.h.contig, (*chunk.as_ptr()).slot) };
+        let new = self.chunk_slot(contig);
+        if new != old as usize {
+            self.move_chunk(st, chunk, old as usize, new);
         }
+    }
+
+    #[inline(never)]
+    fn move_chunk(
+        &self,
+        st: &mut State<B::Chunk>,
+        chunk: NonNull<Chunk<B::Chunk>>,
+        old: usize,
+        new: usize,
+    ) {
         let link = chunk.cast::<Link>();
-        // SAFETY: the chunk is on the list of its slot; the link is its first field.
+        // SAFETY: the chunk is live, on the list of its slot; the link is its
+        // first field; we hold the lock.
         unsafe {
             st.slots[old].remove(link);
             if st.slots[old].is_empty() {
@@ -690,9 +701,9 @@ impl<B: Backend> PerCpuAllocator<B> {
             } else {
                 st.slots[new].push_back(link);
             }
+            (*chunk.as_ptr()).slot = new as u32;
         }
         st.nonempty |= 1 << new;
-        c.slot = new as u32;
     }
 
     /// Makes a chunk, outside the lock.
@@ -831,6 +842,7 @@ impl<B: Backend> PerCpuAllocator<B> {
 
     /// Frees bits `[p, p + bits)` (a live allocation) under the lock; returns
     /// a chunk to destroy after unlocking, if one became redundant.
+    #[inline]
     fn free_locked(
         &self,
         st: &mut State<B::Chunk>,
@@ -854,18 +866,24 @@ impl<B: Backend> PerCpuAllocator<B> {
         }
         self.relocate(st, chunk);
         if B::POPULATES && st.empty_pop > self.reserve_high as u64 {
-            // Depopulate the fully free chunk first (its pages hold nothing
-            // and may never be needed), then the chunk just freed into.
-            let mut want = st.empty_pop - self.reserve_low as u64;
-            if let Some(e) = st.empty_chunk.filter(|&e| e != chunk) {
-                want -= self.depopulate(e, want);
-            }
-            if want > 0 {
-                want -= self.depopulate(chunk, want);
-            }
-            st.empty_pop = self.reserve_low as u64 + want;
+            self.trim(st, chunk);
         }
         None
+    }
+
+    /// Depopulates empty pages down to the low watermark: the fully free
+    /// chunk's first (its pages hold nothing and may never be needed), then
+    /// those of the chunk just freed into.
+    #[cold]
+    fn trim(&self, st: &mut State<B::Chunk>, chunk: NonNull<Chunk<B::Chunk>>) {
+        let mut want = st.empty_pop - self.reserve_low as u64;
+        if let Some(e) = st.empty_chunk.filter(|&e| e != chunk) {
+            want -= self.depopulate(e, want);
+        }
+        if want > 0 {
+            want -= self.depopulate(chunk, want);
+        }
+        st.empty_pop = self.reserve_low as u64 + want;
     }
 
     /// Depopulates up to `want` empty populated pages of `chunk` in every
