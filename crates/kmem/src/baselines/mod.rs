@@ -4,6 +4,7 @@
 //! same data structures and algorithms, not a strawman: a suite compares kmem
 //! with it in the same run. One module per seed.
 
+pub mod percpu_area_map;
 pub mod pgalloc;
 pub mod pow2_slab;
 pub mod vmalloc_busy_list;

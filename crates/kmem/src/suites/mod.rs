@@ -10,9 +10,11 @@ use crate::progress::Progress;
 mod core;
 mod nta;
 mod quicklist;
+mod percpu;
 mod vmalloc;
 pub use self::core::CoreSuite;
 pub use self::nta::NtaSuite;
+pub use self::percpu::PercpuSuite;
 pub use self::quicklist::QuicklistSuite;
 pub use self::vmalloc::VmallocSuite;
 
@@ -47,6 +49,7 @@ pub fn all() -> &'static [&'static dyn Suite] {
     &[
         &core::CoreSuite,
         &vmalloc::VmallocSuite,
+        &percpu::PercpuSuite,
         &quicklist::QuicklistSuite,
         &nta::NtaSuite,
     ]
