@@ -166,8 +166,10 @@ pub unsafe fn rseq_percpu_add(base: *mut u8, stride: usize, units: usize, n: u64
         // the abort label is preceded by glibc's x86-64 RSEQ_SIG. The section
         // reads cpu_id, leaves for label 70 when it is not below `units`
         // (that includes a negative, unregistered id), and commits with one
-        // `add` to the slot, valid by the caller's contract. An abort jumps
-        // back to the start, where cpu_id is read again.
+        // `add` to the slot, valid by the caller's contract. The kernel clears
+        // `rseq_cs` when it aborts a section, so the abort handler jumps back
+        // to before the store that arms it (label 65), re-arms, and reads
+        // cpu_id again.
         unsafe {
             core::arch::asm!(
                 ".pushsection __rseq_cs, \"aw\"",
@@ -176,6 +178,7 @@ pub unsafe fn rseq_percpu_add(base: *mut u8, stride: usize, units: usize, n: u64
                 ".long 0, 0",
                 ".quad 67f, (68f - 67f), 69f",
                 ".popsection",
+                "65:",
                 "lea {tmp}, [rip + 66b]",
                 "mov qword ptr [{rseq} + {cs}], {tmp}",
                 "67:",
@@ -189,7 +192,7 @@ pub unsafe fn rseq_percpu_add(base: *mut u8, stride: usize, units: usize, n: u64
                 "jmp 71f",
                 ".long 0x53053053",
                 "69:",
-                "jmp 67b",
+                "jmp 65b",
                 "70:",
                 "xor {done:e}, {done:e}",
                 "71:",
