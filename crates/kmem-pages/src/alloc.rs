@@ -565,9 +565,10 @@ impl<'a> PageAllocator<'a> {
         }
         let l = p.layout();
         let m = meta.as_ptr();
-        // SAFETY (whole block): every offset below is inside the `l.total`
-        // bytes the caller provides, aligned as `layout` arranged, and the
-        // memory is exclusively ours; values are written before any use.
+        // Every offset below is inside the `l.total` bytes the caller
+        // provides, aligned as `layout` arranged, and the memory is
+        // exclusively ours; values are written before any use.
+        // SAFETY: as just said.
         let (fr_ptr, busy_ptr, lists_ptr, pcpu_ptr, slots_ptr) = unsafe {
             (
                 m.add(l.frames).cast::<Frame>(),
@@ -1197,8 +1198,7 @@ impl<'a> PageAllocator<'a> {
                 if n <= keep {
                     continue;
                 }
-                for k in keep + 1..=n {
-                    let e = s[k];
+                for &e in &s[keep + 1..=n] {
                     let (j, z) = ((e & !SLOT_ZERO) as usize, e & SLOT_ZERO != 0);
                     fr[j].set_state(free_state(b, z));
                     bg.insert(fr, nc, fl, c, j as u32, z);

@@ -109,11 +109,11 @@ impl PageAllocator<'_> {
         drop(guards);
         // Nobody else can reach these frames now: they are on no list, in no
         // cache and not yet handed out.
-        for j in i..i + n {
-            if zero && dirty > 0 && fr[j].state() & ZERO == 0 {
+        for (j, f) in fr.iter().enumerate().skip(i).take(n) {
+            if zero && dirty > 0 && f.state() & ZERO == 0 {
                 self.hand_out(j, true);
             }
-            fr[j].set_state(if j == i { head_state(n, b) } else { K_TAIL });
+            f.set_state(if j == i { head_state(n, b) } else { K_TAIL });
         }
         Some(i)
     }

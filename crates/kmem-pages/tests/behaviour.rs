@@ -652,7 +652,7 @@ fn stress_many_threads_then_check() {
         let a = Arc::new(PageAllocator::with_config(&t, Cpus::Simulated, 2048 * ps, &cfg).unwrap());
         let (tx, rx): (Vec<_>, Vec<_>) =
             (0..8).map(|_| std::sync::mpsc::channel::<usize>()).unzip();
-        let rx: Vec<_> = rx.into_iter().map(|r| Some(r)).collect();
+        let rx: Vec<_> = rx.into_iter().map(Some).collect();
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(400);
         let hs: Vec<_> = (0..8)
