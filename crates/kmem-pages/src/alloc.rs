@@ -185,7 +185,7 @@ pub(crate) struct Params {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Layout {
     frames: usize,
-    busy: usize,
+    listed: usize,
     lists: usize,
     pcpu: usize,
     slots: usize,
@@ -258,8 +258,8 @@ impl Params {
     pub(crate) fn layout(&self) -> Layout {
         let up = |x: usize, a: usize| x.next_multiple_of(a);
         let frames = 0;
-        let busy = up(frames + self.npages * core::mem::size_of::<Frame>(), 8);
-        let lists = up(busy + self.npages.div_ceil(64) * 8, 16);
+        let listed = up(frames + self.npages * core::mem::size_of::<Frame>(), 8);
+        let lists = up(listed + self.nb * self.npages.div_ceil(64) * 8, 16);
         let pcpu = up(
             lists + self.nb * self.nfl * self.ncolours * core::mem::size_of::<ColourList>(),
             META_ALIGN,
@@ -275,7 +275,7 @@ impl Params {
         };
         Layout {
             frames,
-            busy,
+            listed,
             lists,
             pcpu,
             slots,
@@ -309,7 +309,8 @@ pub struct PageAllocator<'a> {
     pub(crate) normal: Order,
     // Metadata (in memory from below).
     pub(crate) frames: NonNull<Frame>,
-    pub(crate) busy: NonNull<AtomicU64>,
+    /// Per bucket, a bitmap of the frames on its colour lists.
+    pub(crate) listed: NonNull<AtomicU64>,
     pub(crate) pcpu: NonNull<CachePadded<PerCpu>>,
     // The buckets: one lock each, and free counts read without the lock.
     pub(crate) buckets: [CachePadded<Lock<BucketState>>; MAX_BUCKETS],
@@ -322,7 +323,7 @@ pub struct PageAllocator<'a> {
 }
 
 // SAFETY: every shared mutable part is behind a lock (bucket lists, per-CPU
-// slots) or atomic (frame records, counters, the busy map); the raw pointers
+// slots, the listed maps) or atomic (frame records, counters); the raw pointers
 // address metadata owned by this value for its whole life.
 unsafe impl Send for PageAllocator<'_> {}
 // SAFETY: as above.
@@ -569,10 +570,10 @@ impl<'a> PageAllocator<'a> {
         // provides, aligned as `layout` arranged, and the memory is
         // exclusively ours; values are written before any use.
         // SAFETY: as just said.
-        let (fr_ptr, busy_ptr, lists_ptr, pcpu_ptr, slots_ptr) = unsafe {
+        let (fr_ptr, listed_ptr, lists_ptr, pcpu_ptr, slots_ptr) = unsafe {
             (
                 m.add(l.frames).cast::<Frame>(),
-                m.add(l.busy).cast::<AtomicU64>(),
+                m.add(l.listed).cast::<AtomicU64>(),
                 m.add(l.lists).cast::<ColourList>(),
                 m.add(l.pcpu).cast::<CachePadded<PerCpu>>(),
                 m.add(l.slots),
@@ -587,8 +588,8 @@ impl<'a> PageAllocator<'a> {
                     prev: AtomicU32::new(NIL),
                 });
             }
-            for w in 0..p.npages.div_ceil(64) {
-                busy_ptr.add(w).write(AtomicU64::new(0));
+            for w in 0..p.nb * p.npages.div_ceil(64) {
+                listed_ptr.add(w).write(AtomicU64::new(0));
             }
             for k in 0..p.nb * p.nfl * p.ncolours {
                 lists_ptr.add(k).write(ColourList::EMPTY);
@@ -640,7 +641,7 @@ impl<'a> PageAllocator<'a> {
             // SAFETY: the pointers are non-null (offsets into a non-null area).
             frames: unsafe { NonNull::new_unchecked(fr_ptr) },
             // SAFETY: as above.
-            busy: unsafe { NonNull::new_unchecked(busy_ptr) },
+            listed: unsafe { NonNull::new_unchecked(listed_ptr) },
             // SAFETY: as above.
             pcpu: unsafe { NonNull::new_unchecked(pcpu_ptr) },
             buckets: core::array::from_fn(|b| {
@@ -666,6 +667,7 @@ impl<'a> PageAllocator<'a> {
             fr[i].set_state(free_state(b, p.zeroed));
             let mut g = a.buckets[b].lock();
             g.insert(fr, p.ncolours, fl, c, i as u32, p.zeroed);
+            a.mark_listed(b, i);
             drop(g);
             a.nfree[b][fl].fetch_add(1, Relaxed);
         }
@@ -691,23 +693,30 @@ impl<'a> PageAllocator<'a> {
         &self.frames()[i]
     }
 
-    /// The busy map: bit i set when frame i is on no colour list.
+    /// Bucket `b`'s listed map: bit i set when frame i is on one of b's
+    /// colour lists. Written only under b's lock, so a plain load and store
+    /// update it (no locked instruction, no word shared with another bucket's
+    /// writers); read with every bucket lock held (runs, check).
     #[inline(always)]
-    pub(crate) fn busy_words(&self) -> &[AtomicU64] {
-        // SAFETY: the words were written at construction and live with `self`.
-        unsafe { core::slice::from_raw_parts(self.busy.as_ptr(), self.p.npages.div_ceil(64)) }
+    pub(crate) fn listed(&self, b: usize) -> &[AtomicU64] {
+        let words = self.p.npages.div_ceil(64);
+        // SAFETY: nb maps of `words` words were written at construction and
+        // live with `self`; b < nb.
+        unsafe { core::slice::from_raw_parts(self.listed.as_ptr().add(b * words), words) }
     }
 
-    /// CONTEXT: the lock of the bucket whose list `i` leaves.
+    /// CONTEXT: bucket `b`'s lock; frame `i` joins one of b's lists.
     #[inline(always)]
-    pub(crate) fn busy_set(&self, i: usize) {
-        self.busy_words()[i / 64].fetch_or(1 << (i % 64), Relaxed);
+    pub(crate) fn mark_listed(&self, b: usize, i: usize) {
+        let w = &self.listed(b)[i / 64];
+        w.store(w.load(Relaxed) | 1 << (i % 64), Relaxed);
     }
 
-    /// CONTEXT: the lock of the bucket whose list `i` joins.
+    /// CONTEXT: bucket `b`'s lock; frame `i` leaves one of b's lists.
     #[inline(always)]
-    pub(crate) fn busy_clear(&self, i: usize) {
-        self.busy_words()[i / 64].fetch_and(!(1 << (i % 64)), Relaxed);
+    pub(crate) fn unmark_listed(&self, b: usize, i: usize) {
+        let w = &self.listed(b)[i / 64];
+        w.store(w.load(Relaxed) & !(1 << (i % 64)), Relaxed);
     }
 
     #[inline(always)]
@@ -1013,7 +1022,7 @@ impl<'a> PageAllocator<'a> {
         let fr = self.frames();
         let (i, z) = bg.take(fr, self.p.ncolours, fl, c, zero);
         let i = i as usize;
-        self.busy_set(i);
+        self.unmark_listed(b, i);
         fr[i].set_state(head_state(1, b));
         let mut taken = 1;
         if let Some(cache) = fill {
@@ -1062,7 +1071,7 @@ impl<'a> PageAllocator<'a> {
                     continue;
                 }
                 let (j, z) = bg.take(fr, nc, fl, col, zero);
-                self.busy_set(j as usize);
+                self.unmark_listed(b, j as usize);
                 fr[j as usize].set_state(cached_state(b, z));
                 s[n + 1] = j | if z { SLOT_ZERO } else { 0 };
                 s[0] = n as u32 + 1;
@@ -1152,7 +1161,7 @@ impl<'a> PageAllocator<'a> {
         let mut bg = self.buckets[b].lock();
         self.frame(i).set_state(free_state(b, zero));
         bg.insert(self.frames(), self.p.ncolours, fl, c, i as u32, zero);
-        self.busy_clear(i);
+        self.mark_listed(b, i);
         let nf = &self.nfree[b][fl];
         nf.store(nf.load(Relaxed) + 1, Relaxed);
         drop(bg);
@@ -1202,7 +1211,7 @@ impl<'a> PageAllocator<'a> {
                     let (j, z) = ((e & !SLOT_ZERO) as usize, e & SLOT_ZERO != 0);
                     fr[j].set_state(free_state(b, z));
                     bg.insert(fr, nc, fl, c, j as u32, z);
-                    self.busy_clear(j);
+                    self.mark_listed(b, j);
                 }
                 s[0] = keep as u32;
                 moved += n - keep;

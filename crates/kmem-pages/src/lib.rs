@@ -24,7 +24,7 @@
 //! kmem-sys with `std` ([`PageAllocator::new`]), or a caller's buffer
 //! ([`PageAllocator::from_buffer`]) or another [`PageSource`]
 //! ([`PageAllocator::from_source`]) in `no_std`. The metadata (frame records,
-//! a busy bitmap, colour lists, per-CPU records and slots) comes from the same
+//! a listed bitmap per bucket, colour lists, per-CPU records and slots) comes from the same
 //! place, never from a global heap.
 //!
 //! # Policy
@@ -48,8 +48,8 @@
 //!   of its colour list (and with a flag bit in a cache slot); `ZERO` requests
 //!   take from the tail and clear only pages not known zero; other requests
 //!   take from the head and so leave the zeroed pages for those that want them.
-//! - **Runs** of contiguous frames come from a search of the busy bitmap
-//!   with every bucket lock held (a slower path); frames in caches are not
+//! - **Runs** of contiguous frames come from a word-at-a-time search of the
+//!   union of the buckets' listed bitmaps with every bucket lock held (a slower path); frames in caches are not
 //!   eligible, so a failed search flushes the caches and tries once more.
 //! - **Failure**: when every bucket is empty, the per-CPU caches are flushed
 //!   and the search repeated once; then [`Error::OutOfMemory`](kmem_core::Error).
@@ -63,7 +63,8 @@
 //!   colour and the bucket in its state (`FREE`); in one cache slot of its
 //!   freelist and colour of a CPU of that bucket (`CACHED`); or allocated, as
 //!   the `HEAD` of a run of `len` frames or one of its `TAIL`s.
-//! - The busy bit of a frame is clear exactly when it is `FREE`.
+//! - A frame's bit is set in the listed map of bucket b exactly when it is
+//!   `FREE` on one of b's lists.
 //! - `nfree[b][f]` is the length of bucket b's lists of freelist f; bit c of
 //!   `masks[f]` is set exactly when list c is non-empty; a list's zeroed
 //!   frames are its last `nzero` ones.
@@ -73,7 +74,8 @@
 //! # Locking
 //!
 //! - A bucket's lock guards its colour lists and masks, the `FREE` states
-//!   and busy bits of its frames, and the writes of its `nfree`.
+//!   and listed bitmap, the `FREE` states of its frames, and the writes of
+//!   its `nfree`.
 //! - A CPU's cache lock guards its slots and the `CACHED` states in them. A
 //!   thread may move CPUs at any moment: correctness never depends on it,
 //!   only the locks' privacy does.

@@ -1,16 +1,17 @@
 //! Contiguous runs of frames: the slower path (NetBSD's `uvm_pglistalloc`).
 //!
-//! A run is found in the busy map (bit set: the frame is on no colour list)
-//! with every bucket lock held, so the map and the lists hold still; each frame
-//! is unlinked from its colour list, whatever its bucket. Frames in per-CPU
-//! caches are busy and never part of a run; when no run fits, the caches are
-//! flushed once and the search repeats. A freed run goes back frame by frame
+//! A run is found in the union of the buckets' listed maps (bit set: the
+//! frame is on that bucket's colour lists), word at a time, with every bucket
+//! lock held, so the maps and the lists hold still; each frame is unlinked
+//! from its colour list, whatever its bucket. Frames in per-CPU caches are in
+//! no map and never part of a run; when no run fits, the caches are flushed
+//! once and the search repeats. A freed run goes back frame by frame
 //! to the freeing CPU's bucket (to each frame's home in NUMA mode).
 
 use core::ptr::NonNull;
 
 use kmem_core::sync::Ordering::Relaxed;
-use kmem_core::{Bitmap, Error, Result};
+use kmem_core::{Error, Result};
 
 use crate::alloc::PageAllocator;
 use crate::config::{Flags, Order, Strategy};
@@ -67,22 +68,14 @@ impl PageAllocator<'_> {
     /// Finds, unlinks and marks a run; zeroes its dirty frames if asked.
     fn take_run(&self, n: usize, align: usize, order: Order, zero: bool) -> Option<usize> {
         let mut guards = self.lock_all_buckets();
-        let words = self.busy_words();
-        // SAFETY: every writer of the busy map holds a bucket lock and we hold
-        // them all, so the words hold still while this plain view lives; an
-        // AtomicU64 has the layout of a u64.
-        let view =
-            unsafe { core::slice::from_raw_parts(words.as_ptr().cast::<u64>(), words.len()) };
-        let map = Bitmap::new(view, self.p.npages);
         let mut found = None;
         for fl in order.iter() {
             let (s, e) = self.freelist_range(fl);
             let hint = self.run_hint[fl].load(Relaxed).clamp(s, e);
-            let fit = |from: usize| {
-                map.find_next_zero_area_off(from, n, align, self.base_pfn)
-                    .filter(|&i| i + n <= e)
-            };
-            if let Some(i) = fit(hint).or_else(|| fit(s)) {
+            if let Some(i) = self
+                .find_free_run(hint, e, n, align)
+                .or_else(|| self.find_free_run(s, e, n, align))
+            {
                 found = Some((i, fl));
                 break;
             }
@@ -97,7 +90,7 @@ impl PageAllocator<'_> {
             let (jfl, c) = (self.freelist_of(j), self.colour_of(j));
             let g = guards[b].as_mut().expect("every bucket is locked");
             g.unlink(fr, self.p.ncolours, jfl, c, j as u32, z);
-            self.busy_set(j);
+            self.unmark_listed(b, j);
             let nf = &self.nfree[b][jfl];
             nf.store(nf.load(Relaxed) - 1, Relaxed);
             dirty += usize::from(!z);
@@ -158,21 +151,89 @@ impl PageAllocator<'_> {
             // One lock hold per stretch of frames bound for the same bucket.
             let b = if self.p.numa { self.home(j) } else { my };
             let mut g = self.buckets[b].lock();
+            let mut moved = 0;
             while j < i + pages && (!self.p.numa || self.home(j) == b) {
                 let (fl, c) = (self.freelist_of(j), self.colour_of(j));
                 fr[j].set_state(free_state(b, zero));
                 g.insert(fr, nc, fl, c, j as u32, zero);
-                self.busy_clear(j);
+                self.mark_listed(b, j);
                 let nf = &self.nfree[b][fl];
                 nf.store(nf.load(Relaxed) + 1, Relaxed);
-                if b == my {
-                    pc.frees_local.add(1);
-                } else {
-                    pc.frees_remote.add(1);
-                }
                 j += 1;
+                moved += 1;
+            }
+            drop(g);
+            if b == my {
+                pc.frees_local.add(moved);
+            } else {
+                pc.frees_remote.add(moved);
             }
         }
         Ok(())
+    }
+
+    /// Word `w` of the union of the listed maps: the frames on any list.
+    ///
+    /// CONTEXT: every bucket lock.
+    #[inline]
+    fn free_word(&self, w: usize) -> u64 {
+        (0..self.p.nb).fold(0, |acc, b| acc | self.listed(b)[w].load(Relaxed))
+    }
+
+    /// The first frame in `[i, end)` that is listed (`want_free`) or not.
+    ///
+    /// CONTEXT: every bucket lock.
+    fn next_frame(&self, i: usize, end: usize, want_free: bool) -> Option<usize> {
+        if i >= end {
+            return None;
+        }
+        let word = |w: usize| {
+            let f = self.free_word(w);
+            if want_free {
+                f
+            } else {
+                !f
+            }
+        };
+        let mut w = i / 64;
+        let mut bits = word(w) & (!0u64 << (i % 64));
+        loop {
+            if bits != 0 {
+                let j = w * 64 + bits.trailing_zeros() as usize;
+                return (j < end).then_some(j);
+            }
+            w += 1;
+            if w * 64 >= end {
+                return None;
+            }
+            bits = word(w);
+        }
+    }
+
+    /// The lowest `i` in `[from, end - n]` whose address is aligned to
+    /// `align` pages and whose frames `[i, i + n)` are all listed.
+    ///
+    /// CONTEXT: every bucket lock.
+    pub(crate) fn find_free_run(
+        &self,
+        from: usize,
+        end: usize,
+        n: usize,
+        align: usize,
+    ) -> Option<usize> {
+        let mask = align - 1;
+        let mut i = from;
+        loop {
+            i = self.next_frame(i, end, true)?;
+            // Align the address: (base_pfn + i) % align == 0.
+            i = ((self.base_pfn + i).checked_add(mask)? & !mask) - self.base_pfn;
+            if i.checked_add(n)? > end {
+                return None;
+            }
+            match self.next_frame(i, i + n, false) {
+                None => return Some(i),
+                Some(b) => i = b + 1,
+            }
+        }
     }
 }

@@ -208,7 +208,7 @@ impl PageAllocator<'_> {
 
     /// Verifies every invariant: list links, colours, freelists and buckets
     /// of listed frames, zero-page order and counts, the colour masks, the
-    /// free counts, the cache slots, the busy map, and that every allocated
+    /// free counts, the cache slots, the listed maps, and that every allocated
     /// run is a head followed by its tails. Meant for moments when no other
     /// thread uses the allocator (tests call it after every step and after
     /// joining): it takes the locks one CPU cache at a time and then every
@@ -229,7 +229,13 @@ impl PageAllocator<'_> {
     fn check_inner(&self) -> core::result::Result<(), &'static str> {
         let fr = self.frames();
         let (nc, nfl, nb, depth) = (self.p.ncolours, self.p.nfl, self.p.nb, self.p.depth);
-        let busy = |j: usize| self.busy_words()[j / 64].load(Relaxed) & (1 << (j % 64)) != 0;
+        // The buckets whose listed maps hold frame j (a bitmask).
+        let listed_in = |j: usize| {
+            (0..nb).fold(0u32, |m, b| {
+                m | (((self.listed(b)[j / 64].load(Relaxed) >> (j % 64)) & 1) as u32) << b
+            })
+        };
+        let busy = |j: usize| listed_in(j) == 0;
         // 1. Cache slots, one CPU at a time: each entry a CACHED frame of the
         //    slot's freelist and colour and of the CPU's bucket, its zero flag
         //    as recorded, none twice (MARK).
@@ -270,7 +276,7 @@ impl PageAllocator<'_> {
                             return Err("slot zero flag differs from the frame");
                         }
                         if !busy(j) {
-                            return Err("cached frame not marked busy");
+                            return Err("cached frame in a listed map");
                         }
                         fr[j].state.fetch_or(MARK, Relaxed);
                     }
@@ -322,8 +328,8 @@ impl PageAllocator<'_> {
                             return Err("dirty frame after a zeroed one");
                         }
                         nzero += u32::from(z);
-                        if busy(j) {
-                            return Err("listed frame marked busy");
+                        if listed_in(j) != 1 << b {
+                            return Err("listed frame not in exactly its bucket's map");
                         }
                         n += 1;
                         if n > l.len {
@@ -346,7 +352,7 @@ impl PageAllocator<'_> {
                 listed += in_fl;
             }
         }
-        // 3. Every frame: its state, the busy map, runs of head and tails.
+        // 3. Every frame: its state, the listed maps, runs of head and tails.
         let (mut nfree_frames, mut ncached, mut run_left) = (0usize, 0usize, 0usize);
         for (j, f) in fr.iter().enumerate() {
             let s = f.state();
@@ -355,7 +361,7 @@ impl PageAllocator<'_> {
                     return Err("run shorter than its head says");
                 }
                 if !busy(j) {
-                    return Err("allocated frame not marked busy");
+                    return Err("allocated frame in a listed map");
                 }
                 run_left -= 1;
                 continue;
@@ -363,8 +369,8 @@ impl PageAllocator<'_> {
             match kind(s) {
                 K_FREE => {
                     nfree_frames += 1;
-                    if busy(j) {
-                        return Err("free frame marked busy");
+                    if listed_in(j) != 1 << bucket_of(s) {
+                        return Err("free frame not in exactly its bucket's map");
                     }
                 }
                 K_CACHED => {
@@ -382,7 +388,7 @@ impl PageAllocator<'_> {
                         return Err("allocated frame flagged");
                     }
                     if !busy(j) {
-                        return Err("allocated frame not marked busy");
+                        return Err("allocated frame in a listed map");
                     }
                     run_left = n - 1;
                 }

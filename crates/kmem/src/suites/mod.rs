@@ -8,7 +8,9 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod pages;
 pub use self::core::CoreSuite;
+pub use self::pages::PagesSuite;
 
 /// How a suite is asked to run.
 pub struct Ctx<'a> {
@@ -38,7 +40,7 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite]
+    &[&core::CoreSuite, &pages::PagesSuite]
 }
 
 /// The suite of that name.
