@@ -24,6 +24,7 @@ use crate::stats::LockStats;
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// Spins between yields to the scheduler while waiting (std only).
+#[cfg(all(feature = "std", not(loom)))]
 const SPINS_PER_YIELD: u32 = 64;
 
 /// A spin-then-yield mutual-exclusion lock over `T` that counts contention.
