@@ -101,6 +101,8 @@
 extern crate std;
 
 mod alloc;
+mod build;
+mod cache;
 mod config;
 mod frame;
 mod run;

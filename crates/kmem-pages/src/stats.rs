@@ -5,7 +5,8 @@ use core::fmt;
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::LockStats;
 
-use crate::alloc::{PageAllocator, SLOT_ZERO};
+use crate::alloc::PageAllocator;
+use crate::cache::SLOT_ZERO;
 use crate::frame::*;
 use crate::{MAX_BUCKETS, MAX_FREELISTS};
 

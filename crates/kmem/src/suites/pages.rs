@@ -136,31 +136,36 @@ struct Work {
     cross: usize,
     /// Pages allocated per sample, all threads together.
     pages: usize,
-    /// Most pages waiting in one thread's inbox: a thread that is not running
-    /// cannot free, so past this its partner frees the pages itself (on 2
-    /// cores a thread may otherwise run all its rounds while its partner
-    /// waits for a core, and pile up every page it sends).
-    inbox_cap: usize,
+    /// Most pages waiting in a pool for a thread of the other parity: past
+    /// this the sender frees them itself (on 2 cores the other threads may
+    /// all be waiting for a core while one runs many rounds).
+    pool_cap: usize,
 }
 
 /// Runs one sample: `threads` threads, `work.pages` pages in all.
+///
+/// Remote frees go through two pools: threads of even index put their share
+/// into pool 0 and free what they find in pool 1, odd ones the other way
+/// round. On 2 shared cores a given partner thread is mostly not running;
+/// whichever thread of the other parity runs next frees the pages instead.
 fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
     let rounds = (work.pages / threads / work.batch).max(1);
     imp.reset();
-    let inboxes: Vec<Mutex<Vec<usize>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+    let pools = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
     let start = Barrier::new(threads + 1);
     let done = Barrier::new(threads);
     let crossed = std::sync::atomic::AtomicUsize::new(0);
     let mut t0 = 0;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let (inboxes, start, done, crossed) = (&inboxes, &start, &done, &crossed);
+            let (pools, start, done, crossed) = (&pools, &start, &done, &crossed);
             s.spawn(move || {
                 bind_simulated_cpu(t * work.cpus / threads);
+                let (mine, theirs) = (&pools[t % 2], &pools[(t + 1) % 2]);
                 let mut held = Vec::with_capacity(work.batch);
                 let mut out = Vec::new();
                 let mut mail = Vec::new();
-                let mut sent = 0;
+                let mut freed_remote = 0;
                 let free_all = |mail: &mut Vec<usize>| {
                     for p in mail.drain(..) {
                         // SAFETY: a live page another thread handed over.
@@ -184,21 +189,24 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
                         }
                     }
                     if !out.is_empty() {
-                        let mut inbox = inboxes[(t + 1) % threads].lock().unwrap();
-                        if inbox.len() < work.inbox_cap {
-                            sent += out.len();
-                            inbox.append(&mut out);
+                        let mut pool = mine.lock().unwrap();
+                        if pool.len() < work.pool_cap {
+                            pool.append(&mut out);
                         }
-                        drop(inbox);
+                        drop(pool);
                         free_all(&mut out);
                     }
-                    std::mem::swap(&mut mail, &mut *inboxes[t].lock().unwrap());
-                    free_all(&mut mail);
+                    if threads > 1 {
+                        std::mem::swap(&mut mail, &mut *theirs.lock().unwrap());
+                        freed_remote += mail.len();
+                        free_all(&mut mail);
+                    }
                 }
-                crossed.fetch_add(sent, std::sync::atomic::Ordering::Relaxed);
                 done.wait();
-                std::mem::swap(&mut mail, &mut *inboxes[t].lock().unwrap());
+                std::mem::swap(&mut mail, &mut *theirs.lock().unwrap());
+                freed_remote += mail.len();
                 free_all(&mut mail);
+                crossed.fetch_add(freed_remote, std::sync::atomic::Ordering::Relaxed);
                 black_box(&held);
             });
         }
@@ -262,7 +270,7 @@ impl Suite for PagesSuite {
             batch: 128,
             cross: 4,
             pages: ctx.scale.pick(16_384, 1 << 20, 8 << 20),
-            inbox_cap: 4 * 128,
+            pool_cap: 32 * 128,
         };
         let rounds = ctx.scale.pick(1, 3, 7);
         // Room for every thread's batch, the pages in flight between threads
