@@ -855,3 +855,52 @@ fn purge_gives_memory_back_and_marks_pages_zero() {
     }
     assert_eq!(a.purge(), 0);
 }
+
+#[test]
+fn real_cpu_ids_with_threads_sharing_caches() {
+    // More threads than CPUs, real CPU ids: threads share per-CPU caches and
+    // migrate at will; the locks keep everything consistent.
+    let t = Topology::from_system();
+    let ps = page();
+    let a = Arc::new(
+        PageAllocator::with_config(
+            &t,
+            Cpus::Real,
+            2048 * ps,
+            &Config::new().cache(CacheMode::On),
+        )
+        .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+    let hs: Vec<_> = (0..6)
+        .map(|w| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                let mut n = 0u64;
+                while std::time::Instant::now() < deadline {
+                    for _ in 0..(17 + w * 13) {
+                        let p = a.alloc_page().unwrap();
+                        // SAFETY: a live page of ours.
+                        unsafe { p.as_ptr().cast::<u64>().write(n) };
+                        held.push(p);
+                    }
+                    for p in held.drain(..) {
+                        // SAFETY: a live page, checked and freed once.
+                        unsafe {
+                            assert_eq!(p.as_ptr().cast::<u64>().read(), n);
+                            a.free_page(p).unwrap();
+                        }
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for h in hs {
+        assert!(h.join().unwrap() > 0);
+    }
+    a.check().unwrap();
+    assert_eq!(a.free_count(), 2048);
+}
