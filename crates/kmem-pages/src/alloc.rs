@@ -199,15 +199,13 @@ impl<'a> PageAllocator<'a> {
     /// CONTEXT: bucket `b`'s lock; frame `i` joins one of b's lists.
     #[inline(always)]
     pub(crate) fn mark_listed(&self, b: usize, i: usize) {
-        let w = &self.listed(b)[i / 64];
-        w.store(w.load(Relaxed) | 1 << (i % 64), Relaxed);
+        set_bit(self.listed(b), i);
     }
 
     /// CONTEXT: bucket `b`'s lock; frame `i` leaves one of b's lists.
     #[inline(always)]
     pub(crate) fn unmark_listed(&self, b: usize, i: usize) {
-        let w = &self.listed(b)[i / 64];
-        w.store(w.load(Relaxed) & !(1 << (i % 64)), Relaxed);
+        clear_bit(self.listed(b), i);
     }
 
     #[inline(always)]
@@ -684,6 +682,22 @@ impl<'a> PageAllocator<'a> {
     pub fn home_bucket(&self, ptr: NonNull<u8>) -> Result<usize> {
         Ok(self.initial_bucket(self.index_of(ptr)?))
     }
+}
+
+/// Sets bit `i` of a listed map with a plain load and store.
+///
+/// CONTEXT: the lock of the bucket that owns the map.
+#[inline(always)]
+pub(crate) fn set_bit(words: &[AtomicU64], i: usize) {
+    let w = &words[i / 64];
+    w.store(w.load(Relaxed) | 1 << (i % 64), Relaxed);
+}
+
+/// Clears bit `i` of a listed map; see [`set_bit`].
+#[inline(always)]
+pub(crate) fn clear_bit(words: &[AtomicU64], i: usize) {
+    let w = &words[i / 64];
+    w.store(w.load(Relaxed) & !(1 << (i % 64)), Relaxed);
 }
 
 /// The error for a free whose frame state is `s` rather than `HEAD(n)`.

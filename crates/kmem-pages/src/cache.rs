@@ -7,7 +7,7 @@ use core::ptr::NonNull;
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::Result;
 
-use crate::alloc::{BucketState, PageAllocator, PerCpu};
+use crate::alloc::{clear_bit, set_bit, BucketState, PageAllocator, PerCpu};
 use crate::frame::*;
 use kmem_core::Error;
 
@@ -96,6 +96,7 @@ impl PageAllocator<'_> {
             return 0;
         }
         let fr = self.frames();
+        let listed = self.listed(b);
         let (nc, depth) = (self.p.ncolours, self.p.depth);
         let mut pulled = 0;
         'passes: loop {
@@ -111,7 +112,7 @@ impl PageAllocator<'_> {
                     continue;
                 }
                 let (j, z) = bg.take(fr, nc, fl, col, zero);
-                self.unmark_listed(b, j as usize);
+                clear_bit(listed, j as usize);
                 fr[j as usize].set_state(cached_state(b, z));
                 s[n + 1] = j | if z { SLOT_ZERO } else { 0 };
                 s[0] = n as u32 + 1;
@@ -153,25 +154,29 @@ impl PageAllocator<'_> {
         let b = pc.bucket as usize;
         let (nc, depth) = (self.p.ncolours, self.p.depth);
         let fr = self.frames();
+        let listed = self.listed(b);
         let mut bg = self.buckets[b].lock();
         let mut moved_all = 0;
         for fl in fls {
-            let mut moved = 0;
+            let (mut moved, mut joined) = (0, 0u64);
             for c in 0..nc {
                 let s = g.slot(fl * nc + c, depth);
                 let n = s[0] as usize;
                 if n <= keep {
                     continue;
                 }
+                let list = bg.list(fl, c, nc);
                 for &e in &s[keep + 1..=n] {
                     let (j, z) = ((e & !SLOT_ZERO) as usize, e & SLOT_ZERO != 0);
                     fr[j].set_state(free_state(b, z));
-                    bg.insert(fr, nc, fl, c, j as u32, z);
-                    self.mark_listed(b, j);
+                    list.insert(fr, j as u32, z);
+                    set_bit(listed, j);
                 }
                 s[0] = keep as u32;
                 moved += n - keep;
+                joined |= 1 << c;
             }
+            bg.masks[fl] |= joined;
             let nf = &self.nfree[b][fl];
             nf.store(nf.load(Relaxed) + moved, Relaxed);
             moved_all += moved;

@@ -269,10 +269,10 @@ impl Suite for PagesSuite {
             cpus,
             batch: 128,
             cross: 4,
-            pages: ctx.scale.pick(16_384, 1 << 20, 8 << 20),
+            pages: ctx.scale.pick(16_384, 1 << 18, 1 << 21),
             pool_cap: 32 * 128,
         };
-        let rounds = ctx.scale.pick(1, 5, 9);
+        let rounds = ctx.scale.pick(1, 15, 31);
         // Room for every thread's batch, the pages in flight between threads
         // and the per-CPU caches, many times over.
         let bytes = ctx.scale.pick(64usize << 20, 256 << 20, 256 << 20);
