@@ -113,8 +113,10 @@ pub(crate) struct PerCpu {
     pub(crate) cache_frees: Counter,
     /// Pages taken from the CPU's own bucket on a miss.
     pub(crate) bucket_allocs: Counter,
-    /// Pages taken from another bucket (stolen).
+    /// Pages taken from another bucket (stolen) for an allocation.
     pub(crate) stolen: Counter,
+    /// Pages moved from another bucket into the cache while stealing.
+    pub(crate) stolen_to_cache: Counter,
     /// Frees straight into the CPU's own bucket.
     pub(crate) frees_local: Counter,
     /// Frees into another bucket (NUMA mode: the page's home).
@@ -402,6 +404,7 @@ impl<'a> PageAllocator<'a> {
             if k > 0 {
                 if let Some(g) = g.as_deref_mut() {
                     if let Some((i, z)) = self.slot_pop(pc, g, fl, colour, zero) {
+                        pc.hits.add_owned(1);
                         return Some((i, z, colour));
                     }
                 }
@@ -411,15 +414,16 @@ impl<'a> PageAllocator<'a> {
                 return Some(r);
             }
             if !self.p.numa {
-                if let Some(r) = self.steal(pc, fl, colour, zero) {
+                if let Some(r) = self.steal(pc, g.as_deref_mut(), fl, colour, zero) {
                     return Some(r);
                 }
             }
         }
         if self.p.numa {
-            // NUMA: the right bucket mattered more than the freelist; now any.
+            // NUMA: the right bucket mattered more than the freelist; now any
+            // (one page at a time: the cache holds only home pages).
             for fl in order.iter() {
-                if let Some(r) = self.steal(pc, fl, colour, zero) {
+                if let Some(r) = self.steal(pc, None, fl, colour, zero) {
                     return Some(r);
                 }
             }
@@ -427,10 +431,16 @@ impl<'a> PageAllocator<'a> {
         None
     }
 
-    /// Takes a page of freelist `fl` from any bucket but the CPU's own.
+    /// Takes a page of freelist `fl` from any bucket but the CPU's own. With
+    /// `fill` (package mode) it also tops up the CPU's cache from that
+    /// bucket, the pages changing bucket as a free would move them, so that
+    /// a CPU whose bucket ran dry does not take a remote lock for every page.
+    ///
+    /// CONTEXT: `fill` is the CPU's cache lock.
     fn steal(
         &self,
         pc: &PerCpu,
+        mut fill: Option<&mut CpuCache>,
         fl: usize,
         colour: usize,
         zero: bool,
@@ -438,7 +448,7 @@ impl<'a> PageAllocator<'a> {
         let my = pc.bucket as usize;
         for k in 1..self.p.nb {
             let b = (my + k) % self.p.nb;
-            if let Some(r) = self.take_from_bucket(pc, b, fl, colour, zero, None) {
+            if let Some(r) = self.take_from_bucket(pc, b, fl, colour, zero, fill.as_deref_mut()) {
                 pc.stolen.add(1);
                 return Some(r);
             }
@@ -450,7 +460,8 @@ impl<'a> PageAllocator<'a> {
     /// next non-empty one, and (with `fill`) tops up the CPU's cache while the
     /// lock is held. An empty bucket is skipped by its free count, unlocked.
     ///
-    /// CONTEXT: `fill` is the CPU's cache lock; `b` is then the CPU's bucket.
+    /// CONTEXT: `fill` is the CPU's cache lock; `b` is the CPU's bucket, or
+    /// (package mode, stealing) another whose pages then join the CPU's.
     #[inline]
     fn take_from_bucket(
         &self,
@@ -483,7 +494,11 @@ impl<'a> PageAllocator<'a> {
         fr[i].set_state(head_state(1, b));
         let mut taken = 1;
         if let Some(cache) = fill {
-            taken += self.fill(pc, &mut bg, cache, b, fl, c, zero, nfree.load(Relaxed) - 1);
+            let pulled = self.fill(pc, &mut bg, cache, b, fl, c, zero, nfree.load(Relaxed) - 1);
+            if b != pc.bucket as usize {
+                pc.stolen_to_cache.add(pulled as u64);
+            }
+            taken += pulled;
         }
         nfree.store(nfree.load(Relaxed) - taken, Relaxed);
         Some((i, z, c))
@@ -715,3 +730,15 @@ pub(crate) fn free_error(s: u32, n: usize, addr: u64) -> Error {
 }
 
 const _: () = assert!(MAX_COLOURS <= 64, "colour masks are u64");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_record_fits_its_cache_lines() {
+        // One 128-byte line pair per CPU: the lock, the counts and the
+        // counters that only the CPU writes.
+        assert_eq!(core::mem::size_of::<CachePadded<PerCpu>>(), 128);
+    }
+}

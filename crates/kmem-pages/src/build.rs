@@ -446,6 +446,7 @@ impl<'a> PageAllocator<'a> {
                     cache_frees: Counter::new(),
                     bucket_allocs: Counter::new(),
                     stolen: Counter::new(),
+                    stolen_to_cache: Counter::new(),
                     frees_local: Counter::new(),
                     frees_remote: Counter::new(),
                 }));

@@ -76,8 +76,9 @@ impl PageAllocator<'_> {
     /// pass, starting with the colour after `c` (the order in which the CPU
     /// will ask), each slot up to `depth - 1` (room for a free), until
     /// `fill_target` pages moved. A bucket with no more than `fill_target`
-    /// pages left is not drawn on: its last pages stay for everyone.
-    /// Returns the pages moved.
+    /// pages left is not drawn on: its last pages stay for everyone. The
+    /// pages join the CPU's bucket (`b` itself, or a bucket being stolen
+    /// from in package mode). Returns the pages moved.
     ///
     /// CONTEXT: the CPU's cache lock, then bucket `b`'s lock.
     #[allow(clippy::too_many_arguments)]
@@ -97,6 +98,7 @@ impl PageAllocator<'_> {
         }
         let fr = self.frames();
         let listed = self.listed(b);
+        let owner = pc.bucket as usize;
         let (nc, depth) = (self.p.ncolours, self.p.depth);
         let mut pulled = 0;
         'passes: loop {
@@ -113,7 +115,7 @@ impl PageAllocator<'_> {
                 }
                 let (j, z) = bg.take(fr, nc, fl, col, zero);
                 clear_bit(listed, j as usize);
-                fr[j as usize].set_state(cached_state(b, z));
+                fr[j as usize].set_state(cached_state(owner, z));
                 s[n + 1] = j | if z { SLOT_ZERO } else { 0 };
                 s[0] = n as u32 + 1;
                 pulled += 1;

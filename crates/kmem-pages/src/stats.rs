@@ -35,8 +35,11 @@ pub struct Stats {
     /// Pages taken from the allocating CPU's own bucket on a cache miss (or
     /// with the cache off).
     pub bucket_allocs: u64,
-    /// Pages taken from another bucket than the allocating CPU's.
+    /// Allocations served from another bucket than the allocating CPU's.
     pub stolen: u64,
+    /// Pages moved from another bucket into a CPU's cache while stealing
+    /// (package mode; they belong to the CPU's bucket from then on).
+    pub stolen_to_cache: u64,
     /// Pages freed into the freeing CPU's cache or bucket.
     pub frees_local: u64,
     /// Pages freed into another bucket (NUMA mode: the page's home).
@@ -98,6 +101,7 @@ impl PageAllocator<'_> {
             s.cache_misses += pc.misses.get();
             s.bucket_allocs += pc.bucket_allocs.get();
             s.stolen += pc.stolen.get();
+            s.stolen_to_cache += pc.stolen_to_cache.get();
             s.frees_local += pc.frees_local.get() + pc.cache_frees.get();
             s.frees_remote += pc.frees_remote.get();
         }
@@ -119,6 +123,7 @@ impl PageAllocator<'_> {
                 &pc.cache_frees,
                 &pc.bucket_allocs,
                 &pc.stolen,
+                &pc.stolen_to_cache,
                 &pc.frees_local,
                 &pc.frees_remote,
             ] {

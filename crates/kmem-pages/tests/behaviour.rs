@@ -904,3 +904,56 @@ fn real_cpu_ids_with_threads_sharing_caches() {
     a.check().unwrap();
     assert_eq!(a.free_count(), 2048);
 }
+
+#[test]
+fn a_dry_bucket_steals_in_batches_in_package_mode() {
+    let t = topo(16, 2, 1);
+    let ps = page();
+    let a = PageAllocator::with_config(&t, Cpus::Simulated, 1024 * ps, &Config::new().colours(4))
+        .unwrap();
+    // CPU 0 takes every page and frees it: everything lands in bucket 0.
+    bind_simulated_cpu(0);
+    let all: Vec<_> = (0..1024).map(|_| a.alloc_page().unwrap()).collect();
+    for &p in &all {
+        // SAFETY: live pages.
+        unsafe { a.free_page(p).unwrap() };
+    }
+    a.flush_caches();
+    assert_eq!(a.stats().free_per_bucket[1], 0);
+    a.reset_stats();
+    // CPU 8 (bucket 1) allocates: it steals, and fills its cache as it does.
+    bind_simulated_cpu(8);
+    let got: Vec<_> = (0..200).map(|_| a.alloc_page().unwrap()).collect();
+    let s = a.stats();
+    assert!(s.stolen_to_cache > 0, "{s:?}");
+    assert!(s.bucket_lock_total().acquisitions < 40, "{s:?}");
+    assert_eq!(s.stolen + s.cache_hits, 200, "{s:?}");
+    a.check().unwrap();
+    for p in got {
+        // SAFETY: live pages.
+        unsafe { a.free_page(p).unwrap() };
+        assert_eq!(a.frame_info(p).unwrap().bucket, 1);
+    }
+    a.check().unwrap();
+    // NUMA mode never moves a page away from home, so it steals page by page.
+    let t = topo(16, 2, 2);
+    let a = PageAllocator::with_config(
+        &t,
+        Cpus::Simulated,
+        256 * ps,
+        &Config::new().colours(4).numa(true),
+    )
+    .unwrap();
+    bind_simulated_cpu(0);
+    let mine: Vec<_> = (0..128).map(|_| a.alloc_page().unwrap()).collect();
+    let s0 = a.stats();
+    let theirs: Vec<_> = (0..64).map(|_| a.alloc_page().unwrap()).collect();
+    let s = a.stats();
+    assert_eq!(s.stolen_to_cache, 0);
+    assert_eq!(s.stolen - s0.stolen, 64);
+    for p in theirs.iter().chain(&mine) {
+        // SAFETY: live pages.
+        unsafe { a.free_page(*p).unwrap() };
+    }
+    a.check().unwrap();
+}

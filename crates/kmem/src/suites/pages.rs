@@ -24,12 +24,12 @@ use std::hint::black_box;
 use std::ptr::NonNull;
 use std::sync::{Barrier, Mutex};
 
-use kmem_core::{bind_simulated_cpu, Cpus, Topology};
+use kmem_core::{bind_simulated_cpu, Cpus, PageSource, Topology};
 use kmem_pages::{Config, PageAllocator};
 
 use super::{Ctx, Suite};
 use crate::baselines::uvm_old::UvmOld;
-use crate::harness::{interleave, median, Contender};
+use crate::harness::{interleave, median, Contender, Rng};
 use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
 
 /// See the module documentation.
@@ -132,7 +132,8 @@ struct Work {
     cpus: usize,
     /// Pages each "process" allocates, touches and frees.
     batch: usize,
-    /// Every `cross`-th page is freed by the next thread.
+    /// One page in `cross` (chosen at random, so that remote pages do not
+    /// alias with the colour rotation) is freed by another thread.
     cross: usize,
     /// Pages allocated per sample, all threads together.
     pages: usize,
@@ -166,6 +167,7 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
                 let mut out = Vec::new();
                 let mut mail = Vec::new();
                 let mut freed_remote = 0;
+                let mut rng = Rng::new(0x5eed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 let free_all = |mail: &mut Vec<usize>| {
                     for p in mail.drain(..) {
                         // SAFETY: a live page another thread handed over.
@@ -180,8 +182,8 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
                         unsafe { p.as_ptr().cast::<u64>().write_volatile(r as u64) };
                         held.push(p);
                     }
-                    for (k, p) in held.drain(..).enumerate() {
-                        if threads > 1 && k % work.cross == 0 {
+                    for p in held.drain(..) {
+                        if threads > 1 && rng.below(work.cross as u64) == 0 {
                             out.push(p.as_ptr() as usize);
                         } else {
                             // SAFETY: a live page of ours, not used again.
@@ -223,6 +225,27 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
     };
     imp.collect(&mut s);
     s
+}
+
+/// Allocates every page `src` has, writes each, and frees them all, the first
+/// half on a CPU of package 0 and the second on one of package 1 (a free puts
+/// the page in the freeing CPU's bucket or list: this leaves half the pages,
+/// of every colour, in each package).
+fn touch_all(src: &dyn PageSource, cpus: usize) {
+    bind_simulated_cpu(0);
+    let mut all = Vec::new();
+    while let Ok(p) = src.alloc_pages(1, 1) {
+        // SAFETY: a live page.
+        unsafe { p.as_ptr().cast::<u64>().write_volatile(1) };
+        all.push(p);
+    }
+    let half = all.len() / 2;
+    for (k, p) in all.into_iter().enumerate() {
+        bind_simulated_cpu(if k < half { 0 } else { cpus / 2 });
+        // SAFETY: a live page, freed once.
+        unsafe { src.free_pages(p, 1) }.expect("a live page");
+    }
+    bind_simulated_cpu(0);
 }
 
 /// The median of each field over samples.
@@ -269,13 +292,13 @@ impl Suite for PagesSuite {
             cpus,
             batch: 128,
             cross: 4,
-            pages: ctx.scale.pick(16_384, 1 << 18, 1 << 21),
+            pages: ctx.scale.pick(16_384, 1 << 20, 8 << 20),
             pool_cap: 32 * 128,
         };
-        let rounds = ctx.scale.pick(1, 15, 31);
+        let rounds = ctx.scale.pick(1, 9, 15);
         // Room for every thread's batch, the pages in flight between threads
         // and the per-CPU caches, many times over.
-        let bytes = ctx.scale.pick(64usize << 20, 256 << 20, 256 << 20);
+        let bytes = ctx.scale.pick(64usize << 20, 128 << 20, 256 << 20);
         let packages = Topology::uniform(cpus, 2, 1).expect("2 packages of at least one CPU");
         let nodes = Topology::uniform(cpus, 2, 2).expect("2 nodes of at least one CPU");
         let kmem =
@@ -286,7 +309,13 @@ impl Suite for PagesSuite {
         let old = UvmOld::new(&packages, Cpus::Simulated, bytes, kmem.colours(), &[])
             .expect("reserve the baseline's region");
         ctx.progress.set_steps(threads.len() + 1);
-        ctx.progress.step("warm-up (first touch of the frames)");
+        ctx.progress.step("warm-up (every frame touched once)");
+        // A kernel's frames are all backed; a region's are not until first
+        // touched, and a first touch costs a page fault. Touch every frame
+        // once so that no allocator is charged for faults in the samples.
+        for imp in [&kmem as &dyn PageSource, &numa, &old] {
+            touch_all(imp, cpus);
+        }
         let warm = Work {
             pages: work.pages.min(1 << 16),
             ..work
