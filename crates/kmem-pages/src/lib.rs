@@ -34,7 +34,10 @@
 //!   (found in a 64-bit mask of non-empty colours), and while that bucket's
 //!   lock is held the cache is topped up for the colours n will ask for next
 //!   (one page per colour per pass, up to half the cache); then the other
-//!   buckets (stealing); then the next freelist. Freelist beats bucket beats
+//!   buckets (stealing: in package mode the cache is topped up from the
+//!   victim too, its pages joining n's bucket as a free would move them, so
+//!   a CPU whose bucket ran dry takes one remote lock per batch, not per
+//!   page); then the next freelist. Freelist beats bucket beats
 //!   colour. In NUMA mode the CPU's own bucket is tried in every freelist
 //!   before any other bucket. The CPU's next colour becomes the one it got,
 //!   plus one: consecutive allocations rotate through the colours.

@@ -50,6 +50,8 @@ struct Sample {
     cache_contended: f64,
     /// Share of pages actually freed by another thread.
     cross: f64,
+    /// kmem: pages taken from another CPU's bucket, per page allocated.
+    stolen: f64,
 }
 
 /// The two allocators behind one face.
@@ -91,6 +93,7 @@ impl Pages for PageAllocator<'_> {
             st.cache_hits as f64 / tries as f64
         };
         s.cache_contended = st.cache_locks.contended as f64;
+        s.stolen = (st.stolen + st.stolen_to_cache) as f64;
     }
 }
 
@@ -137,9 +140,10 @@ struct Work {
     cross: usize,
     /// Pages allocated per sample, all threads together.
     pages: usize,
-    /// Most pages waiting in a pool for a thread of the other parity: past
-    /// this the sender frees them itself (on 2 cores the other threads may
-    /// all be waiting for a core while one runs many rounds).
+    /// Most pages waiting in a pool for a thread of the other parity, per
+    /// sending thread: past this the sender frees them itself (on 2 shared
+    /// cores the other threads may all be waiting for a core while one runs
+    /// many rounds; a CPU that is not running frees nothing).
     pool_cap: usize,
 }
 
@@ -192,7 +196,7 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
                     }
                     if !out.is_empty() {
                         let mut pool = mine.lock().unwrap();
-                        if pool.len() < work.pool_cap {
+                        if pool.len() < work.pool_cap * threads.div_ceil(2) {
                             pool.append(&mut out);
                         }
                         drop(pool);
@@ -224,6 +228,7 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
         ..Sample::default()
     };
     imp.collect(&mut s);
+    s.stolen /= pages as f64;
     s
 }
 
@@ -261,6 +266,7 @@ fn med(v: &[Sample]) -> Sample {
         cache_hit: m(|s| s.cache_hit),
         cache_contended: m(|s| s.cache_contended),
         cross: m(|s| s.cross),
+        stolen: m(|s| s.stolen),
     }
 }
 
@@ -293,7 +299,7 @@ impl Suite for PagesSuite {
             batch: 128,
             cross: 4,
             pages: ctx.scale.pick(16_384, 1 << 20, 8 << 20),
-            pool_cap: 32 * 128,
+            pool_cap: 4 * 128,
         };
         let rounds = ctx.scale.pick(1, 9, 15);
         // Room for every thread's batch, the pages in flight between threads
@@ -375,6 +381,7 @@ impl Suite for PagesSuite {
             }
             for (imp, s) in [("kmem", k), ("kmem_numa", nu)] {
                 out.measure(&case, imp, "cache_hit_rate", s.cache_hit, "ratio");
+                out.measure(&case, imp, "stolen_share", s.stolen, "ratio");
                 out.measure(
                     &case,
                     imp,
