@@ -7,4 +7,5 @@
 pub mod percpu_area_map;
 pub mod pgalloc;
 pub mod pow2_slab;
+pub mod uvm_old;
 pub mod vmalloc_busy_list;

@@ -9,11 +9,13 @@ use crate::progress::Progress;
 
 mod core;
 mod nta;
-mod quicklist;
+mod pages;
 mod percpu;
+mod quicklist;
 mod vmalloc;
 pub use self::core::CoreSuite;
 pub use self::nta::NtaSuite;
+pub use self::pages::PagesSuite;
 pub use self::percpu::PercpuSuite;
 pub use self::quicklist::QuicklistSuite;
 pub use self::vmalloc::VmallocSuite;
@@ -50,6 +52,7 @@ pub fn all() -> &'static [&'static dyn Suite] {
         &core::CoreSuite,
         &vmalloc::VmallocSuite,
         &percpu::PercpuSuite,
+        &pages::PagesSuite,
         &quicklist::QuicklistSuite,
         &nta::NtaSuite,
     ]
