@@ -4,7 +4,6 @@
 //!   bitmap        Bitmap over caller words: ranges, counts, word-at-a-time searches
 //!   list          intrusive doubly linked list, container_of!
 //!   lock          Lock<T>: a lock_api mutex that counts acquisitions, contention, wait
-//!   spin_lock     SpinLock<T>: the same counts, a store to release (per-CPU data)
 //!   topology      Topology (CPUs, packages, nodes) and Cpus (real, simulated, fixed)
 //!   page_source   PageSource trait, FixedSource (caller buffer), RegionSource (std)
 //!   stats         LockStats, Counter, CachePadded
@@ -29,7 +28,6 @@ pub mod error;
 pub mod list;
 pub mod lock;
 pub mod page_source;
-pub mod spin_lock;
 pub mod stats;
 pub mod sync;
 pub mod topology;
@@ -41,7 +39,6 @@ pub use lock::{Lock, LockGuard, RawCountingLock};
 #[cfg(feature = "std")]
 pub use page_source::RegionSource;
 pub use page_source::{FixedSource, PageSource};
-pub use spin_lock::{SpinLock, SpinLockGuard};
 pub use stats::{CachePadded, Counter, LockStats};
 #[cfg(feature = "std")]
 pub use topology::{bind_simulated_cpu, simulated_cpu_binding};

@@ -7,9 +7,7 @@ use core::fmt;
 use core::ptr::NonNull;
 
 use kmem_core::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use kmem_core::{
-    CachePadded, Counter, Cpus, Error, Lock, LockGuard, Result, SpinLock, SpinLockGuard,
-};
+use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, LockGuard, Result};
 
 use crate::build::{Backing, Params};
 use crate::cache::{CpuCache, SLOT_ZERO};
@@ -98,7 +96,7 @@ impl BucketState {
 /// What each CPU owns, on its own cache lines.
 pub(crate) struct PerCpu {
     /// A spin lock: its CPU takes it on every operation, others almost never.
-    pub(crate) cache: SpinLock<CpuCache>,
+    pub(crate) cache: Lock<CpuCache>,
     /// Pages in the cache (written under the lock, read by anyone).
     pub(crate) cached: AtomicUsize,
     /// The colour the next allocation on this CPU tries first.
@@ -359,7 +357,7 @@ impl<'a> PageAllocator<'a> {
     fn alloc_slow(
         &self,
         pc: &PerCpu,
-        mut g: Option<SpinLockGuard<'_, CpuCache>>,
+        mut g: Option<LockGuard<'_, CpuCache>>,
         order: Order,
         colour: usize,
         zero: bool,

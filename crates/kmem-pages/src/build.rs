@@ -6,7 +6,7 @@ use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 use kmem_core::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, SpinLock, Topology};
+use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, Topology};
 
 use crate::alloc::{BucketState, PageAllocator, PerCpu, MAX_FRAMES};
 use crate::cache::CpuCache;
@@ -434,7 +434,7 @@ impl<'a> PageAllocator<'a> {
                 let slots =
                     NonNull::new_unchecked(slots_ptr.add(cpu * l.slots_per_cpu).cast::<u32>());
                 pcpu_ptr.add(cpu).write(CachePadded(PerCpu {
-                    cache: SpinLock::new(CpuCache {
+                    cache: Lock::new(CpuCache {
                         enabled: p.cache_on,
                         slots,
                     }),
