@@ -107,7 +107,10 @@ impl Params {
             CacheMode::On => true,
             CacheMode::Off => false,
         };
-        let budget = (config.cache_bytes / page_size).max(2);
+        let budget = match config.cache_bytes {
+            Some(bytes) => (bytes / page_size).max(2),
+            None => crate::config::CACHE_PAGES_PER_COLOUR * ncolours,
+        };
         let depth = budget.div_ceil(ncolours).clamp(2, MAX_DEPTH);
         Ok(Params {
             page_size,

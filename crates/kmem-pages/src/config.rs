@@ -19,21 +19,25 @@ pub enum CacheMode {
 }
 
 /// Construction parameters. `Config::default()` is the seed's setup: colours
-/// from the L2 cache, about 224 KiB of cached pages per CPU, NUMA mode off,
-/// one freelist.
+/// from the L2 cache, a per-CPU cache of [`CACHE_PAGES_PER_COLOUR`] pages per
+/// colour (NetBSD's `MAXPGS`: 224 KiB with the 8 colours of the seed's Intel
+/// system), NUMA mode off, one freelist.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub(crate) colours: Option<usize>,
     pub(crate) numa: bool,
     pub(crate) cache: CacheMode,
-    pub(crate) cache_bytes: usize,
+    pub(crate) cache_bytes: Option<usize>,
     pub(crate) limits: [usize; MAX_FREELISTS - 1],
     pub(crate) nlimits: usize,
     pub(crate) zeroed: Option<bool>,
 }
 
-/// The seed's per-CPU cache: 8 colours of 7 pages of 4 KiB on a 2019 Intel system.
-pub const DEFAULT_CACHE_BYTES: usize = 224 << 10;
+/// Pages the per-CPU cache keeps per colour and freelist by default: NetBSD's
+/// `MAXPGS`. With the 8 colours of the seed's 2019 Intel system that is the
+/// seed's "about 224 kB"; the total grows with the colour count (896 KiB with
+/// the 32 colours of a 2 MiB 16-way L2), as NetBSD's does.
+pub const CACHE_PAGES_PER_COLOUR: usize = 7;
 
 impl Default for Config {
     fn default() -> Config {
@@ -41,7 +45,7 @@ impl Default for Config {
             colours: None,
             numa: false,
             cache: CacheMode::Auto,
-            cache_bytes: DEFAULT_CACHE_BYTES,
+            cache_bytes: None,
             limits: [0; MAX_FREELISTS - 1],
             nlimits: 0,
             zeroed: None,
@@ -78,11 +82,11 @@ impl Config {
         self
     }
 
-    /// Bytes of pages each CPU's cache may hold per freelist (default
-    /// [`DEFAULT_CACHE_BYTES`]). It is split evenly among the colours, with at
-    /// least two pages per colour.
+    /// Bytes of pages each CPU's cache may hold per freelist (default:
+    /// [`CACHE_PAGES_PER_COLOUR`] pages per colour). It is split evenly among
+    /// the colours, with at least two pages per colour.
     pub fn cache_bytes(mut self, bytes: usize) -> Config {
-        self.cache_bytes = bytes;
+        self.cache_bytes = Some(bytes);
         self
     }
 

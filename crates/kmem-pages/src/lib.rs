@@ -94,8 +94,9 @@
 //! Frames and runs are counted in pages of [`PageAllocator::page_size`];
 //! alignments are in pages and apply to addresses; colours are page numbers
 //! (address / page size) modulo the colour count; a cache's size is in bytes
-//! per CPU and freelist ([`Config::cache_bytes`], 224 KiB by default as in
-//! the seed), split evenly over the colours, at least 2 pages a colour.
+//! per CPU and freelist ([`Config::cache_bytes`]; by default NetBSD's 7 pages
+//! per colour, which is the seed's 224 KiB with 8 colours), split evenly over
+//! the colours, at least 2 pages a colour.
 
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
@@ -113,7 +114,7 @@ mod source;
 mod stats;
 
 pub use alloc::PageAllocator;
-pub use config::{CacheMode, Config, Flags, Strategy, DEFAULT_CACHE_BYTES};
+pub use config::{CacheMode, Config, Flags, Strategy, CACHE_PAGES_PER_COLOUR};
 pub use frame::{FrameInfo, FrameState};
 pub use kmem_core::PageSource;
 pub use stats::Stats;

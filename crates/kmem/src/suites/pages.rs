@@ -10,7 +10,7 @@
 //! has 2 cores: contention there comes from threads that share the 2 cores,
 //! and is counted by the same `kmem_core::Lock` in both allocators.
 //!
-//! - `kmem`: kmem-pages, package mode (2 buckets), per-CPU caches of 224 KiB.
+//! - `kmem`: kmem-pages, package mode (2 buckets), per-CPU caches of 7 pages per colour (NetBSD's MAXPGS).
 //! - `kmem_numa`: kmem-pages in NUMA mode on 16 CPUs in 2 NUMA nodes.
 //! - `baseline`: the old UVM allocator (`baselines::uvm_old`): one lock over
 //!   freelist -> colour -> queue, global plus hoarding per-CPU lists.
