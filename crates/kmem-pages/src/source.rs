@@ -77,4 +77,8 @@ unsafe impl PageSource for PageAllocator<'_> {
     fn total_page_count(&self) -> Option<usize> {
         Some(self.p.npages)
     }
+
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        Some((NonNull::new(self.base as *mut u8)?, self.p.npages))
+    }
 }

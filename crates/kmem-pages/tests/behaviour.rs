@@ -957,3 +957,31 @@ fn a_dry_bucket_steals_in_batches_in_package_mode() {
     }
     a.check().unwrap();
 }
+
+/// The span a PageSource reports covers every page and run it hands out,
+/// and nothing else: the frames of the region.
+#[test]
+fn span_covers_every_page_handed_out() {
+    bind_simulated_cpu(0);
+    let a = PageAllocator::new(&topo(2, 1, 1), Cpus::Simulated, 2 << 20).unwrap();
+    let (base, pages) = a.span().expect("kmem-pages is one contiguous range");
+    assert_eq!(pages, a.total_page_count().unwrap());
+    let (lo, hi) = (base.as_ptr() as usize, base.as_ptr() as usize + pages * page());
+    let mut held = Vec::new();
+    while let Ok(p) = a.alloc_pages(1, 1) {
+        let x = p.as_ptr() as usize;
+        assert!(x >= lo && x + page() <= hi);
+        held.push(p);
+    }
+    assert_eq!(held.len(), pages);
+    for p in held {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_pages(p, 1).unwrap() };
+    }
+    let r = a.alloc_pages(8, 8).unwrap();
+    let x = r.as_ptr() as usize;
+    assert!(x >= lo && x + 8 * page() <= hi);
+    // SAFETY: the live run.
+    unsafe { a.free_pages(r, 8).unwrap() };
+    a.check().unwrap();
+}
