@@ -966,7 +966,10 @@ fn span_covers_every_page_handed_out() {
     let a = PageAllocator::new(&topo(2, 1, 1), Cpus::Simulated, 2 << 20).unwrap();
     let (base, pages) = a.span().expect("kmem-pages is one contiguous range");
     assert_eq!(pages, a.total_page_count().unwrap());
-    let (lo, hi) = (base.as_ptr() as usize, base.as_ptr() as usize + pages * page());
+    let (lo, hi) = (
+        base.as_ptr() as usize,
+        base.as_ptr() as usize + pages * page(),
+    );
     let mut held = Vec::new();
     while let Ok(p) = a.alloc_pages(1, 1) {
         let x = p.as_ptr() as usize;

@@ -32,6 +32,7 @@ use std::hint::black_box;
 use std::ptr::NonNull;
 
 use kmem_core::{bind_simulated_cpu, Cpus, PageSource, RegionSource, Topology};
+use kmem_pages::PageAllocator;
 use kmem_quicklist::{Config, PageRef, Policy, Quicklists};
 
 use super::{Ctx, Suite};
@@ -43,14 +44,32 @@ use crate::svg;
 /// See the module documentation.
 pub struct QuicklistSuite;
 
-/// The page allocator under both tables: any [`PageSource`] that reports its
-/// span and its free pages. One place to change it.
-type SuiteSource = RegionSource;
+/// The page allocator under both tables: kmem-pages, the project's default
+/// [`PageSource`] (it reports its span and its free pages, which quicklists
+/// need). One place to change it.
+type SuiteSource = PageAllocator<'static>;
 
-/// A source of `pages` pages of this machine's size, every page touched once
-/// (so that no measurement pays for the kernel's first-touch fault) and
-/// handed back.
-fn suite_source(pages: usize) -> SuiteSource {
+/// A page allocator of `pages` pages of this machine's size on `topo`, every
+/// page touched once (so that no measurement pays for the kernel's
+/// first-touch fault) and handed back.
+fn suite_source(pages: usize, topo: &Topology, cpus: Cpus) -> SuiteSource {
+    let page = kmem_sys::page_size();
+    let src = PageAllocator::new(topo, cpus, pages * page).expect("reserve the suite's memory");
+    let all = src.alloc_pages(pages, 1).expect("the whole region");
+    // SAFETY: the run just allocated, `pages` pages long; then given back.
+    unsafe {
+        for i in 0..pages {
+            all.as_ptr().add(i * page).write_bytes(0x55, page);
+        }
+        src.free_pages(all, pages).expect("free the whole region");
+    }
+    src
+}
+
+/// A region of `pages` pages handed out next-fit (kmem-core's RegionSource,
+/// never purged), every page touched once and handed back: successive
+/// allocations walk the whole region, so the pages they get are cold.
+fn cold_region(pages: usize) -> RegionSource {
     let page = kmem_sys::page_size();
     let src = RegionSource::with_purge_threshold(pages * page, usize::MAX)
         .expect("reserve the suite's memory");
@@ -304,21 +323,27 @@ fn use_pages(pages: &[NonNull<u8>; K], it: usize, work: Option<&mut [u64]>) {
 
 /// One row of the cost table: medians of interleaved samples.
 struct CostRow {
-    case: &'static str,
+    case: String,
+    source: &'static str,
     kind: Kind,
     direct_ns: f64,
     quick_ns: f64,
 }
 
-fn cost_table(ctx: &Ctx<'_>, out: &mut SuiteOutput) -> Vec<CostRow> {
-    // A region larger than the core's L2, so that the page allocator's
-    // next-fit walk hands out pages that are not hot in the cache.
-    let src = suite_source(ctx.scale.pick(4096, 16384, 65536));
-    let template = KernelTemplate::new();
-    let pgds = PgdList::new(&src).expect("the region has a span");
-    let direct = DirectPgtables::new(&src, &template, &pgds);
+/// The cost table over one page source. `suffix` names the source in the
+/// case names ("" for the default, kmem-pages).
+fn cost_table<P: PageSource>(
+    ctx: &Ctx<'_>,
+    out: &mut SuiteOutput,
+    src: &P,
+    source: &'static str,
+    suffix: &str,
+) -> Vec<CostRow> {
     let topo = Topology::from_system();
-    let quick = QuickPgtables::new(&src, &template, &pgds, &topo, Cpus::Real);
+    let template = KernelTemplate::new();
+    let pgds = PgdList::new(src).expect("the source has a span");
+    let direct = DirectPgtables::new(src, &template, &pgds);
+    let quick = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real);
 
     let rounds = ctx.scale.pick(3, 15, 31);
     let iters_hot = ctx.scale.pick(200, 5000, 20000);
@@ -335,7 +360,8 @@ fn cost_table(ctx: &Ctx<'_>, out: &mut SuiteOutput) -> Vec<CostRow> {
         ("pte_process_runs", Kind::Pte, true),
         ("pgd_process_runs", Kind::Pgd, true),
     ] {
-        ctx.progress.step(case);
+        let case = format!("{case}{suffix}");
+        ctx.progress.step(&case);
         let sample = |pt: &dyn Pgtables| {
             if with_work {
                 cost_sample(pt, kind, iters_work, &mut work.borrow_mut(), tm)
@@ -349,11 +375,12 @@ fn cost_table(ctx: &Ctx<'_>, out: &mut SuiteOutput) -> Vec<CostRow> {
         ];
         let med = interleave(rounds, &mut cs);
         let (d, q) = (med[0].1, med[1].1);
-        out.measure(case, "direct", "ns_per_alloc_free", d, "ns");
-        out.measure(case, "quicklist", "ns_per_alloc_free", q, "ns");
-        out.measure(case, "quicklist", "speedup_vs_direct", d / q, "x");
+        out.measure(&case, "direct", "ns_per_alloc_free", d, "ns");
+        out.measure(&case, "quicklist", "ns_per_alloc_free", q, "ns");
+        out.measure(&case, "quicklist", "speedup_vs_direct", d / q, "x");
         rows.push(CostRow {
             case,
+            source,
             kind,
             direct_ns: d,
             quick_ns: q,
@@ -361,7 +388,7 @@ fn cost_table(ctx: &Ctx<'_>, out: &mut SuiteOutput) -> Vec<CostRow> {
     }
     let s = quick.ql.stats();
     out.notes.push(format!(
-        "cost table: {} hits and {} misses on the quicklists ({} pgd constructions); \
+        "cost table over {source}: {} hits and {} misses on the quicklists ({} pgd constructions); \
          {} pgds on the pgd list at the end (the ones cached on the lists)",
         s.hits,
         s.misses,
@@ -526,8 +553,8 @@ const PATIENCE: usize = 3;
 
 fn fork_and_migrate(cpus: usize, policy: Policy, pages: usize) -> MemRow {
     let page = kmem_sys::page_size();
-    let src = suite_source(pages);
     let topo = Topology::single(cpus).expect("a topology of 2..=16 CPUs");
+    let src = suite_source(pages, &topo, Cpus::Simulated);
     let sim = ForkSim {
         ql: Quicklists::new(&src, &topo, Cpus::Simulated, Config::with_policy(policy))
             .expect("quicklists over the node"),
@@ -610,10 +637,21 @@ impl Suite for QuicklistSuite {
             )],
             None => SEED_SHARES.iter().map(|&(n, s)| (n, Some(s))).collect(),
         };
-        ctx.progress.set_steps(4 + 2 * cpu_counts.len());
+        ctx.progress.set_steps(8 + 2 * cpu_counts.len());
         publish(&mut out);
 
-        let rows = cost_table(ctx, &mut out);
+        // Over kmem-pages, the default source: its per-CPU cache hands back
+        // the page just freed, still hot, so zeroing it without quicklists is
+        // cheap. Over a cold region: a next-fit walk of a region larger than
+        // L2, so the page allocator hands out pages that are not in the cache,
+        // as a kernel's freed page-table pages usually are not; that is the
+        // cost the seed's quicklists save (2 cache lines touched, not 32).
+        let topo = Topology::from_system();
+        let pages_src = suite_source(ctx.scale.pick(4096, 16384, 65536), &topo, Cpus::Real);
+        let mut rows = cost_table(ctx, &mut out, &pages_src, "kmem-pages", "");
+        drop(pages_src);
+        let cold = cold_region(ctx.scale.pick(4096, 16384, 65536));
+        rows.extend(cost_table(ctx, &mut out, &cold, "cold region", "/cold"));
         let seed_cost = |k: Kind| match k {
             Kind::Pte => (2700.0, 1300.0),
             Kind::Pgd => (4000.0, 150.0),
@@ -622,6 +660,7 @@ impl Suite for QuicklistSuite {
             "Page-table pages: average alloc+free, ns per page (median of interleaved rounds) beside the seed's",
             &[
                 "case",
+                "page source",
                 "without quicklists",
                 "with quicklists",
                 "speedup",
@@ -633,7 +672,8 @@ impl Suite for QuicklistSuite {
         for r in &rows {
             let (sb, sa) = seed_cost(r.kind);
             t.row(vec![
-                r.case.into(),
+                r.case.clone(),
+                r.source.into(),
                 fmt_num(r.direct_ns),
                 fmt_num(r.quick_ns),
                 fmt_ratio(r.direct_ns / r.quick_ns),
@@ -649,8 +689,10 @@ impl Suite for QuicklistSuite {
              `_process_runs`: the process sweeps 4 MiB (the core's L2) between fork and exit, \
              so every call meets cold caches and TLB (only the calls timed, the TSC read's own \
              cost subtracted). The seed's figures are averages of TSC-timed calls under a \
-             kernel compile on a 2007 x86-64; the page allocator here is the suite's page \
-             source, walking a region larger than L2 next-fit."
+             kernel compile on a 2007 x86-64. Rows without a suffix run over kmem-pages \
+             (its per-CPU cache returns the page just freed, hot); `/cold` rows over a \
+             region larger than L2 walked next-fit (cold pages, as a kernel's page-table \
+             pages usually are)."
                 .into(),
         );
 
