@@ -667,8 +667,11 @@ mod tests {
                     out.value(&case, imp, "ops_per_s").unwrap() > 0.0,
                     "{case} {imp}"
                 );
+                // kmem may take no bucket lock at all when its per-CPU cache
+                // holds the whole working set (one thread at smoke scale).
                 assert!(
-                    out.value(&case, imp, "lock_acquisitions").unwrap() > 0.0,
+                    out.value(&case, imp, "lock_acquisitions").unwrap() > 0.0
+                        || (imp != "baseline" && n == 1),
                     "{case} {imp}"
                 );
                 assert!(out.value(&case, imp, "lock_contended").is_some());
