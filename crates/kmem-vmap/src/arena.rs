@@ -96,7 +96,59 @@ pub struct VmapArena<P: PageSource> {
     /// them finds its node without descending the busy tree. Every non-null
     /// slot holds a node of the busy tree whose start hashes to that slot.
     recent: [NodePtr; RECENT],
+    /// What the last allocation proved about the space below it.
+    hint: Hint,
     pool: Pool<P>,
+}
+
+/// The last allocation's proof, as the old vmalloc's `free_vmap_cache` and
+/// `cached_hole_size` were a guess: it returned the lowest fit `x` for
+/// (`size`, `align`) in `[lo, hi)`, so no start below `x` works for that
+/// request, and none in `[x, x + size)` works any more (that is busy now).
+/// A later request of at least `size`, aligned to a multiple of `align`,
+/// inside `[lo, hi)`, would also fit at any start that works for it, so it
+/// too has none below `floor = x + size`: its search starts there. The proof
+/// holds while free space only shrinks; anything that adds free space
+/// ([`VmapArena::free`], a purge) drops the hint. Allocation stays exact:
+/// the answer is still the lowest-address fit.
+///
+/// It matters when requests repeat or grow while freed areas wait on the
+/// lazy list (the vmalloc test module's loops): the search then starts past
+/// the area just allocated instead of walking again over holes that cannot
+/// serve, which is what the busy-list allocator's cache did well.
+#[derive(Clone, Copy, Debug)]
+struct Hint {
+    floor: u64,
+    size: u64,
+    /// 0: no hint.
+    align: u64,
+    lo: u64,
+    hi: u64,
+}
+
+impl Hint {
+    const NONE: Hint = Hint {
+        floor: 0,
+        size: 0,
+        align: 0,
+        lo: 0,
+        hi: 0,
+    };
+
+    /// Where the search for (`size`, `align`) in `[lo, hi)` may start.
+    #[inline(always)]
+    fn start_for(&self, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
+        if self.align != 0
+            && size >= self.size
+            && align >= self.align
+            && lo >= self.lo
+            && hi <= self.hi
+        {
+            lo.max(self.floor)
+        } else {
+            lo
+        }
+    }
 }
 
 /// Slots of the recent-allocation cache (a power of two).
@@ -271,6 +323,7 @@ impl<P: PageSource> VmapArena<P> {
             lazy_max,
             purges: 0,
             recent: [NodePtr::NULL; RECENT],
+            hint: Hint::NONE,
             pool: Pool::new(source),
         };
         a.pool.reserve(3)?;
@@ -323,10 +376,30 @@ impl<P: PageSource> VmapArena<P> {
         // The preload: a node for the busy area and one for an NE split's
         // left remainder, so nothing below can fail half way.
         self.pool.reserve(2)?;
-        match self.find_fit(size, align - 1, lo, hi) {
-            Some((n, x)) => Ok(self.take(n, x, size)),
+        let from = self.hint.start_for(size, align, lo, hi);
+        let found = if from < hi && hi - from >= size {
+            self.find_fit(size, align - 1, from, hi)
+        } else {
+            None
+        };
+        match found {
+            Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
             None => self.alloc_slow(size, align, lo, hi),
         }
+    }
+
+    /// Takes the fit and records what it proves for the next search.
+    #[inline(always)]
+    fn take_hinted(&mut self, n: NodePtr, x: u64, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
+        let x = self.take(n, x, size);
+        self.hint = Hint {
+            floor: x + size,
+            size,
+            align,
+            lo,
+            hi,
+        };
+        x
     }
 
     #[cold]
@@ -336,13 +409,24 @@ impl<P: PageSource> VmapArena<P> {
         let impossible = lo
             .checked_next_multiple_of(align)
             .is_none_or(|x| x > hi || hi - x < size);
-        if impossible || self.lazy.root.is_null() {
+        if impossible {
             return Err(Error::OutOfMemory { size });
         }
+        if self.lazy.root.is_null() {
+            // Nothing to purge. The hinted search skipped only what cannot
+            // fit, so no fit exists; say so only after an unhinted search, so
+            // that the answer never rests on the hint alone.
+            self.hint = Hint::NONE;
+            return match self.find_fit(size, align - 1, lo, hi) {
+                Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
+                None => Err(Error::OutOfMemory { size }),
+            };
+        }
         // As Linux: a failing allocation purges the lazy areas and retries.
+        // The purge drops the hint, so the retry searches all of [lo, hi).
         self.purge();
         match self.find_fit(size, align - 1, lo, hi) {
-            Some((n, x)) => Ok(self.take(n, x, size)),
+            Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
             None => Err(Error::OutOfMemory { size }),
         }
     }
@@ -573,6 +657,7 @@ impl<P: PageSource> VmapArena<P> {
 
     #[inline(always)]
     fn insert_free(&mut self, n: NodePtr) {
+        self.hint = Hint::NONE;
         self.free_bytes += n.size();
         match merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n) {
             Merged::Inserted => self.free_blocks += 1,
@@ -642,6 +727,7 @@ impl<P: PageSource> VmapArena<P> {
     /// Merges the threaded, address-ordered `lazy` list into the free blocks
     /// and rebuilds the free tree from the merged sequence.
     fn rebuild_free(&mut self, lazy: NodePtr) {
+        self.hint = Hint::NONE;
         let mut a = thread_in_order(&self.free);
         let mut b = lazy;
         self.free = Tree::new();

@@ -63,6 +63,20 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Repeated and growing requests between lazy frees, with rare plain frees
+/// and narrower ranges: the conditions under which a search starts from the
+/// previous allocation's hint, and the events that must drop it.
+fn churn_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (1u64..6, 0u32..6).prop_map(|(size, shift)| Op::Alloc { size, shift }),
+        2 => (1u64..6, 0u32..6, 0u64..LEN, 1u64..LEN)
+            .prop_map(|(size, shift, lo, len)| Op::AllocIn { size, shift, lo, len }),
+        1 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        6 => any::<usize>().prop_map(|pick| Op::FreeLazy { pick }),
+        1 => Just(Op::Purge),
+    ]
+}
+
 #[derive(Default)]
 struct Model {
     busy: BTreeMap<u64, u64>,
@@ -251,6 +265,11 @@ proptest! {
 
     #[test]
     fn matches_the_model(ops in proptest::collection::vec(op(), 1..300)) {
+        run(ops)?;
+    }
+
+    #[test]
+    fn matches_the_model_under_lazy_churn(ops in proptest::collection::vec(churn_op(), 1..400)) {
         run(ops)?;
     }
 }
