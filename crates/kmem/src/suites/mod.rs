@@ -8,7 +8,11 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod malloc;
+mod webserver;
 pub use self::core::CoreSuite;
+pub use malloc::MallocSuite;
+pub use webserver::WebserverSuite;
 
 /// How a suite is asked to run.
 pub struct Ctx<'a> {
@@ -38,7 +42,11 @@ pub trait Suite: Sync {
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
-    &[&core::CoreSuite]
+    &[
+        &core::CoreSuite,
+        &malloc::MallocSuite,
+        &webserver::WebserverSuite,
+    ]
 }
 
 /// The suite of that name.
