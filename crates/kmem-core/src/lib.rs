@@ -14,7 +14,7 @@
 //! The crate allocates nothing: every structure lives in memory the caller
 //! provides, so it runs in kernels and firmware. The `std` feature (default)
 //! adds what needs the operating system through kmem-sys: the real CPU id and
-//! topology, wait-time accounting in locks, parking instead of spinning, and a
+//! topology, wait-time accounting in locks, yielding instead of spinning, and a
 //! page source over reserved address space.
 
 #![cfg_attr(not(feature = "std"), no_std)]

@@ -73,6 +73,14 @@ pub unsafe trait PageSource: Send + Sync {
     fn total_page_count(&self) -> Option<usize> {
         None
     }
+
+    /// The address range every run of this source lies in, as its first page
+    /// and a number of pages, if the source is one contiguous range. Clients
+    /// use it to keep per-page records (quicklists record which pages they
+    /// handed out, to refuse foreign pages and double frees).
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        None
+    }
 }
 
 // SAFETY: forwards to a PageSource, which keeps the promises.
@@ -99,6 +107,9 @@ unsafe impl<P: PageSource + ?Sized> PageSource for &P {
     }
     fn total_page_count(&self) -> Option<usize> {
         (**self).total_page_count()
+    }
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        (**self).span()
     }
 }
 
@@ -127,6 +138,9 @@ unsafe impl<P: PageSource + ?Sized> PageSource for std::sync::Arc<P> {
     }
     fn total_page_count(&self) -> Option<usize> {
         (**self).total_page_count()
+    }
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        (**self).span()
     }
 }
 
@@ -196,6 +210,17 @@ impl RunMap {
             } else {
                 Error::DoubleFree { addr }
             });
+        }
+        // The common case, bounded to the run: [i, i + n) all used, no run
+        // starting inside it, and the run not continuing past it. (Unbounded
+        // searches cost O(pages) per free on a large, mostly free region.)
+        let end = i.saturating_add(n);
+        if end <= self.pages
+            && used.is_set(i, n)
+            && start.find_next_bit_before(i + 1, end).is_none()
+            && (end == self.pages || !used.test(end) || start.test(end))
+        {
+            return Ok(());
         }
         let run_end = used.find_next_zero_bit(i).unwrap_or(self.pages);
         let next_start = start.find_next_bit(i + 1).unwrap_or(self.pages);
@@ -502,6 +527,10 @@ unsafe impl PageSource for FixedSource<'_> {
     fn total_page_count(&self) -> Option<usize> {
         Some(self.runs.pages)
     }
+
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        NonNull::new(self.runs.base as *mut u8).map(|b| (b, self.runs.pages))
+    }
 }
 
 #[cfg(feature = "std")]
@@ -662,6 +691,10 @@ mod region_source {
         fn total_page_count(&self) -> Option<usize> {
             Some(self.runs.pages)
         }
+
+        fn span(&self) -> Option<(NonNull<u8>, usize)> {
+            NonNull::new(self.runs.base as *mut u8).map(|b| (b, self.runs.pages))
+        }
     }
 }
 
@@ -690,6 +723,12 @@ mod tests {
         let b = src.alloc_pages(4, 4).unwrap();
         assert_eq!(b.as_ptr() as usize % (4 * 4096), 0);
         assert_eq!(src.free_page_count(), Some(total - 7));
+        let (base, span_pages) = src.span().unwrap();
+        assert_eq!(span_pages, total);
+        for p in [a, b] {
+            let off = p.as_ptr() as usize - base.as_ptr() as usize;
+            assert!(off % 4096 == 0 && off / 4096 < total);
+        }
         // SAFETY: `a` is a 3-page run from this source.
         unsafe {
             a.as_ptr().write_bytes(0xee, 3 * 4096);
@@ -774,6 +813,9 @@ mod tests {
         let page = src.page_size();
         let a = src.alloc_pages(32, 16).unwrap();
         assert_eq!(a.as_ptr() as usize % (16 * page), 0);
+        let (base, span_pages) = src.span().unwrap();
+        assert_eq!(span_pages, src.total_page_count().unwrap());
+        assert!(a.as_ptr() as usize >= base.as_ptr() as usize);
         // SAFETY: `a` is a live 32-page run.
         unsafe {
             a.as_ptr().write_bytes(1, 32 * page);

@@ -68,7 +68,11 @@ fn lookup_rseq() -> isize {
     if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         return UNAVAILABLE;
     }
-    if std::env::var_os("KMEM_NO_RSEQ").is_some() {
+    // libc's getenv, not std::env: this runs inside allocators (the first
+    // current_cpu() of a global allocator or of malloc), where std::env's
+    // OsString would allocate and re-enter the allocator.
+    // SAFETY: a NUL-terminated name; getenv only reads the environment.
+    if !unsafe { libc::getenv(c"KMEM_NO_RSEQ".as_ptr()) }.is_null() {
         return UNAVAILABLE;
     }
     // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names only looks symbols up.
@@ -117,6 +121,99 @@ pub fn rseq_cpu_id() -> Option<u32> {
     {
         let _ = CPU_ID_FIELD;
         None
+    }
+}
+
+/// Offset of `rseq_cs` inside `struct rseq` (after `cpu_id_start`, `cpu_id`).
+#[cfg(target_arch = "x86_64")]
+const RSEQ_CS_FIELD: usize = 8;
+
+/// Adds `n` to the calling CPU's counter slot, `*(base + cpu * stride) += n`,
+/// as a restartable sequence: a plain `add` (no `lock` prefix) that the
+/// kernel restarts if the thread is preempted, migrated or signalled before
+/// it completes. This is Linux's `this_cpu_add` in user space: the slot of a
+/// CPU is only ever written by the thread running on that CPU, one whole
+/// instruction at a time, so no update is lost and none needs a bus lock.
+///
+/// Returns false, having added nothing, when it cannot: the thread has no
+/// rseq area (see [`rseq_cpu_id`]), its CPU is not below `units`, or the
+/// architecture is not x86-64. The caller then adds some other way, but
+/// never to these slots (a locked add racing with the plain one could be lost).
+///
+/// # Safety
+/// For every `cpu < units`, `base + cpu * stride` must be a valid, 8-aligned
+/// `u64` that nothing writes except this function (reads, atomic or not, may
+/// run concurrently: an aligned 8-byte store is single-copy atomic on x86-64).
+#[inline]
+pub unsafe fn rseq_percpu_add(base: *mut u8, stride: usize, units: usize, n: u64) -> bool {
+    let mut off = RSEQ_OFFSET.load(Ordering::Relaxed);
+    if off == UNRESOLVED {
+        off = resolve_rseq();
+    }
+    if off == UNAVAILABLE || units == 0 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let rseq = thread_pointer().wrapping_add_signed(off);
+        let units = units.min(u32::MAX as usize) as u32;
+        let done: u64;
+        // SAFETY: `rseq` is the calling thread's registered `struct rseq`
+        // (glibc reported its offset), so storing a descriptor address in its
+        // `rseq_cs` field is the documented way to enter a critical section.
+        // The descriptor (version 0, flags 0, start, length, abort) lives in
+        // the `__rseq_cs` section, 32-byte aligned as the ABI requires, and
+        // the abort label is preceded by glibc's x86-64 RSEQ_SIG. The section
+        // reads cpu_id, leaves for label 70 when it is not below `units`
+        // (that includes a negative, unregistered id), and commits with one
+        // `add` to the slot, valid by the caller's contract. The kernel clears
+        // `rseq_cs` when it aborts a section, so the abort handler jumps back
+        // to before the store that arms it (label 65), re-arms, and reads
+        // cpu_id again.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "66:",
+                ".long 0, 0",
+                ".quad 67f, (68f - 67f), 69f",
+                ".popsection",
+                "65:",
+                "lea {tmp}, [rip + 66b]",
+                "mov qword ptr [{rseq} + {cs}], {tmp}",
+                "67:",
+                "mov {cpu:e}, dword ptr [{rseq} + 4]",
+                "cmp {cpu:e}, {units:e}",
+                "jae 70f",
+                "imul {cpu}, {stride}",
+                "add qword ptr [{base} + {cpu}], {n}",
+                "68:",
+                "mov {done:e}, 1",
+                "jmp 71f",
+                ".long 0x53053053",
+                "69:",
+                "jmp 65b",
+                "70:",
+                "xor {done:e}, {done:e}",
+                "71:",
+                rseq = in(reg) rseq,
+                cs = const RSEQ_CS_FIELD,
+                units = in(reg) units,
+                stride = in(reg) stride,
+                base = in(reg) base,
+                n = in(reg) n,
+                tmp = out(reg) _,
+                cpu = out(reg) _,
+                done = out(reg) done,
+                options(nostack),
+            );
+        }
+        done != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (base, stride, n);
+        false
     }
 }
 
@@ -212,6 +309,51 @@ mod tests {
             assert_eq!(getcpu_syscall(), sched_getcpu());
         }
         assert_eq!(cpu_id_method(), CpuIdMethod::Rseq);
+    }
+
+    /// Threads add to per-CPU slots through rseq while migrating freely;
+    /// every add lands exactly once.
+    #[test]
+    fn rseq_percpu_add_counts_every_add() {
+        let units = 4096;
+        let stride = 64;
+        let slots: Vec<std::sync::atomic::AtomicU64> = (0..units * stride / 8)
+            .map(|_| Default::default())
+            .collect();
+        let base = slots.as_ptr() as usize;
+        // SAFETY: `units` slots of 8 aligned bytes at `stride`, written only here.
+        if !unsafe { rseq_percpu_add(base as *mut u8, stride, units, 0) } {
+            eprintln!("no rseq per-CPU add on this system");
+            return;
+        }
+        let per = 200_000u64;
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut fallback = 0;
+                    for i in 0..per {
+                        if i % 50_000 == 0 {
+                            // Hop between CPUs to exercise migration.
+                            pin_to_cpu((t + (i / 50_000) as usize) % online_cpus());
+                        }
+                        // SAFETY: as above.
+                        if !unsafe { rseq_percpu_add(base as *mut u8, stride, units, 1) } {
+                            fallback += 1;
+                        }
+                    }
+                    fallback
+                })
+            })
+            .collect();
+        let fallback: u64 = threads.into_iter().map(|h| h.join().unwrap()).sum();
+        let sum: u64 = (0..units)
+            .map(|c| slots[c * stride / 8].load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(sum + fallback, 4 * per);
+        assert_eq!(fallback, 0);
+        // A CPU id at or above `units` is refused.
+        // SAFETY: no slot is touched when it refuses.
+        assert!(!unsafe { rseq_percpu_add(base as *mut u8, stride, 0, 1) });
     }
 
     #[test]

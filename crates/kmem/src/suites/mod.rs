@@ -9,10 +9,20 @@ use crate::progress::Progress;
 
 mod core;
 mod malloc;
+mod nta;
+mod pages;
+mod percpu;
+mod quicklist;
+mod vmalloc;
 mod webserver;
 pub use self::core::CoreSuite;
-pub use malloc::MallocSuite;
-pub use webserver::WebserverSuite;
+pub use self::malloc::MallocSuite;
+pub use self::nta::NtaSuite;
+pub use self::pages::PagesSuite;
+pub use self::percpu::PercpuSuite;
+pub use self::quicklist::QuicklistSuite;
+pub use self::vmalloc::VmallocSuite;
+pub use self::webserver::WebserverSuite;
 
 /// How a suite is asked to run.
 pub struct Ctx<'a> {
@@ -44,6 +54,11 @@ pub trait Suite: Sync {
 pub fn all() -> &'static [&'static dyn Suite] {
     &[
         &core::CoreSuite,
+        &vmalloc::VmallocSuite,
+        &percpu::PercpuSuite,
+        &pages::PagesSuite,
+        &quicklist::QuicklistSuite,
+        &nta::NtaSuite,
         &malloc::MallocSuite,
         &webserver::WebserverSuite,
     ]

@@ -1,0 +1,630 @@
+//! The Rust global allocator: one static [`Nta`] over lazily reserved address
+//! space, with a per-thread front cache.
+//!
+//! ```text
+//!   #[global_allocator] static A: KmemNta = KmemNta;
+//!
+//!   alloc(size <= 4 KiB)  -> this thread's front cache: pop class k       (no atomics, no lock)
+//!                            empty: one heap lock, carve LIMIT[k]/2 chunks (alloc_batch)
+//!   dealloc(size <= 4 KiB)-> push on class k                              (no atomics, no lock)
+//!                            full: half back: own heap under one lock,
+//!                            others' chunks onto their semi-free lists     (free_batch)
+//!   anything else         -> the Nta: heaps, semi-free lists, page runs
+//!   thread exit           -> the front cache is flushed back
+//! ```
+//!
+//! **Why per thread, not per CPU.** A per-CPU cache without atomics needs a
+//! restartable sequence (the kernel aborts the critical section when the
+//! thread migrates); kmem-sys only reads rseq's `cpu_id`, and a per-CPU cache
+//! behind a lock costs the two atomic operations the cache exists to avoid. A
+//! thread's own cache is correct under migration by construction. The price
+//! is memory parked per thread, bounded here by a count per class and
+//! [`FRONT_BYTES`] in all, and chunks that are allocated in their node's
+//! bitmap while parked, so they neither coalesce nor count as free. That bound
+//! is what keeps the seed's coalescing: at most 1 MiB per thread (32 KiB per
+//! class) sits outside it.
+//!
+//! **Remote frees recycled.** A thread that refills its cache first takes the
+//! frees other CPUs queued on its heap: those of the size it wants, and of any
+//! size its cache has room for, are taken as they are (still allocated in
+//! their node's bitmap, so nothing is split or merged); only the rest are
+//! coalesced. A producer/consumer pair then moves chunks back and forth
+//! without coalescing each one.
+//!
+//! **Source.** [`GlobalSource`] reserves [`GLOBAL_RESERVE`] bytes of address
+//! space on first use ([`LazyRegion`]: a `RegionSource` built in place, never
+//! touching the heap). Switching to kmem-pages means changing that one alias
+//! to a const-constructible page allocator.
+//!
+//! **Never blocks on a heap.** The static runs in steal mode: a busy heap
+//! sends an allocation to another heap and a free to the owner's semi-free
+//! list; the source sits behind a spin-then-yield guard. So no parking lock is
+//! ever waited on inside the allocator, and parking (which may allocate its
+//! own tables) never re-enters it.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::UnsafeCell;
+use core::mem::MaybeUninit;
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use kmem_core::{Cpus, Error, PageSource, RegionSource, Result};
+
+use crate::nta::{bad_free, Config, Nta, Semi, Stats, MAX_HEAPS};
+
+/// Bytes of address space the global allocator reserves (on first use). Only
+/// what is touched costs memory; the source's bitmaps cost 3 bits per page.
+pub const GLOBAL_RESERVE: usize = 16 << 30;
+
+/// A [`PageSource`] that reserves its region on first use, without allocating.
+///
+/// `const`-constructible for statics. Calls into the inner `RegionSource` are
+/// serialised by a spin-then-yield guard, so its own lock is never contended
+/// and never parks.
+pub struct LazyRegion {
+    bytes: usize,
+    state: AtomicU8,
+    guard: AtomicBool,
+    src: UnsafeCell<MaybeUninit<RegionSource>>,
+    /// Freed node-sized runs kept for reuse (under `guard`): the region's
+    /// next-fit search would otherwise hand out fresh, unfaulted pages.
+    cache: UnsafeCell<[usize; RUN_CACHE]>,
+    cached: UnsafeCell<usize>,
+}
+
+/// Node-sized runs a [`LazyRegion`] keeps for reuse (8 MiB of 32 KiB nodes);
+/// other freed runs are given back to the OS at once.
+pub const RUN_CACHE: usize = 256;
+const RUN_PAGES_SHIFT: u32 = 15;
+
+// SAFETY: the inner source is written once before `state` becomes READY
+// (Release) and only read after observing READY (Acquire); RegionSource is Sync.
+unsafe impl Sync for LazyRegion {}
+// SAFETY: as above; moving it moves the (possibly built) RegionSource, which is Send.
+unsafe impl Send for LazyRegion {}
+
+const UNINIT: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+impl LazyRegion {
+    /// A source that will reserve `bytes` (halving down to 64 MiB while the
+    /// reservation fails).
+    pub const fn new(bytes: usize) -> LazyRegion {
+        LazyRegion {
+            bytes,
+            state: AtomicU8::new(UNINIT),
+            guard: AtomicBool::new(false),
+            src: UnsafeCell::new(MaybeUninit::uninit()),
+            cache: UnsafeCell::new([0; RUN_CACHE]),
+            cached: UnsafeCell::new(0),
+        }
+    }
+
+    #[inline]
+    fn get(&self) -> Result<&RegionSource> {
+        if self.state.load(Ordering::Acquire) == READY {
+            // SAFETY: READY is published after the source was written.
+            return Ok(unsafe { (*self.src.get()).assume_init_ref() });
+        }
+        self.init()
+    }
+
+    #[cold]
+    fn init(&self) -> Result<&RegionSource> {
+        let mut round = 0;
+        loop {
+            match self
+                .state
+                .compare_exchange(UNINIT, BUSY, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    let mut bytes = self.bytes;
+                    let made = loop {
+                        match RegionSource::with_purge_threshold(bytes, 1) {
+                            Ok(s) => break Some(s),
+                            Err(_) if bytes > 64 << 20 => bytes /= 2,
+                            Err(_) => break None,
+                        }
+                    };
+                    return match made {
+                        Some(s) => {
+                            // SAFETY: we hold BUSY: nobody else reads or writes src.
+                            unsafe { (*self.src.get()).write(s) };
+                            self.state.store(READY, Ordering::Release);
+                            // SAFETY: just written.
+                            Ok(unsafe { (*self.src.get()).assume_init_ref() })
+                        }
+                        None => {
+                            self.state.store(FAILED, Ordering::Release);
+                            Err(Error::OutOfMemory { size: 0 })
+                        }
+                    };
+                }
+                Err(READY) => {
+                    // SAFETY: READY observed with Acquire.
+                    return Ok(unsafe { (*self.src.get()).assume_init_ref() });
+                }
+                Err(FAILED) => return Err(Error::OutOfMemory { size: 0 }),
+                Err(_) => {
+                    round += 1;
+                    spin_or_yield(round);
+                }
+            }
+        }
+    }
+
+    fn locked<R>(
+        &self,
+        f: impl FnOnce(&RegionSource, &mut [usize; RUN_CACHE], &mut usize) -> Result<R>,
+    ) -> Result<R> {
+        let s = self.get()?;
+        let mut round = 0;
+        while self
+            .guard
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            round += 1;
+            spin_or_yield(round);
+        }
+        // SAFETY: the guard is held: the cache is ours alone.
+        let r = unsafe { f(s, &mut *self.cache.get(), &mut *self.cached.get()) };
+        self.guard.store(false, Ordering::Release);
+        r
+    }
+
+    /// True for runs the cache keeps: one 32 KiB node, node-aligned.
+    fn cacheable(pages: usize, align: usize) -> bool {
+        let node_pages = (1usize << RUN_PAGES_SHIFT) / kmem_sys::page_size();
+        pages == node_pages && align <= node_pages
+    }
+}
+
+fn spin_or_yield(round: u32) {
+    if round < 16 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+// SAFETY: every run comes from the inner RegionSource, which keeps the promises.
+unsafe impl PageSource for LazyRegion {
+    fn page_size(&self) -> usize {
+        kmem_sys::page_size()
+    }
+
+    fn alloc_pages(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
+        let cache = Self::cacheable(pages, align);
+        self.locked(|s, c, n| {
+            if cache && *n > 0 {
+                *n -= 1;
+                // SAFETY: cached runs are live runs of the region we hold.
+                return Ok(unsafe { NonNull::new_unchecked(c[*n] as *mut u8) });
+            }
+            s.alloc_pages(pages, align)
+        })
+    }
+
+    fn alloc_pages_zeroed(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
+        self.locked(|s, _, _| s.alloc_pages_zeroed(pages, align))
+    }
+
+    unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
+        let node_pages = (1usize << RUN_PAGES_SHIFT) / kmem_sys::page_size();
+        let cache =
+            pages == node_pages && (ptr.as_ptr() as usize).trailing_zeros() >= RUN_PAGES_SHIFT;
+        self.locked(|s, c, n| {
+            if cache && *n < RUN_CACHE {
+                c[*n] = ptr.as_ptr() as usize;
+                *n += 1;
+                return Ok(());
+            }
+            // SAFETY: forwarded contract.
+            unsafe { s.free_pages(ptr, pages) }
+        })
+    }
+
+    fn free_page_count(&self) -> Option<usize> {
+        self.get().ok()?.free_page_count()
+    }
+
+    fn total_page_count(&self) -> Option<usize> {
+        self.get().ok()?.total_page_count()
+    }
+}
+
+/// The page source under the global allocator. Change this alias (and
+/// [`global_source`]) to put kmem-pages underneath.
+pub type GlobalSource = LazyRegion;
+
+/// How the global source is built (a `const fn`, for the static).
+pub const fn global_source() -> GlobalSource {
+    LazyRegion::new(GLOBAL_RESERVE)
+}
+
+/// Chunk size of the global allocator: one x86-64 / aarch64 cache line. A
+/// constant, so that the front cache's class arithmetic is shifts by constants.
+pub const GLOBAL_CHUNK: usize = 64;
+const SHIFT: u32 = GLOBAL_CHUNK.trailing_zeros();
+
+/// The global allocator's configuration: 64-byte chunks, 32 KiB nodes, one
+/// heap per CPU up to 64, steal mode.
+pub const GLOBAL_CONFIG: Config = Config {
+    chunk_size: GLOBAL_CHUNK,
+    node_size: 32 << 10,
+    heaps: MAX_HEAPS,
+    reserve_nodes: 4,
+    steal: true,
+};
+
+static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
+
+/// Size classes the front cache serves: 1..=64 chunks (up to 4 KiB).
+pub const FRONT_CLASSES: usize = 64;
+/// Largest request the front cache serves.
+pub const FRONT_MAX: usize = FRONT_CLASSES * GLOBAL_CHUNK;
+/// Most bytes one thread's front cache holds.
+pub const FRONT_BYTES: usize = 1 << 20;
+
+/// Entries kept per class: about 32 KiB of each, 16 to 256 entries.
+const fn limit(k: usize) -> u32 {
+    let n = (32 << 10) / (k * GLOBAL_CHUNK);
+    if n < 16 {
+        16
+    } else if n > 256 {
+        256
+    } else {
+        n as u32
+    }
+}
+
+const LIMITS: [u32; FRONT_CLASSES + 1] = {
+    let mut t = [0u32; FRONT_CLASSES + 1];
+    let mut k = 1;
+    while k <= FRONT_CLASSES {
+        t[k] = limit(k);
+        k += 1;
+    }
+    t
+};
+
+/// A key written into the second word of a cached chunk, to notice a chunk
+/// freed twice into the same cache.
+#[inline(always)]
+fn key(p: *mut Semi) -> usize {
+    (p as usize).rotate_left(17) ^ 0x6b6d_656d_6e74_6121
+}
+
+/// One thread's cache of recently freed chunks, by size in chunks.
+struct Front {
+    heads: [*mut Semi; FRONT_CLASSES + 1],
+    counts: [u32; FRONT_CLASSES + 1],
+    bytes: usize,
+}
+
+impl Front {
+    const fn new() -> Front {
+        Front {
+            heads: [ptr::null_mut(); FRONT_CLASSES + 1],
+            counts: [0; FRONT_CLASSES + 1],
+            bytes: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn pop(&mut self, k: usize) -> *mut u8 {
+        let p = self.heads[k];
+        if !p.is_null() {
+            // SAFETY: cached chunks are allocated chunks this cache owns.
+            unsafe {
+                self.heads[k] = (*p).next;
+                (*p).chunks = 0;
+            }
+            self.counts[k] -= 1;
+            self.bytes -= k << SHIFT;
+        }
+        p.cast()
+    }
+
+    #[inline(always)]
+    fn push(&mut self, p: *mut u8, k: usize) {
+        let e: *mut Semi = p.cast();
+        if self.counts[k] >= LIMITS[k] || self.bytes >= FRONT_BYTES {
+            self.flush(k);
+        }
+        // SAFETY: the chunk was allocated at k >= 1 chunks of 64 bytes.
+        unsafe {
+            if (*e).chunks == key(e) {
+                self.double_free_check(e, k);
+            }
+            (*e).next = self.heads[k];
+            (*e).chunks = key(e);
+        }
+        self.heads[k] = e;
+        self.counts[k] += 1;
+        self.bytes += k << SHIFT;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn double_free_check(&self, e: *mut Semi, k: usize) {
+        let mut c = self.heads[k];
+        while !c.is_null() {
+            if c == e {
+                bad_free(Error::DoubleFree { addr: e as u64 });
+            }
+            // SAFETY: cached chunks.
+            c = unsafe { (*c).next };
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, k: usize) -> *mut u8 {
+        let want = (LIMITS[k] / 2).max(1) as usize;
+        let mut got: *mut Semi = ptr::null_mut();
+        let mut n = 0u32;
+        let (heads, counts, bytes) = (&mut self.heads, &mut self.counts, &mut self.bytes);
+        NTA.alloc_batch(k, want, |p, kk| {
+            let e: *mut Semi = p.cast();
+            if kk == k {
+                // SAFETY: a fresh (or recycled) allocation of k chunks.
+                unsafe {
+                    (*e).next = got;
+                    (*e).chunks = 0;
+                }
+                got = e;
+                n += 1;
+                return true;
+            }
+            // A remote free of another size: keep it if its class has room.
+            if kk > FRONT_CLASSES || counts[kk] >= LIMITS[kk] || *bytes >= FRONT_BYTES {
+                return false;
+            }
+            // SAFETY: an allocation of kk chunks handed to us.
+            unsafe {
+                (*e).next = heads[kk];
+                (*e).chunks = key(e);
+            }
+            heads[kk] = e;
+            counts[kk] += 1;
+            *bytes += kk << SHIFT;
+            true
+        });
+        if got.is_null() {
+            return ptr::null_mut();
+        }
+        // Keep all but the first; return that one.
+        // SAFETY: got is the head of n fresh chunks.
+        let rest = unsafe { (*got).next };
+        if !rest.is_null() {
+            let mut tail = rest;
+            // SAFETY: walking the fresh chain.
+            unsafe {
+                (*tail).chunks = key(tail);
+                while !(*tail).next.is_null() {
+                    tail = (*tail).next;
+                    (*tail).chunks = key(tail);
+                }
+                (*tail).next = self.heads[k];
+            }
+            self.heads[k] = rest;
+            self.counts[k] += n - 1;
+            self.bytes += ((n - 1) as usize * k) << SHIFT;
+        }
+        got.cast()
+    }
+
+    /// Gives half of class k (at least one) back to the heaps.
+    #[cold]
+    #[inline(never)]
+    fn flush(&mut self, k: usize) {
+        let n = (self.counts[k] / 2).max(1).min(self.counts[k]);
+        if n == 0 {
+            return;
+        }
+        let head = self.heads[k];
+        let mut tail = head;
+        // SAFETY: the class holds counts[k] >= n entries.
+        unsafe {
+            for _ in 1..n {
+                tail = (*tail).next;
+            }
+            self.heads[k] = (*tail).next;
+            (*tail).next = ptr::null_mut();
+            // SAFETY: a chain of n cached chunks of k chunks each.
+            NTA.free_batch(head, k);
+        }
+        self.counts[k] -= n;
+        self.bytes -= (n as usize * k) << SHIFT;
+    }
+
+    fn flush_all(&mut self) {
+        for k in 1..=FRONT_CLASSES {
+            let head = self.heads[k];
+            if !head.is_null() {
+                self.heads[k] = ptr::null_mut();
+                self.counts[k] = 0;
+                // SAFETY: the whole class chain.
+                unsafe { NTA.free_batch(head, k) };
+            }
+        }
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.flush_all();
+    }
+}
+
+std::thread_local! {
+    static FRONT: UnsafeCell<Front> = const { UnsafeCell::new(Front::new()) };
+}
+
+/// The kmem-nta global allocator (a unit type over one static [`Nta`]).
+///
+/// ```ignore
+/// #[global_allocator]
+/// static A: kmem_nta::KmemNta = kmem_nta::KmemNta;
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KmemNta;
+
+impl KmemNta {
+    /// The allocator underneath (its checked API, stats and `check`).
+    pub fn nta() -> &'static Nta<GlobalSource, Cpus> {
+        &NTA
+    }
+
+    /// Stats of the static allocator (front-cached chunks count as held).
+    pub fn stats() -> Stats {
+        NTA.stats()
+    }
+
+    /// Checks the static allocator's invariants.
+    pub fn check() -> core::result::Result<(), &'static str> {
+        NTA.check()
+    }
+
+    /// Gives the calling thread's front cache back to the heaps (as thread
+    /// exit does).
+    pub fn flush_thread_cache() {
+        let _ = FRONT.try_with(|f| {
+            // SAFETY: the cache is this thread's; no other borrow is live
+            // (the allocator never re-enters itself).
+            unsafe { (*f.get()).flush_all() }
+        });
+    }
+}
+
+#[inline(always)]
+fn front_class(layout: &Layout) -> Option<usize> {
+    if layout.size() <= FRONT_MAX && layout.align() <= GLOBAL_CHUNK {
+        Some(((layout.size() + GLOBAL_CHUNK - 1) >> SHIFT).max(1))
+    } else {
+        None
+    }
+}
+
+// SAFETY: the front cache holds only allocations of exactly class k made by
+// NTA, handed out once; everything else is NTA's GlobalAlloc.
+unsafe impl GlobalAlloc for KmemNta {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if let Some(k) = front_class(&layout) {
+            let r = FRONT.try_with(|f| {
+                // SAFETY: this thread's cache; the allocator never re-enters
+                // itself, so this is the only borrow.
+                let f = unsafe { &mut *f.get() };
+                let p = f.pop(k);
+                if p.is_null() {
+                    f.refill(k)
+                } else {
+                    p
+                }
+            });
+            if let Ok(p) = r {
+                if !p.is_null() {
+                    return p;
+                }
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe { GlobalAlloc::alloc(&NTA, layout) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if let Some(k) = front_class(&layout) {
+            let r = FRONT.try_with(|f| {
+                // SAFETY: as in alloc.
+                unsafe { (*f.get()).push(ptr, k) }
+            });
+            if r.is_ok() {
+                return;
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // In place when the size in chunks stays, shrinks, or the chunks after
+        // it are free; else NTA moves it (past the front cache, which only
+        // caches what it is handed).
+        // SAFETY: GlobalAlloc's contract: ptr is ours, allocated with layout.
+        match unsafe { NTA.realloc(NonNull::new_unchecked(ptr), layout, new_size) } {
+            Ok(p) => p.as_ptr(),
+            Err(_) => ptr::null_mut(),
+        }
+    }
+}
+
+// SAFETY: as GlobalAlloc; zero-sized requests get a dangling aligned pointer.
+unsafe impl allocator_api2::alloc::Allocator for KmemNta {
+    fn allocate(
+        &self,
+        layout: Layout,
+    ) -> core::result::Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        if layout.size() == 0 {
+            // SAFETY: align is non-zero.
+            let p = unsafe { NonNull::new_unchecked(layout.align() as *mut u8) };
+            return Ok(NonNull::slice_from_raw_parts(p, 0));
+        }
+        // SAFETY: non-zero size.
+        let p = unsafe { GlobalAlloc::alloc(self, layout) };
+        NonNull::new(p)
+            .map(|p| NonNull::slice_from_raw_parts(p, layout.size()))
+            .ok_or(allocator_api2::alloc::AllocError)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: Allocator's contract.
+            unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_bounded() {
+        assert_eq!(LIMITS[1], 256);
+        assert_eq!(LIMITS[4], 128);
+        assert_eq!(LIMITS[64], 16);
+        let worst: usize = (1..=FRONT_CLASSES)
+            .map(|k| LIMITS[k] as usize * k * GLOBAL_CHUNK)
+            .sum();
+        assert!(worst > FRONT_BYTES, "the byte cap is what binds");
+    }
+
+    #[test]
+    fn global_alloc_roundtrip_and_flush() {
+        let a = KmemNta;
+        let mut v = std::vec::Vec::new();
+        for s in [1usize, 8, 64, 65, 500, 4096, 5000, 40_000, 100_000] {
+            let l = Layout::from_size_align(s, 8).unwrap();
+            // SAFETY: non-zero layout.
+            let p = unsafe { GlobalAlloc::alloc(&a, l) };
+            assert!(!p.is_null());
+            // SAFETY: p holds s bytes.
+            unsafe { p.write_bytes(0xab, s) };
+            v.push((p, l));
+        }
+        for (p, l) in v {
+            // SAFETY: allocated above with l.
+            unsafe { GlobalAlloc::dealloc(&a, p, l) };
+        }
+        KmemNta::flush_thread_cache();
+        KmemNta::check().unwrap();
+    }
+}

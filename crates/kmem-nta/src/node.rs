@@ -1,0 +1,388 @@
+//! Nodes: runs of pages aligned to their size, with a header and two bitmaps.
+//!
+//! ```text
+//!   node (node_size bytes, aligned to node_size)
+//!   +--------+-----------+----------+------------------------------------+
+//!   | Node   | used map  | end map  | chunk hdr ... chunk nchunks-1      |
+//!   | 64 B   | nchunks b | nchunks b|  (data: what allocations are cut from)
+//!   +--------+-----------+----------+------------------------------------+
+//!   chunk 0 .. hdr-1 hold the header; their used bits are always set
+//! ```
+//!
+//! `used` bit i: chunk i belongs to an allocation (or to the header).
+//! `end` bit i: chunk i is the last chunk of an allocation. From both, an
+//! allocation starting at chunk i is recognised (i used, and i - 1 free or an
+//! end) and its length read (the next end bit), so `free(ptr)` needs no size.
+//!
+//! A large allocation (above the largest chunk run) is a page run of its own
+//! with the same 64-byte [`Node`] header in its first page.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// Tag of a node that holds chunks.
+pub(crate) const KIND_SMALL: u32 = 0x4e54_4131;
+/// Tag of a page run that holds one large allocation.
+pub(crate) const KIND_LARGE: u32 = 0x4e54_4132;
+
+/// Most chunks a node may have (the size of the non-empty-list bitmap).
+pub const MAX_NODE_CHUNKS: usize = 1024;
+
+/// The header at the start of every node and large run. 64 bytes.
+#[repr(C)]
+pub(crate) struct Node {
+    /// `seal(addr)` while live, `seal_freed(addr)` after release: validates
+    /// that an address really is a header of this allocator.
+    pub check: AtomicUsize,
+    pub kind: u32,
+    /// Heap index of the owner.
+    pub owner: u32,
+    /// Small: data chunks in use (allocated, cached or pending).
+    pub used: u32,
+    pub _pad: u32,
+    /// Pages of the run.
+    pub pages: usize,
+    /// Large: the run's first byte (the header may sit later in the run).
+    pub run: usize,
+    /// Large: usable bytes of the allocation.
+    pub size: usize,
+    /// Heap's list of small nodes.
+    pub prev: *mut Node,
+    pub next: *mut Node,
+}
+
+const _: () = assert!(core::mem::size_of::<Node>() == 64);
+
+/// The shape of a node, computed once from the chunk and node sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// log2 of the chunk size.
+    pub chunk_shift: u32,
+    /// log2 of the node size.
+    pub node_shift: u32,
+    /// Chunks per node, header included.
+    pub nchunks: usize,
+    /// u64 words per bitmap.
+    pub words: usize,
+    /// Chunks taken by the header (index of the first data chunk).
+    pub hdr: usize,
+    /// Largest allocation served from nodes, in chunks (`nchunks - hdr`).
+    pub max: usize,
+}
+
+impl Geometry {
+    /// The geometry of `node_size`-byte nodes of `chunk_size`-byte chunks, or
+    /// why it cannot work.
+    pub const fn new(chunk_size: usize, node_size: usize) -> Result<Geometry, &'static str> {
+        if !chunk_size.is_power_of_two() || chunk_size < 16 || chunk_size > 4096 {
+            return Err("chunk size must be a power of two in 16..=4096");
+        }
+        if !node_size.is_power_of_two() {
+            return Err("node size must be a power of two");
+        }
+        let nchunks = node_size / chunk_size;
+        if nchunks < 64 || nchunks > MAX_NODE_CHUNKS {
+            return Err("a node must hold 64..=1024 chunks");
+        }
+        let words = nchunks / 64;
+        let hdr_bytes = core::mem::size_of::<Node>() + 2 * words * 8;
+        let hdr = hdr_bytes.div_ceil(chunk_size);
+        Ok(Geometry {
+            chunk_shift: chunk_size.trailing_zeros(),
+            node_shift: node_size.trailing_zeros(),
+            nchunks,
+            words,
+            hdr,
+            max: nchunks - hdr,
+        })
+    }
+
+    /// Chunk size in bytes.
+    #[inline(always)]
+    pub const fn chunk(&self) -> usize {
+        1 << self.chunk_shift
+    }
+
+    /// Node size in bytes.
+    #[inline(always)]
+    pub const fn node(&self) -> usize {
+        1 << self.node_shift
+    }
+
+    /// `node - 1`.
+    #[inline(always)]
+    pub(crate) const fn node_mask(&self) -> usize {
+        (1 << self.node_shift) - 1
+    }
+
+    /// Chunks needed for `size` bytes (size > 0).
+    #[inline(always)]
+    pub const fn chunks_for(&self, size: usize) -> usize {
+        (size + (1 << self.chunk_shift) - 1) >> self.chunk_shift
+    }
+
+    /// Largest allocation served from nodes, in bytes.
+    #[inline(always)]
+    pub const fn max_small(&self) -> usize {
+        self.max << self.chunk_shift
+    }
+}
+
+#[inline(always)]
+pub(crate) fn mix(x: usize) -> usize {
+    let x = (x as u64 ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (x ^ (x >> 31)) as usize
+}
+
+/// The live seal of a header at `addr` for an allocator with `secret`.
+#[inline(always)]
+pub(crate) fn seal(addr: usize, secret: usize) -> usize {
+    mix(addr ^ secret)
+}
+
+/// The seal written when a header's run goes back to the source.
+#[inline(always)]
+pub(crate) fn seal_freed(addr: usize, secret: usize) -> usize {
+    mix(addr ^ secret ^ 0x0f0f_f0f0_dead_beef)
+}
+
+/// Raw bitmap operations on a node's maps. All indexes are in range (the
+/// callers derive them from a node's geometry); nothing here checks.
+pub(crate) mod bits {
+    #[inline(always)]
+    pub unsafe fn test(w: *const u64, i: usize) -> bool {
+        // SAFETY: the caller keeps `i` inside the map.
+        unsafe { *w.add(i / 64) & (1 << (i % 64)) != 0 }
+    }
+
+    #[inline(always)]
+    pub unsafe fn set(w: *mut u64, i: usize) {
+        // SAFETY: as `test`.
+        unsafe { *w.add(i / 64) |= 1 << (i % 64) }
+    }
+
+    #[inline(always)]
+    pub unsafe fn clear(w: *mut u64, i: usize) {
+        // SAFETY: as `test`.
+        unsafe { *w.add(i / 64) &= !(1 << (i % 64)) }
+    }
+
+    #[inline(always)]
+    fn span_mask(lo: usize, n: usize) -> u64 {
+        // bits [lo, lo + n) of one word, n >= 1, lo + n <= 64
+        (if n == 64 { !0 } else { (1u64 << n) - 1 }) << lo
+    }
+
+    /// Sets bits `[i, i + n)`, n >= 1.
+    #[inline(always)]
+    pub unsafe fn set_range(w: *mut u64, i: usize, n: usize) {
+        let (mut wi, lo) = (i / 64, i % 64);
+        if lo + n <= 64 {
+            // SAFETY: inside the map.
+            unsafe { *w.add(wi) |= span_mask(lo, n) };
+            return;
+        }
+        // SAFETY: every word touched lies inside [i, i + n) of the map.
+        unsafe {
+            *w.add(wi) |= !0u64 << lo;
+            let mut left = n - (64 - lo);
+            wi += 1;
+            while left >= 64 {
+                *w.add(wi) = !0;
+                wi += 1;
+                left -= 64;
+            }
+            if left > 0 {
+                *w.add(wi) |= (1u64 << left) - 1;
+            }
+        }
+    }
+
+    /// Clears bits `[i, i + n)`, n >= 1.
+    #[inline(always)]
+    pub unsafe fn clear_range(w: *mut u64, i: usize, n: usize) {
+        let (mut wi, lo) = (i / 64, i % 64);
+        if lo + n <= 64 {
+            // SAFETY: inside the map.
+            unsafe { *w.add(wi) &= !span_mask(lo, n) };
+            return;
+        }
+        // SAFETY: as set_range.
+        unsafe {
+            *w.add(wi) &= !(!0u64 << lo);
+            let mut left = n - (64 - lo);
+            wi += 1;
+            while left >= 64 {
+                *w.add(wi) = 0;
+                wi += 1;
+                left -= 64;
+            }
+            if left > 0 {
+                *w.add(wi) &= !((1u64 << left) - 1);
+            }
+        }
+    }
+
+    /// First set bit at or after `i` and below `limit` (a multiple of 64 or
+    /// the map's length), or `limit`.
+    #[inline(always)]
+    pub unsafe fn next_set(w: *const u64, i: usize, limit: usize) -> usize {
+        if i >= limit {
+            return limit;
+        }
+        let mut wi = i / 64;
+        // SAFETY: wi indexes a word of the map (i < limit <= len).
+        let mut cur = unsafe { *w.add(wi) } & (!0u64 << (i % 64));
+        let last = (limit - 1) / 64;
+        loop {
+            if cur != 0 {
+                let b = wi * 64 + cur.trailing_zeros() as usize;
+                return if b < limit { b } else { limit };
+            }
+            wi += 1;
+            if wi > last {
+                return limit;
+            }
+            // SAFETY: wi <= last, inside the map.
+            cur = unsafe { *w.add(wi) };
+        }
+    }
+
+    /// First clear bit at or after `i` and below `limit`, or `limit`.
+    #[inline(always)]
+    pub unsafe fn next_clear(w: *const u64, i: usize, limit: usize) -> usize {
+        if i >= limit {
+            return limit;
+        }
+        let mut wi = i / 64;
+        // SAFETY: as next_set.
+        let mut cur = !unsafe { *w.add(wi) } & (!0u64 << (i % 64));
+        let last = (limit - 1) / 64;
+        loop {
+            if cur != 0 {
+                let b = wi * 64 + cur.trailing_zeros() as usize;
+                return if b < limit { b } else { limit };
+            }
+            wi += 1;
+            if wi > last {
+                return limit;
+            }
+            // SAFETY: as next_set.
+            cur = !unsafe { *w.add(wi) };
+        }
+    }
+
+    /// Last set bit below `end` (the caller knows one exists: bit 0 is set).
+    #[inline(always)]
+    pub unsafe fn prev_set(w: *const u64, end: usize) -> usize {
+        let mut wi = (end - 1) / 64;
+        let r = end % 64;
+        let mask = if r == 0 { !0 } else { (1u64 << r) - 1 };
+        // SAFETY: wi indexes a word of the map; the loop stops at word 0,
+        // whose bit 0 (a header chunk) is always set.
+        unsafe {
+            let mut cur = *w.add(wi) & mask;
+            while cur == 0 {
+                wi -= 1;
+                cur = *w.add(wi);
+            }
+            wi * 64 + 63 - cur.leading_zeros() as usize
+        }
+    }
+
+    /// Number of set bits in the first `words` words.
+    pub unsafe fn count(w: *const u64, words: usize) -> usize {
+        // SAFETY: the caller passes the map's word count.
+        (0..words)
+            .map(|i| unsafe { *w.add(i) }.count_ones() as usize)
+            .sum()
+    }
+}
+
+/// Pointers to a node's two bitmaps.
+#[inline(always)]
+pub(crate) fn used_map(node: *mut Node) -> *mut u64 {
+    node.cast::<u8>()
+        .wrapping_add(core::mem::size_of::<Node>())
+        .cast()
+}
+
+#[inline(always)]
+pub(crate) fn end_map(node: *mut Node, g: &Geometry) -> *mut u64 {
+    used_map(node).wrapping_add(g.words)
+}
+
+#[inline(always)]
+pub(crate) fn load_check(node: *const Node) -> usize {
+    // SAFETY: callers pass an address inside memory the allocator's source
+    // keeps mapped; the field is atomic, so a racing writer is no data race.
+    unsafe { (*node).check.load(Ordering::Acquire) }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec;
+
+    #[test]
+    fn geometry() {
+        let g = Geometry::new(64, 32 << 10).unwrap();
+        assert_eq!((g.nchunks, g.words, g.hdr, g.max), (512, 8, 3, 509));
+        assert_eq!(g.chunks_for(1), 1);
+        assert_eq!(g.chunks_for(64), 1);
+        assert_eq!(g.chunks_for(65), 2);
+        let g = Geometry::new(32, 32 << 10).unwrap();
+        assert_eq!((g.nchunks, g.words, g.hdr), (1024, 16, 10));
+        assert!(Geometry::new(48, 1 << 15).is_err());
+        assert!(Geometry::new(64, 1 << 20).is_err());
+        assert!(Geometry::new(64, 1 << 11).is_err());
+        assert!(Geometry::new(8, 1 << 12).is_err());
+    }
+
+    #[test]
+    fn bit_ops_match_a_model() {
+        let mut w = vec![0u64; 4];
+        let mut model = [false; 256];
+        let p = w.as_mut_ptr();
+        let ranges = [(3, 1), (60, 10), (0, 64), (64, 128), (130, 120), (5, 200)];
+        for (set, &(i, n)) in ranges.iter().enumerate() {
+            // SAFETY: every range lies inside the 256-bit map.
+            unsafe {
+                if set % 2 == 0 {
+                    bits::set_range(p, i, n);
+                } else {
+                    bits::clear_range(p, i, n);
+                }
+            }
+            for m in model.iter_mut().skip(i).take(n) {
+                *m = set % 2 == 0;
+            }
+            for s in 0..256 {
+                // SAFETY: indexes inside the map.
+                unsafe {
+                    assert_eq!(bits::test(p, s), model[s]);
+                    let ns = (s..256).find(|&j| model[j]).unwrap_or(256);
+                    assert_eq!(bits::next_set(p, s, 256), ns);
+                    let nc = (s..256).find(|&j| !model[j]).unwrap_or(256);
+                    assert_eq!(bits::next_clear(p, s, 256), nc);
+                }
+            }
+            assert_eq!(
+                // SAFETY: four words.
+                unsafe { bits::count(p, 4) },
+                model.iter().filter(|&&b| b).count()
+            );
+        }
+        // SAFETY: bit 0 set first, so prev_set always finds one.
+        unsafe {
+            bits::set(p, 0);
+            model[0] = true;
+            for e in 1..=256 {
+                let ps = (0..e).rev().find(|&j| model[j]).unwrap();
+                assert_eq!(bits::prev_set(p, e), ps);
+            }
+            bits::clear(p, 0);
+            assert!(!bits::test(p, 0));
+        }
+    }
+}

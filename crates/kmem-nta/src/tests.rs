@@ -1,0 +1,398 @@
+//! Unit tests of the allocator over a FixedSource.
+
+extern crate std;
+
+use core::alloc::Layout;
+use core::ptr::NonNull;
+use std::vec;
+use std::vec::Vec;
+
+use kmem_core::{Cpus, Error, FixedSource, PageSource};
+
+use crate::{Config, Nta};
+
+const PAGE: usize = 4096;
+
+fn buf(pages: usize) -> Vec<u64> {
+    vec![0u64; (pages + 1) * PAGE / 8]
+}
+
+fn source(b: &mut [u64]) -> FixedSource<'_> {
+    // SAFETY: viewing the u64 buffer as bytes.
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+    FixedSource::new(bytes, PAGE).unwrap()
+}
+
+fn cfg() -> Config {
+    Config {
+        chunk_size: 64,
+        node_size: 32 << 10,
+        heaps: 1,
+        reserve_nodes: 1,
+        steal: false,
+    }
+}
+
+/// Stats less the lock counters (which count the lookups themselves).
+fn state(s: crate::Stats) -> crate::Stats {
+    crate::Stats {
+        locks: Default::default(),
+        lock_misses: 0,
+        ..s
+    }
+}
+
+fn l(size: usize) -> Layout {
+    Layout::from_size_align(size, 8).unwrap()
+}
+
+#[test]
+fn rounds_to_chunks_and_coalesces() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let g = nta.geometry();
+    let a = nta.alloc(l(100)).unwrap();
+    let c = nta.alloc(l(64)).unwrap();
+    let d = nta.alloc(l(1)).unwrap();
+    assert_eq!(nta.usable_size(a).unwrap(), 128);
+    assert_eq!(nta.usable_size(c).unwrap(), 64);
+    // Consecutive chunks of one node, split from its single free run.
+    assert_eq!(c.as_ptr() as usize, a.as_ptr() as usize + 128);
+    assert_eq!(d.as_ptr() as usize, c.as_ptr() as usize + 64);
+    assert_eq!(a.as_ptr() as usize % 64, 0);
+    let s = nta.stats();
+    assert_eq!(s.bytes_held, 256);
+    assert_eq!(s.nodes, 1);
+    assert_eq!(s.free_chunks, 1);
+    nta.check().unwrap();
+    // SAFETY: live allocations of nta, freed once each.
+    unsafe {
+        nta.dealloc(c, l(64));
+        nta.check().unwrap();
+        assert_eq!(nta.stats().free_chunks, 2, "a hole between a and d");
+        nta.dealloc(a, l(100));
+        nta.check().unwrap();
+        assert_eq!(nta.stats().free_chunks, 2, "a and c merged into one run");
+        let mut lens = vec![0usize; g.max + 1];
+        nta.list_lengths(&mut lens);
+        assert_eq!(lens[3], 1);
+        assert_eq!(lens[g.max - 4], 1);
+        nta.free(d).unwrap();
+    }
+    let s = nta.stats();
+    assert_eq!(
+        (s.bytes_held, s.free_chunks, s.nodes, s.empty_nodes),
+        (0, 1, 1, 1)
+    );
+    nta.check().unwrap();
+}
+
+#[test]
+fn best_fit_takes_the_exact_list_first() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let v: Vec<_> = (0..6).map(|_| nta.alloc(l(64 * 3)).unwrap()).collect();
+    // SAFETY: live allocations.
+    unsafe {
+        nta.dealloc(v[1], l(192));
+        nta.dealloc(v[4], l(192));
+    }
+    nta.check().unwrap();
+    // A 3-chunk request reuses a 3-chunk hole (the most recently freed).
+    let x = nta.alloc(l(130)).unwrap();
+    assert_eq!(x, v[4]);
+    // A 1-chunk request splits the other hole, leaving 2 listed.
+    let y = nta.alloc(l(10)).unwrap();
+    assert_eq!(y, v[1]);
+    let mut lens = vec![0usize; nta.geometry().max + 1];
+    nta.list_lengths(&mut lens);
+    assert_eq!(lens[2], 1);
+    nta.check().unwrap();
+}
+
+#[test]
+fn empty_nodes_go_back_past_the_reserve() {
+    let mut b = buf(64);
+    let src = source(&mut b);
+    let total = src.free_page_count().unwrap();
+    let nta = Nta::with_config(&src, cfg(), Cpus::Fixed(0)).unwrap();
+    let big = nta.max_small();
+    let v: Vec<_> = (0..4).map(|_| nta.alloc(l(big)).unwrap()).collect();
+    assert_eq!(nta.stats().nodes, 4);
+    for p in v {
+        // SAFETY: live.
+        unsafe { nta.dealloc(p, l(big)) };
+        nta.check().unwrap();
+    }
+    let s = nta.stats();
+    assert_eq!((s.nodes, s.empty_nodes, s.pooled_nodes), (1, 1, 3));
+    // One reserve node and three pooled (8 pages each), and the lists page.
+    assert_eq!(src.free_page_count().unwrap(), total - 4 * 8 - 1);
+    // A new node comes from the pool, not the source.
+    let p = nta.alloc(l(big)).unwrap();
+    let q = nta.alloc(l(big)).unwrap();
+    assert_eq!(nta.stats().pooled_nodes, 2);
+    assert_eq!(src.free_page_count().unwrap(), total - 4 * 8 - 1);
+    // SAFETY: live.
+    unsafe {
+        nta.free(p).unwrap();
+        nta.free(q).unwrap();
+    }
+    nta.check().unwrap();
+    drop(nta);
+    assert_eq!(src.free_page_count().unwrap(), total);
+}
+
+#[test]
+fn bad_input_is_an_error_and_changes_nothing() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let a = nta.alloc(l(300)).unwrap();
+    let c = nta.alloc(l(64)).unwrap();
+    let big = nta.alloc(l(100_000)).unwrap();
+    let before = state(nta.stats());
+    let local = 5u64;
+    let boxed = std::boxed::Box::new([0u64; 4]);
+    // SAFETY: every call below is rejected before anything is freed.
+    unsafe {
+        let stack = NonNull::from(&local).cast::<u8>();
+        assert!(matches!(nta.free(stack), Err(Error::OutOfRange { .. })));
+        let heap = NonNull::from(&*boxed).cast::<u8>();
+        assert!(matches!(nta.free(heap), Err(Error::OutOfRange { .. })));
+        let mid = NonNull::new_unchecked(a.as_ptr().add(64));
+        assert!(matches!(nta.free(mid), Err(Error::NotAllocated { .. })));
+        let odd = NonNull::new_unchecked(a.as_ptr().add(8));
+        assert!(matches!(nta.free(odd), Err(Error::NotAllocated { .. })));
+        assert!(matches!(
+            nta.usable_size(mid),
+            Err(Error::NotAllocated { .. })
+        ));
+        let node = NonNull::new_unchecked((a.as_ptr() as usize & !((32 << 10) - 1)) as *mut u8);
+        assert!(matches!(nta.free(node), Err(Error::NotAllocated { .. })));
+        let free_chunk = NonNull::new_unchecked(c.as_ptr().add(128));
+        assert!(matches!(
+            nta.free(free_chunk),
+            Err(Error::DoubleFree { .. })
+        ));
+        assert!(matches!(
+            nta.free_sized(a, l(64)),
+            Err(Error::WrongSize { .. })
+        ));
+        let big_mid = NonNull::new_unchecked(big.as_ptr().add(4096));
+        assert!(nta.free(big_mid).is_err());
+        assert!(matches!(
+            nta.free_sized(big, l(64)),
+            Err(Error::WrongSize { .. })
+        ));
+        assert_eq!(state(nta.stats()), before);
+        nta.check().unwrap();
+        // Now the real frees, then the second ones.
+        nta.free_sized(a, l(300)).unwrap();
+        assert!(matches!(nta.free(a), Err(Error::DoubleFree { .. })));
+        nta.free(big).unwrap();
+        assert!(matches!(nta.free(big), Err(Error::DoubleFree { .. })));
+        nta.free(c).unwrap();
+        assert!(matches!(nta.free(c), Err(Error::DoubleFree { .. })));
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+    assert!(matches!(nta.alloc(l(0)), Err(Error::ZeroSize)));
+    assert!(nta
+        .alloc(Layout::from_size_align(8, 1 << 20).unwrap())
+        .is_err());
+    nta.check().unwrap();
+}
+
+#[test]
+fn out_of_memory_is_clean() {
+    let mut b = buf(40);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let mut v = Vec::new();
+    loop {
+        match nta.alloc(l(1000)) {
+            Ok(p) => v.push(p),
+            Err(e) => {
+                assert!(matches!(e, Error::OutOfMemory { .. }));
+                break;
+            }
+        }
+    }
+    assert!(v.len() > 50);
+    nta.check().unwrap();
+    assert!(nta.alloc(l(200_000)).is_err());
+    for p in v {
+        // SAFETY: live.
+        unsafe { nta.free(p).unwrap() };
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
+
+#[test]
+fn realloc_in_place_and_by_move() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let a = nta.alloc(l(64)).unwrap();
+    // SAFETY: live allocations, resized per the contract.
+    unsafe {
+        a.as_ptr().write_bytes(7, 64);
+        // Grows into the free run after it.
+        let a2 = nta.realloc(a, l(64), 640).unwrap();
+        assert_eq!(a2, a);
+        assert_eq!(nta.usable_size(a).unwrap(), 640);
+        nta.check().unwrap();
+        // A neighbour blocks further growth: moved.
+        let n = nta.alloc(l(64)).unwrap();
+        assert_eq!(n.as_ptr() as usize, a.as_ptr() as usize + 640);
+        let a3 = nta.realloc(a2, l(640), 1000).unwrap();
+        assert_ne!(a3, a2);
+        assert!((0..64).all(|i| *a3.as_ptr().add(i) == 7));
+        nta.check().unwrap();
+        // Shrinks in place, the tail merging with what follows.
+        let a4 = nta.realloc(a3, l(1000), 100).unwrap();
+        assert_eq!(a4, a3);
+        assert_eq!(nta.usable_size(a4).unwrap(), 128);
+        nta.check().unwrap();
+        // Same chunk count: nothing to do.
+        assert_eq!(nta.realloc(a4, l(100), 120).unwrap(), a4);
+        // Small to large and back.
+        let big = nta.realloc(a4, l(120), 100_000).unwrap();
+        assert!((0..64).all(|i| *big.as_ptr().add(i) == 7));
+        assert_eq!(nta.realloc(big, l(100_000), 99_000).unwrap(), big);
+        let s = nta.realloc(big, l(99_000), 10).unwrap();
+        assert!((0..10).all(|i| *s.as_ptr().add(i) == 7));
+        nta.check().unwrap();
+        nta.dealloc(s, l(10));
+        nta.dealloc(n, l(64));
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+    assert_eq!(nta.stats().large_runs, 0);
+}
+
+#[test]
+fn aligned_and_large() {
+    let mut b = buf(200);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let mut v = Vec::new();
+    for (size, align) in [
+        (10, 128),
+        (100, 256),
+        (64, 4096),
+        (3000, 1024),
+        (50_000, 8),
+        (9000, 8192),
+        (5000, 65536),
+    ] {
+        let lay = Layout::from_size_align(size, align).unwrap();
+        let p = nta.alloc(lay).unwrap();
+        assert_eq!(p.as_ptr() as usize % align, 0, "{size} {align}");
+        // SAFETY: p holds size bytes.
+        unsafe { p.as_ptr().write_bytes(0x5a, size) };
+        nta.check().unwrap();
+        v.push((p, lay));
+    }
+    assert!(nta.stats().large_runs >= 2);
+    for (p, lay) in v {
+        // SAFETY: live, with its layout.
+        unsafe { nta.dealloc(p, lay) };
+        nta.check().unwrap();
+    }
+    assert_eq!(nta.stats().large_runs, 0);
+    assert_eq!(nta.stats().bytes_held, 0);
+}
+
+#[test]
+fn remote_frees_go_through_the_semi_free_list() {
+    let mut b = buf(128);
+    let src = source(&mut b);
+    let c = Config { heaps: 2, ..cfg() };
+    let nta = Nta::with_config(&src, c, Cpus::Simulated).unwrap();
+    let ptrs: Vec<usize> = std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(0);
+            (0..100)
+                .map(|_| nta.alloc(l(200)).unwrap().as_ptr() as usize)
+                .collect()
+        })
+        .join()
+        .unwrap()
+    });
+    for &p in &ptrs {
+        assert_eq!(
+            nta.owner_of(NonNull::new(p as *mut u8).unwrap()).unwrap(),
+            0
+        );
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(1);
+            for &p in &ptrs {
+                // SAFETY: live allocations, freed once, from CPU 1.
+                unsafe { nta.dealloc(NonNull::new(p as *mut u8).unwrap(), l(200)) };
+            }
+        });
+    });
+    let s = nta.stats();
+    assert_eq!(s.remote_pending, 100);
+    assert_eq!(s.bytes_held, 100 * 256, "queued chunks are still held");
+    nta.check().unwrap();
+    // The owner finishes them on its next allocation.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(0);
+            let p = nta.alloc(l(64)).unwrap();
+            // SAFETY: live.
+            unsafe { nta.dealloc(p, l(64)) };
+        });
+    });
+    let s = nta.stats();
+    assert_eq!(s.remote_pending, 0);
+    assert_eq!(s.remote_frees, 100);
+    assert_eq!(s.bytes_held, 0);
+    nta.check().unwrap();
+}
+
+#[test]
+fn allocator_api2_collections() {
+    let mut b = buf(128);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    {
+        let mut v: allocator_api2::vec::Vec<u32, &Nta<FixedSource<'_>>> =
+            allocator_api2::vec::Vec::new_in(&nta);
+        for i in 0..10_000 {
+            v.push(i);
+        }
+        assert_eq!(v.iter().map(|&x| x as u64).sum::<u64>(), 49_995_000);
+        v.truncate(10);
+        v.shrink_to_fit();
+        assert_eq!(v.len(), 10);
+        let z: allocator_api2::vec::Vec<(), _> = allocator_api2::vec::Vec::new_in(&nta);
+        drop(z);
+        nta.check().unwrap();
+    }
+    assert_eq!(nta.stats().bytes_held, 0);
+    nta.check().unwrap();
+}
+
+#[test]
+fn seed_geometry_32_byte_chunks() {
+    let mut b = buf(64);
+    let c = Config {
+        chunk_size: 32,
+        ..cfg()
+    };
+    let nta = Nta::with_config(source(&mut b), c, Cpus::Fixed(0)).unwrap();
+    let p = nta.alloc(l(33)).unwrap();
+    assert_eq!(nta.usable_size(p).unwrap(), 64);
+    // SAFETY: live.
+    unsafe { nta.free(p).unwrap() };
+    nta.check().unwrap();
+    assert!(Nta::with_config(
+        source(&mut buf(8)),
+        Config { heaps: 0, ..cfg() },
+        Cpus::Fixed(0)
+    )
+    .is_err());
+}

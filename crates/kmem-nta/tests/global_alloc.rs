@@ -1,0 +1,112 @@
+//! A test binary whose every allocation goes through kmem-nta: real work with
+//! collections, strings and threads, results checked, invariants checked.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{mpsc, Arc, Mutex};
+
+use kmem_nta::KmemNta;
+
+#[global_allocator]
+static A: KmemNta = KmemNta;
+
+#[test]
+fn collections_strings_and_threads() {
+    let before = KmemNta::stats().allocations;
+
+    // Strings: build, split, join, sort.
+    let words: Vec<String> = (0..20_000)
+        .map(|i| format!("w{:05}-{}", (i * 7919) % 20_000, i % 13))
+        .collect();
+    let mut sorted = words.clone();
+    sorted.sort();
+    assert_eq!(sorted.len(), 20_000);
+    assert!(sorted.windows(2).all(|w| w[0] <= w[1]));
+    let joined = sorted.join(",");
+    assert_eq!(joined.split(',').count(), 20_000);
+
+    // Maps.
+    let mut h: HashMap<String, usize> = HashMap::new();
+    for w in &words {
+        *h.entry(w[..6].to_string()).or_default() += 1;
+    }
+    assert_eq!(h.values().sum::<usize>(), 20_000);
+    let b: BTreeMap<usize, Vec<u8>> = (0..5000).map(|i| (i, vec![i as u8; i % 300])).collect();
+    assert_eq!(b[&299].len(), 299);
+    assert!(b[&299].iter().all(|&x| x == 43));
+
+    // Growing and shrinking vectors (realloc in place and by move).
+    let mut v: Vec<u64> = Vec::new();
+    for i in 0..100_000u64 {
+        v.push(i * i);
+    }
+    assert_eq!(v[99_999], 99_999 * 99_999);
+    v.truncate(100);
+    v.shrink_to_fit();
+    assert_eq!(
+        v.iter().sum::<u64>(),
+        (0..100u64).map(|i| i * i).sum::<u64>()
+    );
+    let mut q: VecDeque<Box<[u8; 100]>> = VecDeque::new();
+    for i in 0..10_000 {
+        q.push_back(Box::new([i as u8; 100]));
+        if q.len() > 64 {
+            let x = q.pop_front().unwrap();
+            assert!(x.iter().all(|&y| y == x[0]));
+        }
+    }
+
+    // Threads: a producer/consumer pair and a shared map, frees on other threads.
+    let (tx, rx) = mpsc::channel::<Vec<String>>();
+    let prod = std::thread::spawn(move || {
+        for i in 0..2000 {
+            tx.send((0..10).map(|j| format!("{i}:{j}")).collect())
+                .unwrap();
+        }
+    });
+    let cons = std::thread::spawn(move || {
+        let mut n = 0usize;
+        let mut bytes = 0usize;
+        for batch in rx {
+            n += batch.len();
+            bytes += batch.iter().map(|s| s.len()).sum::<usize>();
+        }
+        (n, bytes)
+    });
+    prod.join().unwrap();
+    let (n, bytes) = cons.join().unwrap();
+    assert_eq!(n, 20_000);
+    assert!(bytes > 60_000);
+
+    let shared = Arc::new(Mutex::new(Vec::<Box<u64>>::new()));
+    let ts: Vec<_> = (0..4)
+        .map(|t| {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let mut sum = 0u64;
+                for i in 0..20_000u64 {
+                    shared.lock().unwrap().push(Box::new(t * 1_000_000 + i));
+                    if i % 2 == 0 {
+                        if let Some(b) = shared.lock().unwrap().pop() {
+                            sum += *b % 7;
+                        }
+                    }
+                }
+                sum
+            })
+        })
+        .collect();
+    let _: u64 = ts.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(shared.lock().unwrap().len(), 4 * 10_000);
+    drop(shared);
+
+    // Large allocations.
+    let big = vec![7u8; 3 << 20];
+    assert_eq!(big.iter().map(|&x| x as usize).sum::<usize>(), 21 << 20);
+    drop(big);
+
+    KmemNta::flush_thread_cache();
+    KmemNta::check().unwrap();
+    let s = KmemNta::stats();
+    assert!(s.allocations > before, "allocations went through kmem-nta");
+    assert!(s.nodes >= 1);
+}

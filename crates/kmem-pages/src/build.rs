@@ -1,0 +1,528 @@
+//! Construction: the parameters a configuration gives, the layout of the
+//! metadata area, the constructors over reserved memory, a caller's buffer or
+//! another page source, and giving the memory back.
+
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+use kmem_core::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, Topology};
+
+use crate::alloc::{BucketState, PageAllocator, PerCpu, MAX_FRAMES};
+use crate::cache::CpuCache;
+use crate::config::{CacheMode, Config, Order, Strategy};
+use crate::frame::*;
+use crate::{MAX_BUCKETS, MAX_FREELISTS};
+
+/// Longest per-CPU slot (pages of one colour).
+const MAX_DEPTH: usize = 64;
+
+/// Where the frames and the metadata came from, and what gives them back.
+pub(crate) enum Backing<'a> {
+    #[cfg(feature = "std")]
+    Regions {
+        _frames: kmem_sys::Region,
+        _meta: kmem_sys::Region,
+    },
+    Source {
+        src: &'a dyn PageSource,
+        frames: NonNull<u8>,
+        pages: usize,
+        meta: NonNull<u8>,
+        meta_pages: usize,
+    },
+    Buffer(PhantomData<&'a mut [u8]>),
+}
+
+/// Everything that construction derives from the configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params {
+    pub(crate) page_size: usize,
+    pub(crate) npages: usize,
+    pub(crate) ncolours: usize,
+    pub(crate) nfl: usize,
+    pub(crate) limits: [usize; MAX_FREELISTS - 1],
+    pub(crate) nlimits: usize,
+    pub(crate) nb: usize,
+    pub(crate) numa: bool,
+    pub(crate) ncpus: usize,
+    pub(crate) cache_on: bool,
+    pub(crate) depth: usize,
+    pub(crate) fill_target: usize,
+    pub(crate) zeroed: bool,
+}
+
+/// Offsets of the parts of the metadata area.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    frames: usize,
+    listed: usize,
+    lists: usize,
+    pcpu: usize,
+    slots: usize,
+    slots_per_cpu: usize,
+    pub(crate) total: usize,
+}
+
+/// Alignment the metadata area needs (per-CPU records are cache padded).
+pub(crate) const META_ALIGN: usize = 128;
+
+impl Params {
+    pub(crate) fn new(
+        npages: usize,
+        page_size: usize,
+        topo: &Topology,
+        config: &Config,
+        default_zeroed: bool,
+    ) -> Result<Params> {
+        if !page_size.is_power_of_two() || page_size < 64 {
+            return Err(Error::BadConfig(
+                "page size must be a power of two of at least 64 bytes",
+            ));
+        }
+        if npages == 0 {
+            return Err(Error::BadConfig("no room for a single page frame"));
+        }
+        if npages > MAX_FRAMES {
+            return Err(Error::TooLarge {
+                size: npages as u64,
+                max: MAX_FRAMES as u64,
+            });
+        }
+        let ncolours = config.colour_count(page_size)?;
+        let l = config.freelist_limits(npages)?;
+        let mut limits = [0; MAX_FREELISTS - 1];
+        limits[..l.len()].copy_from_slice(l);
+        let nb = if config.numa {
+            if topo.nodes() > MAX_BUCKETS {
+                return Err(Error::BadConfig("NUMA mode serves at most 8 nodes"));
+            }
+            topo.nodes()
+        } else {
+            fold_packages(topo.packages()).0
+        };
+        let ncpus = topo.cpus();
+        let cache_on = match config.cache {
+            CacheMode::Auto => ncpus > nb,
+            CacheMode::On => true,
+            CacheMode::Off => false,
+        };
+        let budget = match config.cache_bytes {
+            Some(bytes) => (bytes / page_size).max(2),
+            None => crate::config::CACHE_PAGES_PER_COLOUR * ncolours,
+        };
+        let depth = budget.div_ceil(ncolours).clamp(2, MAX_DEPTH);
+        Ok(Params {
+            page_size,
+            npages,
+            ncolours,
+            nfl: l.len() + 1,
+            limits,
+            nlimits: l.len(),
+            nb,
+            numa: config.numa,
+            ncpus,
+            cache_on,
+            depth,
+            fill_target: (budget / 2).max(1),
+            zeroed: config.zeroed.unwrap_or(default_zeroed),
+        })
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        let up = |x: usize, a: usize| x.next_multiple_of(a);
+        let frames = 0;
+        let listed = up(frames + self.npages * core::mem::size_of::<Frame>(), 8);
+        let lists = up(listed + self.nb * self.npages.div_ceil(64) * 8, 16);
+        let pcpu = up(
+            lists + self.nb * self.nfl * self.ncolours * core::mem::size_of::<ColourList>(),
+            META_ALIGN,
+        );
+        let slots = up(
+            pcpu + self.ncpus * core::mem::size_of::<CachePadded<PerCpu>>(),
+            META_ALIGN,
+        );
+        let slots_per_cpu = if self.cache_on {
+            up(self.nfl * self.ncolours * (self.depth + 1) * 4, META_ALIGN)
+        } else {
+            0
+        };
+        Layout {
+            frames,
+            listed,
+            lists,
+            pcpu,
+            slots,
+            slots_per_cpu,
+            total: slots + self.ncpus * slots_per_cpu,
+        }
+    }
+}
+
+/// NetBSD's rule for more packages than buckets: halve until at most 8, and
+/// give each bucket `1 << shift` consecutive packages. Returns (buckets, shift).
+fn fold_packages(packages: usize) -> (usize, u32) {
+    let (mut n, mut shift) = (packages.max(1), 0);
+    while n > MAX_BUCKETS {
+        n = n.div_ceil(2);
+        shift += 1;
+    }
+    (n, shift)
+}
+
+#[cfg(feature = "std")]
+impl PageAllocator<'static> {
+    /// An allocator of `bytes` (rounded up to pages) of address space reserved
+    /// through kmem-sys, with the default [`Config`]: buckets per package of
+    /// `topology`, the current CPU from `cpus`.
+    ///
+    /// The frames are reserved and made accessible at once; the kernel backs
+    /// each page only when it is first touched, so untouched frames cost no
+    /// memory, and fresh frames are known zero. The metadata (16 bytes a
+    /// frame plus the per-CPU caches) lives in a second reservation.
+    pub fn new(topology: &Topology, cpus: Cpus, bytes: usize) -> Result<PageAllocator<'static>> {
+        Self::with_config(topology, cpus, bytes, &Config::default())
+    }
+
+    /// As [`new`](Self::new) with a configuration.
+    pub fn with_config(
+        topology: &Topology,
+        cpus: Cpus,
+        bytes: usize,
+        config: &Config,
+    ) -> Result<PageAllocator<'static>> {
+        let page = kmem_sys::page_size();
+        let npages = bytes.div_ceil(page);
+        let p = Params::new(npages, page, topology, config, true)?;
+        let layout = p.layout();
+        let frames = kmem_sys::Region::reserve_aligned(npages * page, 2 << 20)?;
+        frames.commit(0, frames.len())?;
+        let meta = kmem_sys::Region::reserve(layout.total)?;
+        meta.commit(0, meta.len())?;
+        let (fb, mb) = (frames.base(), meta.base());
+        // SAFETY: both regions are committed, owned by the new allocator (the
+        // backing keeps them alive), page aligned, and of the sizes computed.
+        unsafe {
+            Self::build(
+                fb,
+                mb,
+                p,
+                topology,
+                cpus,
+                Backing::Regions {
+                    _frames: frames,
+                    _meta: meta,
+                },
+            )
+        }
+    }
+
+    /// Gives the memory of every free page in the buckets back to the
+    /// operating system (`MADV_DONTNEED`) and marks those pages known zero,
+    /// which they then are. Pages in per-CPU caches are left alone.
+    /// Returns how many pages were purged.
+    pub fn purge(&self) -> usize {
+        let Backing::Regions {
+            _frames: region, ..
+        } = &self.backing
+        else {
+            return 0;
+        };
+        let mut guards = self.lock_all_buckets();
+        let fr = self.frames();
+        let mut purged = 0;
+        let mut i = 0;
+        while i < self.p.npages {
+            // A maximal run of dirty free frames.
+            let dirty = |j: usize| {
+                let s = fr[j].state();
+                kind(s) == K_FREE && s & ZERO == 0
+            };
+            if !dirty(i) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < self.p.npages && dirty(i) {
+                i += 1;
+            }
+            let ps = self.p.page_size;
+            if region.purge(start * ps, (i - start) * ps).is_err() {
+                continue;
+            }
+            for j in start..i {
+                let s = fr[j].state();
+                let b = bucket_of(s);
+                let (fl, c) = (self.freelist_of(j), self.colour_of(j));
+                let g = guards[b].as_mut().expect("every bucket is locked");
+                g.list(fl, c, self.p.ncolours).unlink(fr, j as u32, false);
+                fr[j].set_state(free_state(b, true));
+                g.list(fl, c, self.p.ncolours).insert(fr, j as u32, true);
+            }
+            purged += i - start;
+        }
+        drop(guards);
+        purged
+    }
+}
+
+impl<'a> PageAllocator<'a> {
+    /// An allocator over a caller's buffer (`no_std`: firmware, kernels, tests).
+    /// The buffer's first pages hold the metadata; the rest are the frames.
+    /// The buffer's contents are taken as unknown unless `config` says
+    /// [`zeroed`](Config::zeroed).
+    pub fn from_buffer(
+        buf: &'a mut [u8],
+        page_size: usize,
+        topology: &Topology,
+        cpus: Cpus,
+        config: &Config,
+    ) -> Result<PageAllocator<'a>> {
+        if !page_size.is_power_of_two() || page_size < 64 {
+            return Err(Error::BadConfig(
+                "page size must be a power of two of at least 64 bytes",
+            ));
+        }
+        let addr = buf.as_mut_ptr() as usize;
+        let start = addr
+            .checked_next_multiple_of(page_size.max(META_ALIGN))
+            .ok_or(Error::BadConfig("buffer at the top of the address space"))?;
+        let total = buf.len().saturating_sub(start - addr) / page_size;
+        // The most frames whose metadata fits in the pages before them (the
+        // metadata size depends on the freelist count, not on the limits).
+        let sizing = config.clone().low_freelists(&[]);
+        let nfl_extra = config.nlimits.min(crate::MAX_FREELISTS - 1);
+        let meta_pages_for = |n: usize| -> Result<usize> {
+            let mut p = Params::new(n, page_size, topology, &sizing, false)?;
+            p.nfl += nfl_extra;
+            Ok(p.layout().total.div_ceil(page_size))
+        };
+        let (mut lo, mut hi) = (0usize, total.min(MAX_FRAMES));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if meta_pages_for(mid)? + mid <= total {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if lo == 0 {
+            return Err(Error::BadConfig(
+                "buffer too small for one page after metadata",
+            ));
+        }
+        let p = Params::new(lo, page_size, topology, config, false)?;
+        let meta_pages = p.layout().total.div_ceil(page_size);
+        if meta_pages + lo > total {
+            return Err(Error::BadConfig("buffer too small for the metadata"));
+        }
+        // SAFETY: `start` is inside the buffer (total > 0 checked by Params),
+        // and the buffer is borrowed mutably for 'a, which the allocator keeps.
+        unsafe {
+            let meta = NonNull::new_unchecked(start as *mut u8);
+            let frames = NonNull::new_unchecked((start + meta_pages * page_size) as *mut u8);
+            Self::build(
+                frames,
+                meta,
+                p,
+                topology,
+                cpus,
+                Backing::Buffer(PhantomData),
+            )
+        }
+    }
+
+    /// An allocator of `pages` frames taken, with its metadata, from another
+    /// page source (as one run each), given back when it is dropped.
+    pub fn from_source(
+        src: &'a dyn PageSource,
+        pages: usize,
+        topology: &Topology,
+        cpus: Cpus,
+        config: &Config,
+    ) -> Result<PageAllocator<'a>> {
+        let page = src.page_size();
+        let p = Params::new(pages, page, topology, config, false)?;
+        let meta_pages = p.layout().total.div_ceil(page);
+        let align = META_ALIGN.div_ceil(page).max(1);
+        let meta = src.alloc_pages(meta_pages, align)?;
+        let frames = match src.alloc_pages(pages, 1) {
+            Ok(f) => f,
+            Err(e) => {
+                // SAFETY: `meta` was just allocated from `src` with this length.
+                let _ = unsafe { src.free_pages(meta, meta_pages) };
+                return Err(e);
+            }
+        };
+        // SAFETY: both runs come from `src`, are ours until freed in Drop, and
+        // have the sizes computed from `p`.
+        unsafe {
+            Self::build(
+                frames,
+                meta,
+                p,
+                topology,
+                cpus,
+                Backing::Source {
+                    src,
+                    frames,
+                    pages,
+                    meta,
+                    meta_pages,
+                },
+            )
+        }
+    }
+
+    /// Lays out the metadata and puts every frame on its colour list.
+    ///
+    /// # Safety
+    /// `frames` must address `p.npages * p.page_size` bytes and `meta`
+    /// `p.layout().total` bytes aligned to [`META_ALIGN`], both readable,
+    /// writable and owned by the new allocator for as long as it lives.
+    unsafe fn build(
+        frames: NonNull<u8>,
+        meta: NonNull<u8>,
+        p: Params,
+        topo: &Topology,
+        cpus: Cpus,
+        backing: Backing<'a>,
+    ) -> Result<PageAllocator<'a>> {
+        if meta.as_ptr() as usize % META_ALIGN != 0 {
+            return Err(Error::BadConfig("metadata must be 128-byte aligned"));
+        }
+        let l = p.layout();
+        let m = meta.as_ptr();
+        // Every offset below is inside the `l.total` bytes the caller
+        // provides, aligned as `layout` arranged, and the memory is
+        // exclusively ours; values are written before any use.
+        // SAFETY: as just said.
+        let (fr_ptr, listed_ptr, lists_ptr, pcpu_ptr, slots_ptr) = unsafe {
+            (
+                m.add(l.frames).cast::<Frame>(),
+                m.add(l.listed).cast::<AtomicU64>(),
+                m.add(l.lists).cast::<ColourList>(),
+                m.add(l.pcpu).cast::<CachePadded<PerCpu>>(),
+                m.add(l.slots),
+            )
+        };
+        // SAFETY: as above.
+        unsafe {
+            for i in 0..p.npages {
+                fr_ptr.add(i).write(Frame {
+                    state: AtomicU32::new(0),
+                    next: AtomicU32::new(NIL),
+                    prev: AtomicU32::new(NIL),
+                });
+            }
+            for w in 0..p.nb * p.npages.div_ceil(64) {
+                listed_ptr.add(w).write(AtomicU64::new(0));
+            }
+            for k in 0..p.nb * p.nfl * p.ncolours {
+                lists_ptr.add(k).write(ColourList::EMPTY);
+            }
+            if p.cache_on {
+                core::ptr::write_bytes(slots_ptr, 0, p.ncpus * l.slots_per_cpu);
+            }
+        }
+        let (_, shift) = fold_packages(topo.packages());
+        for cpu in 0..p.ncpus {
+            let bucket = if p.numa {
+                topo.node_of(cpu)
+            } else {
+                topo.package_of(cpu) >> shift
+            };
+            // SAFETY: as above; CPU `cpu`'s slots start at its own offset.
+            unsafe {
+                let slots =
+                    NonNull::new_unchecked(slots_ptr.add(cpu * l.slots_per_cpu).cast::<u32>());
+                pcpu_ptr.add(cpu).write(CachePadded(PerCpu {
+                    cache: Lock::new(CpuCache {
+                        enabled: p.cache_on,
+                        slots,
+                    }),
+                    cached: AtomicUsize::new(0),
+                    next_colour: AtomicU32::new(0),
+                    bucket: bucket as u32,
+                    hits: Counter::new(),
+                    misses: Counter::new(),
+                    cache_frees: Counter::new(),
+                    bucket_allocs: Counter::new(),
+                    stolen: Counter::new(),
+                    stolen_to_cache: Counter::new(),
+                    frees_local: Counter::new(),
+                    frees_remote: Counter::new(),
+                }));
+            }
+        }
+        let page_shift = p.page_size.trailing_zeros();
+        let base = frames.as_ptr() as usize;
+        let per_bucket = p.nfl * p.ncolours;
+        let a = PageAllocator {
+            base,
+            base_pfn: base >> page_shift,
+            page_shift,
+            p,
+            colour_mask: p.ncolours - 1,
+            cpus,
+            normal: Order::new(Strategy::Normal, p.nfl)?,
+            // SAFETY: the pointers are non-null (offsets into a non-null area).
+            frames: unsafe { NonNull::new_unchecked(fr_ptr) },
+            // SAFETY: as above.
+            listed: unsafe { NonNull::new_unchecked(listed_ptr) },
+            // SAFETY: as above.
+            pcpu: unsafe { NonNull::new_unchecked(pcpu_ptr) },
+            buckets: core::array::from_fn(|b| {
+                let b = b.min(p.nb - 1);
+                CachePadded(Lock::new(BucketState {
+                    masks: [0; MAX_FREELISTS],
+                    // SAFETY: bucket b's lists are inside the lists block.
+                    lists: unsafe { NonNull::new_unchecked(lists_ptr.add(b * per_bucket)) },
+                }))
+            }),
+            nfree: core::array::from_fn(|_| {
+                CachePadded(core::array::from_fn(|_| AtomicUsize::new(0)))
+            }),
+            control: Lock::new(0),
+            run_hint: core::array::from_fn(|_| AtomicUsize::new(0)),
+            backing,
+        };
+        // Every frame onto its initial bucket's colour list, lowest first.
+        let fr = a.frames();
+        for i in 0..p.npages {
+            let b = a.initial_bucket(i);
+            let (fl, c) = (a.freelist_of(i), a.colour_of(i));
+            fr[i].set_state(free_state(b, p.zeroed));
+            let mut g = a.buckets[b].lock();
+            g.insert(fr, p.ncolours, fl, c, i as u32, p.zeroed);
+            a.mark_listed(b, i);
+            drop(g);
+            a.nfree[b][fl].fetch_add(1, Relaxed);
+        }
+        for f in 0..p.nfl {
+            a.run_hint[f].store(a.freelist_range(f).0, Relaxed);
+        }
+        a.reset_stats();
+        Ok(a)
+    }
+}
+
+impl Drop for PageAllocator<'_> {
+    fn drop(&mut self) {
+        if let Backing::Source {
+            src,
+            frames,
+            pages,
+            meta,
+            meta_pages,
+        } = self.backing
+        {
+            // SAFETY: both runs were allocated from `src` at construction
+            // with these lengths, and nothing of ours uses them any more.
+            unsafe {
+                let _ = src.free_pages(frames, pages);
+                let _ = src.free_pages(meta, meta_pages);
+            }
+        }
+    }
+}

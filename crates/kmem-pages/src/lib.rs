@@ -1,0 +1,127 @@
+//! kmem-pages: a page-frame allocator after NetBSD's 2019 rework of the UVM
+//! page allocator (seed 004), and the default [`PageSource`] of kmem.
+//!
+//! # Structure
+//!
+//! ```text
+//!   PageAllocator
+//!    |
+//!    +- freelist[f]          ranges of frames by index ("low" memory last)
+//!    |   +- bucket[b]        one per CPU package (NUMA mode: per node), <= 8
+//!    |       |  lock         kmem_core::Lock on its own cache line
+//!    |       |  nfree[f]     free pages, read WITHOUT the lock, own line
+//!    |       +- colour[c]    list of free frames: dirty ... | ... zeroed
+//!    |
+//!    +- cpu[n]               one record per CPU of the Topology, own lines
+//!    |     lock, next colour, bucket, counters
+//!    |     slot[f][c]        up to `depth` cached frames (the per-CPU cache)
+//!    |
+//!    +- frame[i]             16-byte record per page frame, apart from the
+//!                            pages: state | bucket | zero flag, list links
+//! ```
+//!
+//! Frames are the pages of one region: address space reserved through
+//! kmem-sys with `std` ([`PageAllocator::new`]), or a caller's buffer
+//! ([`PageAllocator::from_buffer`]) or another [`PageSource`]
+//! ([`PageAllocator::from_source`]) in `no_std`. The metadata (frame records,
+//! a listed bitmap per bucket, colour lists, per-CPU records and slots) comes from the same
+//! place, never from a global heap.
+//!
+//! # Policy
+//!
+//! - **Allocating one page** on CPU n, next colour c: the slot `[0][c]` of
+//!   n's cache; on a miss, n's bucket, colour c or the next non-empty one
+//!   (found in a 64-bit mask of non-empty colours), and while that bucket's
+//!   lock is held the cache is topped up for the colours n will ask for next
+//!   (one page per colour per pass, up to half the cache); then the other
+//!   buckets (stealing: in package mode the cache is topped up from the
+//!   victim too, its pages joining n's bucket as a free would move them, so
+//!   a CPU whose bucket ran dry takes one remote lock per batch, not per
+//!   page); then the next freelist. Freelist beats bucket beats
+//!   colour. In NUMA mode the CPU's own bucket is tried in every freelist
+//!   before any other bucket. The CPU's next colour becomes the one it got,
+//!   plus one: consecutive allocations rotate through the colours.
+//! - **Freeing one page**: into the freeing CPU's cache (its bucket's pages);
+//!   a full slot first spills every slot of its freelist down to half, under
+//!   one bucket lock. The page thereby moves to the bucket of the CPU that
+//!   last used it (the seed's L2/L3 strategy). In NUMA mode a page always goes
+//!   back to its home bucket: the cache if that is the CPU's, else the home
+//!   bucket's list.
+//! - **Zeroed pages**: a page freed as known zero keeps the flag, at the tail
+//!   of its colour list (and with a flag bit in a cache slot); `ZERO` requests
+//!   take from the tail and clear only pages not known zero; other requests
+//!   take from the head and so leave the zeroed pages for those that want them.
+//! - **Runs** of contiguous frames come from a word-at-a-time search of the
+//!   union of the buckets' listed bitmaps with every bucket lock held (a slower path); frames in caches are not
+//!   eligible, so a failed search flushes the caches and tries once more.
+//! - **Failure**: when every bucket is empty, the per-CPU caches are flushed
+//!   and the search repeated once; then [`Error::OutOfMemory`](kmem_core::Error).
+//! - The per-CPU cache is on only when CPUs share a bucket
+//!   ([`CacheMode::Auto`]); [`PageAllocator::pause_cache`] empties and stops
+//!   every cache (nested), [`PageAllocator::resume_cache`] restarts them.
+//!
+//! # Invariants (verified by [`PageAllocator::check`])
+//!
+//! - A frame is in exactly one place: on the colour list of its freelist, its
+//!   colour and the bucket in its state (`FREE`); in one cache slot of its
+//!   freelist and colour of a CPU of that bucket (`CACHED`); or allocated, as
+//!   the `HEAD` of a run of `len` frames or one of its `TAIL`s.
+//! - A frame's bit is set in the listed map of bucket b exactly when it is
+//!   `FREE` on one of b's lists.
+//! - `nfree[b][f]` is the length of bucket b's lists of freelist f; bit c of
+//!   `masks[f]` is set exactly when list c is non-empty; a list's zeroed
+//!   frames are its last `nzero` ones.
+//! - A cache holds only its CPU's bucket's frames and at most `depth` per slot.
+//! - In NUMA mode every free frame is in its home bucket.
+//!
+//! # Locking
+//!
+//! - A bucket's lock guards its colour lists and masks, the `FREE` states
+//!   and listed bitmap, the `FREE` states of its frames, and the writes of
+//!   its `nfree`.
+//! - A CPU's cache lock guards its slots and the `CACHED` states in them. A
+//!   thread may move CPUs at any moment: correctness never depends on it,
+//!   only the locks' privacy does.
+//! - Order: the control lock (pause), then a CPU's cache lock, then bucket
+//!   locks, several of them only in ascending order (runs, check). No two
+//!   cache locks are ever held together.
+//! - A free claims its frame with one compare-exchange `HEAD(n) -> BUSY`
+//!   before taking any lock, so a double free racing the first free fails
+//!   cleanly; every other frame-state change happens under a lock.
+//!
+//! # Units
+//!
+//! Frames and runs are counted in pages of [`PageAllocator::page_size`];
+//! alignments are in pages and apply to addresses; colours are page numbers
+//! (address / page size) modulo the colour count; a cache's size is in bytes
+//! per CPU and freelist ([`Config::cache_bytes`]; by default NetBSD's 7 pages
+//! per colour, which is the seed's 224 KiB with 8 colours), split evenly over
+//! the colours, at least 2 pages a colour.
+
+#![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+mod alloc;
+mod build;
+mod cache;
+mod config;
+mod frame;
+mod run;
+mod source;
+mod stats;
+
+pub use alloc::PageAllocator;
+pub use config::{CacheMode, Config, Flags, Strategy, CACHE_PAGES_PER_COLOUR};
+pub use frame::{FrameInfo, FrameState};
+pub use kmem_core::PageSource;
+pub use stats::Stats;
+
+/// Most buckets (NetBSD's `PGFL_MAX_BUCKETS`).
+pub const MAX_BUCKETS: usize = 8;
+/// Most freelists (the default one and up to three "low" ones).
+pub const MAX_FREELISTS: usize = 4;
+/// Most page colours (a 64-bit mask tracks the non-empty ones).
+pub const MAX_COLOURS: usize = 64;

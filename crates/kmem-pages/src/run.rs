@@ -1,0 +1,239 @@
+//! Contiguous runs of frames: the slower path (NetBSD's `uvm_pglistalloc`).
+//!
+//! A run is found in the union of the buckets' listed maps (bit set: the
+//! frame is on that bucket's colour lists), word at a time, with every bucket
+//! lock held, so the maps and the lists hold still; each frame is unlinked
+//! from its colour list, whatever its bucket. Frames in per-CPU caches are in
+//! no map and never part of a run; when no run fits, the caches are flushed
+//! once and the search repeats. A freed run goes back frame by frame
+//! to the freeing CPU's bucket (to each frame's home in NUMA mode).
+
+use core::ptr::NonNull;
+
+use kmem_core::sync::Ordering::Relaxed;
+use kmem_core::{Error, Result};
+
+use crate::alloc::PageAllocator;
+use crate::config::{Flags, Order, Strategy};
+use crate::frame::*;
+
+impl PageAllocator<'_> {
+    /// Allocates `pages` physically contiguous frames whose address is
+    /// aligned to `align` pages (a power of two), from any freelist.
+    pub fn alloc_run(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
+        self.alloc_run_with(pages, align, Flags::NONE, Strategy::Normal)
+    }
+
+    /// As [`alloc_run`](Self::alloc_run) with flags and a freelist strategy.
+    /// A one-page request without alignment takes the single-page path.
+    pub fn alloc_run_with(
+        &self,
+        pages: usize,
+        align: usize,
+        flags: Flags,
+        strategy: Strategy,
+    ) -> Result<NonNull<u8>> {
+        if pages == 0 {
+            return Err(Error::ZeroSize);
+        }
+        if !align.is_power_of_two() || align.checked_mul(self.p.page_size).is_none() {
+            return Err(Error::BadAlign {
+                align: align as u64,
+            });
+        }
+        let max = self.p.npages.min(MAX_RUN);
+        if pages > max {
+            return Err(Error::TooLarge {
+                size: pages as u64,
+                max: max as u64,
+            });
+        }
+        let order = Order::new(strategy, self.p.nfl)?;
+        if pages == 1 && align == 1 {
+            return self.alloc(flags, strategy);
+        }
+        for attempt in 0..2 {
+            if let Some(i) = self.take_run(pages, align, order, flags.zero()) {
+                return Ok(self.hand_out(i, false));
+            }
+            if attempt == 0 && self.cached_pages() > 0 {
+                self.flush_caches();
+            } else {
+                break;
+            }
+        }
+        Err(Error::OutOfMemory { size: pages as u64 })
+    }
+
+    /// Finds, unlinks and marks a run; zeroes its dirty frames if asked.
+    fn take_run(&self, n: usize, align: usize, order: Order, zero: bool) -> Option<usize> {
+        let mut guards = self.lock_all_buckets();
+        let mut found = None;
+        for fl in order.iter() {
+            let (s, e) = self.freelist_range(fl);
+            let hint = self.run_hint[fl].load(Relaxed).clamp(s, e);
+            if let Some(i) = self
+                .find_free_run(hint, e, n, align)
+                .or_else(|| self.find_free_run(s, e, n, align))
+            {
+                found = Some((i, fl));
+                break;
+            }
+        }
+        let (i, fl) = found?;
+        let fr = self.frames();
+        let mut dirty = 0;
+        for j in i..i + n {
+            let st = fr[j].state();
+            debug_assert_eq!(kind(st), K_FREE);
+            let (b, z) = (bucket_of(st), st & ZERO != 0);
+            let (jfl, c) = (self.freelist_of(j), self.colour_of(j));
+            let g = guards[b].as_mut().expect("every bucket is locked");
+            g.unlink(fr, self.p.ncolours, jfl, c, j as u32, z);
+            self.unmark_listed(b, j);
+            let nf = &self.nfree[b][jfl];
+            nf.store(nf.load(Relaxed) - 1, Relaxed);
+            dirty += usize::from(!z);
+            // Keep the zero flag in the BUSY state until the run is cleared.
+            fr[j].set_state(K_BUSY | if z { ZERO } else { 0 });
+        }
+        self.run_hint[fl].store(i + n, Relaxed);
+        let b = bucket_of(fr[i].state()).min(self.p.nb - 1);
+        drop(guards);
+        // Nobody else can reach these frames now: they are on no list, in no
+        // cache and not yet handed out.
+        for (j, f) in fr.iter().enumerate().skip(i).take(n) {
+            if zero && dirty > 0 && f.state() & ZERO == 0 {
+                self.hand_out(j, true);
+            }
+            f.set_state(if j == i { head_state(n, b) } else { K_TAIL });
+        }
+        Some(i)
+    }
+
+    /// Frees a run of `pages` frames that [`alloc_run`](Self::alloc_run)
+    /// returned (one page goes through [`free_page`](Self::free_page)).
+    ///
+    /// # Safety
+    /// The run must not be used after a successful free.
+    pub unsafe fn free_run(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
+        self.free_run_inner(ptr, pages, false)
+    }
+
+    /// As [`free_run`](Self::free_run) for a run whose bytes are all zero.
+    ///
+    /// # Safety
+    /// As `free_run`; every byte of the run must be zero.
+    pub unsafe fn free_run_zeroed(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
+        self.free_run_inner(ptr, pages, true)
+    }
+
+    fn free_run_inner(&self, ptr: NonNull<u8>, pages: usize, zero: bool) -> Result<()> {
+        if pages == 1 {
+            // SAFETY: forwarded contract.
+            return unsafe {
+                if zero {
+                    self.free_page_zeroed(ptr)
+                } else {
+                    self.free_page(ptr)
+                }
+            };
+        }
+        let i = self.index_of(ptr)?;
+        // A length of 0 (or any other wrong one) fails here, changing nothing.
+        self.claim(i, pages, ptr.as_ptr() as u64)?;
+        let pc = self.pcpu(self.cpu());
+        let my = pc.bucket as usize;
+        let fr = self.frames();
+        let nc = self.p.ncolours;
+        let mut j = i;
+        while j < i + pages {
+            // One lock hold per stretch of frames bound for the same bucket.
+            let b = if self.p.numa { self.home(j) } else { my };
+            let mut g = self.buckets[b].lock();
+            let mut moved = 0;
+            while j < i + pages && (!self.p.numa || self.home(j) == b) {
+                let (fl, c) = (self.freelist_of(j), self.colour_of(j));
+                fr[j].set_state(free_state(b, zero));
+                g.insert(fr, nc, fl, c, j as u32, zero);
+                self.mark_listed(b, j);
+                let nf = &self.nfree[b][fl];
+                nf.store(nf.load(Relaxed) + 1, Relaxed);
+                j += 1;
+                moved += 1;
+            }
+            drop(g);
+            if b == my {
+                pc.frees_local.add(moved);
+            } else {
+                pc.frees_remote.add(moved);
+            }
+        }
+        Ok(())
+    }
+
+    /// Word `w` of the union of the listed maps: the frames on any list.
+    ///
+    /// CONTEXT: every bucket lock.
+    #[inline]
+    fn free_word(&self, w: usize) -> u64 {
+        (0..self.p.nb).fold(0, |acc, b| acc | self.listed(b)[w].load(Relaxed))
+    }
+
+    /// The first frame in `[i, end)` that is listed (`want_free`) or not.
+    ///
+    /// CONTEXT: every bucket lock.
+    fn next_frame(&self, i: usize, end: usize, want_free: bool) -> Option<usize> {
+        if i >= end {
+            return None;
+        }
+        let word = |w: usize| {
+            let f = self.free_word(w);
+            if want_free {
+                f
+            } else {
+                !f
+            }
+        };
+        let mut w = i / 64;
+        let mut bits = word(w) & (!0u64 << (i % 64));
+        loop {
+            if bits != 0 {
+                let j = w * 64 + bits.trailing_zeros() as usize;
+                return (j < end).then_some(j);
+            }
+            w += 1;
+            if w * 64 >= end {
+                return None;
+            }
+            bits = word(w);
+        }
+    }
+
+    /// The lowest `i` in `[from, end - n]` whose address is aligned to
+    /// `align` pages and whose frames `[i, i + n)` are all listed.
+    ///
+    /// CONTEXT: every bucket lock.
+    pub(crate) fn find_free_run(
+        &self,
+        from: usize,
+        end: usize,
+        n: usize,
+        align: usize,
+    ) -> Option<usize> {
+        let mask = align - 1;
+        let mut i = from;
+        loop {
+            i = self.next_frame(i, end, true)?;
+            // Align the address: (base_pfn + i) % align == 0.
+            i = ((self.base_pfn + i).checked_add(mask)? & !mask) - self.base_pfn;
+            if i.checked_add(n)? > end {
+                return None;
+            }
+            match self.next_frame(i, i + n, false) {
+                None => return Some(i),
+                Some(b) => i = b + 1,
+            }
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! [`PageSource`] for [`PageAllocator`]: the default source of kmem's other
+//! allocators.
+//!
+//! ```text
+//!   alloc_pages(1, 1)            the per-CPU fast path (alloc_page)
+//!   alloc_pages(n, align)        a contiguous run (alloc_run)
+//!   free_pages(p, 1)             the per-CPU fast path (free_page)
+//!   free_pages(p, n)             free_run
+//!   free_pages_zeroed            keeps the known-zero flag of every frame
+//!   free_page_count              buckets plus per-CPU caches
+//! ```
+
+use core::ptr::NonNull;
+
+use kmem_core::{PageSource, Result};
+
+use crate::alloc::PageAllocator;
+use crate::config::{Flags, Strategy};
+
+// SAFETY: every page handed out is a frame of the region this allocator owns,
+// `page_size` bytes long, readable and writable; a frame is handed out only
+// from a colour list or a cache slot, which it then leaves (and the listed maps
+// and its HEAD/TAIL state say so) until it is freed, so no two live
+// allocations overlap; runs are aligned by the address-based search.
+unsafe impl PageSource for PageAllocator<'_> {
+    #[inline]
+    fn page_size(&self) -> usize {
+        self.p.page_size
+    }
+
+    #[inline]
+    fn alloc_pages(&self, pages: usize, align_pages: usize) -> Result<NonNull<u8>> {
+        if pages == 1 && align_pages == 1 {
+            self.alloc_page()
+        } else {
+            self.alloc_run(pages, align_pages)
+        }
+    }
+
+    #[inline]
+    fn alloc_pages_zeroed(&self, pages: usize, align_pages: usize) -> Result<NonNull<u8>> {
+        if pages == 1 && align_pages == 1 {
+            self.alloc_page_zeroed()
+        } else {
+            self.alloc_run_with(pages, align_pages, Flags::ZERO, Strategy::Normal)
+        }
+    }
+
+    #[inline]
+    unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if pages == 1 {
+                self.free_page(ptr)
+            } else {
+                self.free_run(ptr, pages)
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn free_pages_zeroed(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if pages == 1 {
+                self.free_page_zeroed(ptr)
+            } else {
+                self.free_run_zeroed(ptr, pages)
+            }
+        }
+    }
+
+    fn free_page_count(&self) -> Option<usize> {
+        Some(self.free_count())
+    }
+
+    fn total_page_count(&self) -> Option<usize> {
+        Some(self.p.npages)
+    }
+
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        Some((NonNull::new(self.base as *mut u8)?, self.p.npages))
+    }
+}

@@ -1,0 +1,231 @@
+//! Typed per-CPU values on top of [`PerCpuAllocator`]: [`PerCpu<T>`] and
+//! [`PerCpuCounter`], its first user.
+//!
+//! ```text
+//!   PerCpu<T>        one T per CPU, built by init(cpu), dropped and freed on drop
+//!     get(cpu)       &T of that CPU (any thread may read any CPU's copy)
+//!     this_cpu()     &T of the calling thread's CPU (through the allocator's Cpus)
+//!     iter()         every CPU's &T
+//!   PerCpuCounter    a PerCpu<AtomicU64>: add() touches only this CPU's slot
+//!                    (no cache line shared with another CPU); sum() adds
+//!                    every slot
+//! ```
+//!
+//! How `PerCpuCounter::add` reaches the slot:
+//!
+//! ```text
+//!   Cpus::Real + rseq (x86-64 Linux)  kmem_sys::cpu::rseq_percpu_add: a plain
+//!                                     `add` in a restartable sequence, Linux's
+//!                                     this_cpu_add (no bus lock, ~1 ns)
+//!     CPU id beyond the topology      a relaxed fetch_add on a spill word
+//!   any other CPU source              a relaxed fetch_add on the slot of
+//!                                     cpus.current() (folded into range)
+//! ```
+//!
+//! The two ways never write the same word: a locked add racing with a plain
+//! one on another CPU could be lost.
+//!
+//! Values are shared (`&T`) because a thread may migrate at any moment and
+//! another CPU's thread may read the same copy: mutation goes through atomics
+//! or locks inside `T`, as in the kernel with preemption enabled.
+
+use core::marker::PhantomData;
+
+use kmem_core::sync::{AtomicU64, Ordering};
+use kmem_core::{CachePadded, Cpus, Result};
+
+use crate::{Backend, PerCpuAllocator, PerCpuPtr};
+
+/// One `T` per CPU of the allocator's topology.
+pub struct PerCpu<'a, T, B: Backend> {
+    alloc: &'a PerCpuAllocator<B>,
+    ptr: PerCpuPtr,
+    _t: PhantomData<T>,
+}
+
+impl<T, B: Backend> core::fmt::Debug for PerCpu<'_, T, B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PerCpu").field("ptr", &self.ptr).finish()
+    }
+}
+
+impl<'a, T, B: Backend> PerCpu<'a, T, B> {
+    /// Allocates one `T` per CPU and builds CPU c's with `init(c)`.
+    ///
+    /// Errors as [`PerCpuAllocator::alloc`] (an alignment above the page
+    /// size is [`kmem_core::Error::BadAlign`]). If `init` panics, the
+    /// allocation and the values built so far are leaked, never freed twice.
+    pub fn new(alloc: &'a PerCpuAllocator<B>, mut init: impl FnMut(usize) -> T) -> Result<Self> {
+        let ptr = alloc.alloc(core::mem::size_of::<T>().max(1), core::mem::align_of::<T>())?;
+        for c in 0..ptr.units() {
+            // SAFETY: unit c's copy is at least size_of::<T>() bytes, aligned for
+            // T, ours alone until this PerCpu is returned.
+            unsafe { ptr.get(c).cast::<T>().as_ptr().write(init(c)) };
+        }
+        Ok(PerCpu {
+            alloc,
+            ptr,
+            _t: PhantomData,
+        })
+    }
+
+    /// CPU `cpu`'s value.
+    ///
+    /// # Panics
+    /// If `cpu` is not a CPU of the topology.
+    #[inline]
+    pub fn get(&self, cpu: usize) -> &T {
+        // SAFETY: the copy holds a T built in `new`, alive until drop; only
+        // shared references are handed out while `&self` lives.
+        unsafe { &*self.ptr.get(cpu).cast::<T>().as_ptr() }
+    }
+
+    /// CPU `cpu`'s value, exclusively.
+    #[inline]
+    pub fn get_mut(&mut self, cpu: usize) -> &mut T {
+        // SAFETY: as `get`; `&mut self` excludes every other reference.
+        unsafe { &mut *self.ptr.get(cpu).cast::<T>().as_ptr() }
+    }
+
+    /// The calling thread's CPU's value (it may have moved by the time it is used).
+    #[inline]
+    pub fn this_cpu(&self) -> &T {
+        self.get(self.alloc.current_cpu())
+    }
+
+    /// Every CPU's value, CPU 0 first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        (0..self.ptr.units()).map(move |c| self.get(c))
+    }
+
+    /// Number of CPUs.
+    pub fn units(&self) -> usize {
+        self.ptr.units()
+    }
+
+    /// The underlying allocation.
+    pub fn as_ptr(&self) -> PerCpuPtr {
+        self.ptr
+    }
+}
+
+impl<T, B: Backend> Drop for PerCpu<'_, T, B> {
+    fn drop(&mut self) {
+        for c in 0..self.ptr.units() {
+            // SAFETY: each copy holds a live T that nothing else references
+            // (`&mut self`); it is dropped exactly once here.
+            unsafe { core::ptr::drop_in_place(self.ptr.get(c).cast::<T>().as_ptr()) };
+        }
+        let r = self.alloc.free(self.ptr);
+        debug_assert!(r.is_ok(), "a PerCpu's allocation was refused: {r:?}");
+    }
+}
+
+/// A counter with one slot per CPU: adding touches only the calling CPU's
+/// slot; reading sums every slot.
+pub struct PerCpuCounter<'a, B: Backend> {
+    slots: PerCpu<'a, AtomicU64, B>,
+    base: *mut u8,
+    stride: usize,
+    units: usize,
+    cpus: Cpus,
+    rseq: bool,
+    spill: CachePadded<AtomicU64>,
+}
+
+// SAFETY: `base` points into the counter's own allocation (`slots`), whose
+// slots are atomics (or written by whole restartable instructions, see the
+// module documentation); sharing or moving the counter shares/moves those.
+unsafe impl<B: Backend> Send for PerCpuCounter<'_, B> {}
+// SAFETY: as above.
+unsafe impl<B: Backend> Sync for PerCpuCounter<'_, B> {}
+
+impl<B: Backend> core::fmt::Debug for PerCpuCounter<'_, B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PerCpuCounter")
+            .field("sum", &self.sum())
+            .field("rseq", &self.rseq)
+            .finish()
+    }
+}
+
+impl<'a, B: Backend> PerCpuCounter<'a, B> {
+    /// A counter at zero.
+    pub fn new(alloc: &'a PerCpuAllocator<B>) -> Result<Self> {
+        let slots = PerCpu::new(alloc, |_| AtomicU64::new(0))?;
+        let p = slots.as_ptr();
+        let cpus = alloc.cpus();
+        #[cfg(feature = "std")]
+        let rseq = matches!(cpus, Cpus::Real) && kmem_sys::cpu::rseq_cpu_id().is_some();
+        #[cfg(not(feature = "std"))]
+        let rseq = false;
+        Ok(PerCpuCounter {
+            base: p.get(0).as_ptr(),
+            stride: p.stride(),
+            units: p.units(),
+            cpus,
+            rseq,
+            spill: CachePadded(AtomicU64::new(0)),
+            slots,
+        })
+    }
+
+    /// True when adds go through restartable sequences (see the module
+    /// documentation).
+    pub fn uses_rseq(&self) -> bool {
+        self.rseq
+    }
+
+    /// Adds `n` to the calling CPU's slot (wrapping on overflow).
+    #[inline(always)]
+    pub fn add(&self, n: u64) {
+        #[cfg(feature = "std")]
+        if self.rseq {
+            // SAFETY: units slots of 8 aligned bytes at `stride` from `base`
+            // (the counter's allocation), written only by rseq adds once the
+            // counter is in rseq mode (reset's stores excepted, see there).
+            if !unsafe { kmem_sys::cpu::rseq_percpu_add(self.base, self.stride, self.units, n) } {
+                self.spill.fetch_add(n, Ordering::Relaxed);
+            }
+            return;
+        }
+        let mut cpu = self.cpus.current();
+        if cpu >= self.units {
+            cpu %= self.units;
+        }
+        // SAFETY: cpu < units, so the slot lies in the counter's allocation and
+        // holds an AtomicU64 that lives as long as `self`.
+        let slot = unsafe { &*self.base.add(cpu * self.stride).cast::<AtomicU64>() };
+        slot.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds one.
+    #[inline(always)]
+    pub fn inc(&self) {
+        self.add(1)
+    }
+
+    /// The sum of every slot (each read relaxed: concurrent adds may or may
+    /// not be counted, none is counted twice).
+    pub fn sum(&self) -> u64 {
+        self.slots
+            .iter()
+            .fold(self.spill.load(Ordering::Relaxed), |s, v| {
+                s.wrapping_add(v.load(Ordering::Relaxed))
+            })
+    }
+
+    /// CPU `cpu`'s slot (adds from CPUs beyond the topology are in no slot).
+    pub fn get(&self, cpu: usize) -> u64 {
+        self.slots.get(cpu).load(Ordering::Relaxed)
+    }
+
+    /// Sets every slot to zero. Not atomic with concurrent adds: one racing
+    /// with it may survive, or may bring its slot's old value back.
+    pub fn reset(&self) {
+        for v in self.slots.iter() {
+            v.store(0, Ordering::Relaxed);
+        }
+        self.spill.store(0, Ordering::Relaxed);
+    }
+}

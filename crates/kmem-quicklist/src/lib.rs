@@ -1,0 +1,108 @@
+//! kmem-quicklist: per-CPU caches of pages kept in their constructed state.
+//!
+//! Linux's quicklists (seed 002: `mm/quicklist.c`, 2.6.22), with the sizing
+//! fix of 2.6.27. Pages that have a known state between uses (page tables, I/O
+//! buffers with a header, pre-formatted database pages) are freed onto a list
+//! of the freeing CPU instead of back to the page allocator, and handed out
+//! again from the list without re-initialisation: for a page-table page that
+//! means touching one cache line instead of clearing 64, and for a pgd also
+//! skipping the copy of the kernel's mappings and the tracking-list updates.
+//!
+//! ```text
+//!    CPU 0                     CPU 1                          CPU n-1
+//!   +----------------------+  +----------------------+
+//!   | Lock                 |  | Lock                 |   ...  one PerCpu per CPU,
+//!   |  list 0: head, nr ---+--+-> page -> page -> 0  |        128-byte aligned,
+//!   |  list 1: head, nr    |  |  list 1: head, nr    |        in pages from the source
+//!   |  pages, bound        |  |  pages, bound        |
+//!   | counters             |  | counters             |
+//!   +----------------------+  +----------------------+
+//!
+//!   a page on a list:  [ link word | ... constructed contents ... ]
+//!                        ^ Config::link_offset (0 as in Linux): the next page
+//!
+//!   ownership record:  one byte per page of the source's span
+//!                      FREE / LIVE (handed out) / CACHED (on a list) / RELEASED
+//! ```
+//!
+//! # Policy
+//!
+//! - `alloc(list, ctor)`: pop this CPU's list `list`; if it is empty, take a
+//!   zeroed page from the [`PageSource`](kmem_core::PageSource) and run the
+//!   constructor on it (no constructor: the page stays zero). A page on a list
+//!   is always in its constructed state, so a hit runs nothing.
+//! - `free(list, page, dtor)`: the caller returns the page in its constructed
+//!   state; it is pushed on this CPU's list (whichever CPU allocated it). If the
+//!   list is then above its bound, it is trimmed.
+//! - `trim(list, dtor)`: give back to the source the pages above the bound, at
+//!   most a batch (16) per call, never below the minimum (25), running the
+//!   destructor on each first.
+//! - The bound of a CPU's list ([`Policy`]): `node_free / 16` per CPU
+//!   ([`Policy::PerNodeFree16`], the original design, which lets n CPUs hold
+//!   `(n-1)/(16+n-1)` of memory when one CPU forks and the others exit) or
+//!   `node_free / 16 / cpus_on_node` ([`Policy::PerNodeFree16PerCpu`], the fix
+//!   and the default). `node_free` is what the source can actually hand out
+//!   ([`PageSource::free_page_count`](kmem_core::PageSource::free_page_count),
+//!   the seed's second commit), divided evenly among the topology's nodes.
+//!   The bound is computed at each trim (reading the source's free count)
+//!   and cached: a free trims when its list is above the cached bound, or a
+//!   batch past its length at the last trim, so a bound lowered by falling
+//!   free memory is noticed within a batch of frees while most frees read
+//!   nothing but their own list.
+//!
+//! # Invariants (checked by [`Quicklists::check`])
+//!
+//! - A list is a chain of exactly `nr` pages linked through their link words,
+//!   the last one's link zero; no page is on two lists.
+//! - Every page on a list is recorded `CACHED`; every page handed out and not
+//!   freed is recorded `LIVE`; the per-CPU page counts are the lists' lengths.
+//! - A page's link word reads zero whenever the page is handed out (fresh or
+//!   recycled) or given back to the source.
+//!
+//! # Bad input
+//!
+//! `free` checks before it touches anything: a list index out of range
+//! (`BadIndex`), an address outside the source's span (`OutOfRange`), an
+//! address inside a page or a page never handed out by these quicklists
+//! (`NotAllocated`), a page already on a list or already given back
+//! (`DoubleFree`). The check is one compare-and-swap on the page's state byte,
+//! so two threads racing to free one page cannot both succeed. Limits: a page
+//! given back to the source and since handed to someone else, then freed here,
+//! reads as `DoubleFree`; a page freed to the wrong list (a pgd onto the pte
+//! list) is not detected (the record does not say which list a page is for).
+//!
+//! # Locking
+//!
+//! Each CPU's lists sit behind their own [`Lock`](kmem_core::Lock), taken for a
+//! few instructions by `alloc` and `free` on that CPU. A thread may migrate at
+//! any moment: it then simply works on another CPU's lists under that CPU's
+//! lock, so correctness never depends on staying put, only the hit rate does.
+//! No code holds two of our locks at once, and none is held while calling the
+//! source, a constructor or a destructor (which may take locks of their own,
+//! such as a pgd tracking list). The state bytes are atomics.
+//!
+//! # Units
+//!
+//! Bounds, counts and the minimum and batch are in pages of the source's page
+//! size; [`Meminfo`] is in KiB.
+//!
+//! # Differences from Linux
+//!
+//! Linux frees a page that belongs to another NUMA node straight to the page
+//! allocator; the `PageSource` trait has no page-to-node map, so here every
+//! page goes on the freeing CPU's list. Linux trims from `check_pgt_cache()`
+//! at points the architecture chooses; here `free` trims when its list is
+//! above the bound, and `trim` can be called at any time.
+
+#![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs)]
+
+mod owner;
+mod policy;
+mod quicklists;
+
+pub use policy::{Config, Policy, DEFAULT_BATCH, DEFAULT_MIN_PAGES, FRACTION_OF_NODE_MEM};
+pub use quicklists::{Ctor, Dtor, Meminfo, PageRef, Quicklists, Stats};
+
+#[cfg(test)]
+mod tests;

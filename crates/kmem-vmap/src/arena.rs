@@ -1,0 +1,881 @@
+//! [`VmapArena`]: the single-threaded allocator (see the crate documentation).
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::MaybeUninit;
+
+use kmem_core::{Error, PageSource, Result};
+
+use crate::node::{NodePtr, Pool};
+use crate::rbtree::{Aug, MaxAug, NoAug, Tree};
+
+/// A busy (allocated) area: `[start, start + size)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Area {
+    /// First address.
+    pub start: u64,
+    /// Length.
+    pub size: u64,
+}
+
+impl Area {
+    /// One past the last address.
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.start + self.size
+    }
+}
+
+/// Counters of a [`VmapArena`], all exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmapStats {
+    /// `end - start` of the arena.
+    pub size: u64,
+    /// Bytes (units) in free blocks, ready to allocate.
+    pub free_bytes: u64,
+    /// Size of the largest free block (an upper bound for the largest
+    /// allocation that can succeed without a purge).
+    pub largest_free: u64,
+    /// Free blocks (after merging: no two are adjacent).
+    pub free_blocks: u64,
+    /// Live allocations.
+    pub busy_blocks: u64,
+    /// Units in live allocations.
+    pub busy_bytes: u64,
+    /// Units freed lazily and not yet purged (neither free nor busy).
+    pub lazy_bytes: u64,
+    /// Lazily freed areas not yet purged (counted per `free_lazy` call).
+    pub lazy_areas: u64,
+    /// The lazy threshold: a `free_lazy` that takes `lazy_bytes` past it purges.
+    pub lazy_max: u64,
+    /// Purges so far.
+    pub purges: u64,
+    /// Tree nodes carved from the page source (in use or pooled).
+    pub nodes: u64,
+    /// Pages taken from the page source for nodes.
+    pub node_pages: u64,
+}
+
+/// Default lazy threshold as Linux's `lazy_max_pages()`: `fls(cpus) * 32 MiB`.
+pub fn default_lazy_max(cpus: usize) -> u64 {
+    let fls = usize::BITS - cpus.max(1).leading_zeros();
+    u64::from(fls) * (32 << 20)
+}
+
+#[cfg(feature = "std")]
+fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[cfg(not(feature = "std"))]
+fn online_cpus() -> usize {
+    1
+}
+
+/// Ranges of a `u64` space `[start, end)`: lowest-address first fit with
+/// alignment, merge on free, lazy release. See the crate documentation.
+pub struct VmapArena<P: PageSource> {
+    /// Free blocks by address, augmented with the largest size per subtree.
+    free: Tree,
+    /// Live areas by start.
+    busy: Tree,
+    /// Lazily freed areas by address, merged with each other.
+    lazy: Tree,
+    start: u64,
+    end: u64,
+    free_bytes: u64,
+    free_blocks: u64,
+    busy_bytes: u64,
+    busy_blocks: u64,
+    lazy_bytes: u64,
+    lazy_nodes: u64,
+    lazy_areas: u64,
+    lazy_max: u64,
+    purges: u64,
+    /// Recently allocated areas by a hash of their start: a free of one of
+    /// them finds its node without descending the busy tree. Every non-null
+    /// slot holds a node of the busy tree whose start hashes to that slot.
+    recent: [NodePtr; RECENT],
+    pool: Pool<P>,
+}
+
+/// Slots of the recent-allocation cache (a power of two).
+const RECENT: usize = 64;
+
+#[inline(always)]
+fn recent_slot(addr: u64) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT.trailing_zeros())) as usize
+}
+
+// SAFETY: the arena owns every node it points to (they come from its pool's
+// pages); moving it to another thread moves that ownership. P is Send.
+unsafe impl<P: PageSource> Send for VmapArena<P> {}
+// SAFETY: `&self` methods only read the trees and counters; every mutation
+// takes `&mut self`, so shared references never race. P is Sync.
+unsafe impl<P: PageSource> Sync for VmapArena<P> {}
+
+/// How a block count changed in a merge-insert.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Merged {
+    /// Linked as a new block.
+    Inserted,
+    /// Joined one neighbour.
+    One,
+    /// Joined both neighbours (one block fewer).
+    Both,
+}
+
+/// Inserts the detached node `n` into `tree` by address, merging it with the
+/// previous and/or next block when they touch it; only links it when it
+/// touches neither. The neighbours are the last nodes where the search went
+/// right (previous) and left (next), so no extra walk is needed.
+#[inline]
+fn merge_insert<A: Aug, P: PageSource>(tree: &mut Tree, pool: &mut Pool<P>, n: NodePtr) -> Merged {
+    let (s, e) = (n.start(), n.end());
+    let mut cur = tree.root;
+    let mut parent = NodePtr::NULL;
+    let mut left = false;
+    let mut prev = NodePtr::NULL;
+    let mut next = NodePtr::NULL;
+    let last = tree.last;
+    if !last.is_null() && s >= last.end() {
+        // Above every block (areas freed in address order): no search.
+        prev = last;
+        parent = last;
+        cur = NodePtr::NULL;
+    }
+    while !cur.is_null() {
+        parent = cur;
+        if s < cur.start() {
+            next = cur;
+            left = true;
+            cur = cur.left();
+        } else {
+            prev = cur;
+            left = false;
+            cur = cur.right();
+        }
+    }
+    debug_assert!(
+        prev.is_null() || prev.end() <= s,
+        "overlaps the previous block"
+    );
+    debug_assert!(
+        next.is_null() || e <= next.start(),
+        "overlaps the next block"
+    );
+    let mp = !prev.is_null() && prev.end() == s;
+    let mn = !next.is_null() && next.start() == e;
+    match (mp, mn) {
+        (true, true) => {
+            let ne = next.end();
+            tree.erase::<A>(next);
+            prev.set_end(ne);
+            A::propagate(prev, NodePtr::NULL);
+            pool.put(next);
+            pool.put(n);
+            Merged::Both
+        }
+        (true, false) => {
+            prev.set_end(e);
+            A::propagate(prev, NodePtr::NULL);
+            pool.put(n);
+            Merged::One
+        }
+        (false, true) => {
+            next.set_start(s);
+            A::propagate(next, NodePtr::NULL);
+            pool.put(n);
+            Merged::One
+        }
+        (false, false) => {
+            tree.link::<A>(n, parent, left);
+            Merged::Inserted
+        }
+    }
+}
+
+/// Threads the nodes of `t` in address order through their `max` field
+/// (the next node's address; 0 ends the list) and returns the first. The
+/// tree's links are left as they were (and are no longer used).
+fn thread_in_order(t: &Tree) -> NodePtr {
+    let first = t.first();
+    let mut n = first;
+    while !n.is_null() {
+        let next = Tree::next(n);
+        n.set_max(next.addr());
+        n = next;
+    }
+    first
+}
+
+/// Builds a balanced red-black tree from the next `n` nodes of the list at
+/// `*list` (threaded through `max`), with the free tree's augmentation. The
+/// halving split leaves every null child at the last two depths, so colouring
+/// the nodes at depth `red_depth` (the deepest) red and all others black
+/// gives equal black heights. Recursion depth: log2 n.
+fn build_balanced(list: &mut NodePtr, n: u64, depth: u32, red_depth: u32) -> NodePtr {
+    if n == 0 {
+        return NodePtr::NULL;
+    }
+    let nl = (n - 1) / 2;
+    let l = build_balanced(list, nl, depth + 1, red_depth);
+    let me = *list;
+    *list = NodePtr::from_addr(me.max());
+    let r = build_balanced(list, n - 1 - nl, depth + 1, red_depth);
+    me.set_left(l);
+    me.set_right(r);
+    if !l.is_null() {
+        l.set_parent(me);
+    }
+    if !r.is_null() {
+        r.set_parent(me);
+    }
+    let color = if depth == red_depth {
+        crate::node::RED
+    } else {
+        crate::node::BLACK
+    };
+    me.set_pc(color);
+    me.set_max(MaxAug::compute(me));
+    me
+}
+
+impl<P: PageSource> VmapArena<P> {
+    /// An arena over `[start, end)` whose tree nodes come from `source`, with
+    /// the Linux lazy threshold for this machine's CPUs (`fls(cpus) * 32 MiB`;
+    /// one CPU without `std`).
+    pub fn new(source: P, start: u64, end: u64) -> Result<VmapArena<P>> {
+        Self::with_lazy_max(source, start, end, default_lazy_max(online_cpus()))
+    }
+
+    /// As [`new`](Self::new) with the lazy threshold `lazy_max` (in the
+    /// arena's units; 0 purges on every lazy free).
+    pub fn with_lazy_max(source: P, start: u64, end: u64, lazy_max: u64) -> Result<VmapArena<P>> {
+        if start >= end {
+            return Err(Error::BadConfig("arena start must be below its end"));
+        }
+        let mut a = VmapArena {
+            free: Tree::new(),
+            busy: Tree::new(),
+            lazy: Tree::new(),
+            start,
+            end,
+            free_bytes: end - start,
+            free_blocks: 1,
+            busy_bytes: 0,
+            busy_blocks: 0,
+            lazy_bytes: 0,
+            lazy_nodes: 0,
+            lazy_areas: 0,
+            lazy_max,
+            purges: 0,
+            recent: [NodePtr::NULL; RECENT],
+            pool: Pool::new(source),
+        };
+        a.pool.reserve(3)?;
+        let n = a.pool.take();
+        n.init(start, end);
+        a.free.link::<MaxAug>(n, NodePtr::NULL, false);
+        Ok(a)
+    }
+
+    /// First address of the space.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// One past the last address of the space.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// The page source the nodes come from.
+    pub fn source(&self) -> &P {
+        &self.pool.source
+    }
+
+    /// Sets the lazy threshold (see [`with_lazy_max`](Self::with_lazy_max)).
+    /// Takes effect at the next lazy free.
+    pub fn set_lazy_max(&mut self, lazy_max: u64) {
+        self.lazy_max = lazy_max;
+    }
+
+    /// Allocates `size` units aligned to `align` (a power of two) at the
+    /// lowest address of the arena where they fit.
+    ///
+    /// RETURNS: the start address. Errors: [`Error::ZeroSize`],
+    /// [`Error::BadAlign`], [`Error::Overflow`] (`size + align - 1` does not
+    /// fit a `u64`), [`Error::TooLarge`] (larger than the arena),
+    /// [`Error::OutOfMemory`] (no fit even after purging the lazy areas, or
+    /// no page for a tree node). The arena is unchanged on error.
+    #[inline]
+    pub fn alloc(&mut self, size: u64, align: u64) -> Result<u64> {
+        self.alloc_in(size, align, self.start, self.end)
+    }
+
+    /// As [`alloc`](Self::alloc), with the whole area inside `[lo, hi)` (as
+    /// vmalloc's `vstart`/`vend`). A range not inside the arena, or empty, is
+    /// [`Error::OutOfRange`].
+    #[inline]
+    pub fn alloc_in(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+        self.validate(size, align, lo, hi)?;
+        // The preload: a node for the busy area and one for an NE split's
+        // left remainder, so nothing below can fail half way.
+        self.pool.reserve(2)?;
+        match self.find_fit(size, align - 1, lo, hi) {
+            Some((n, x)) => Ok(self.take(n, x, size)),
+            None => self.alloc_slow(size, align, lo, hi),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+        // No aligned address of [lo, hi) has room: a purge cannot help.
+        let impossible = lo
+            .checked_next_multiple_of(align)
+            .is_none_or(|x| x > hi || hi - x < size);
+        if impossible || self.lazy.root.is_null() {
+            return Err(Error::OutOfMemory { size });
+        }
+        // As Linux: a failing allocation purges the lazy areas and retries.
+        self.purge();
+        match self.find_fit(size, align - 1, lo, hi) {
+            Some((n, x)) => Ok(self.take(n, x, size)),
+            None => Err(Error::OutOfMemory { size }),
+        }
+    }
+
+    #[inline(always)]
+    fn validate(&self, size: u64, align: u64, lo: u64, hi: u64) -> Result<()> {
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        if !align.is_power_of_two() {
+            return Err(Error::BadAlign { align });
+        }
+        if size.checked_add(align - 1).is_none() {
+            return Err(Error::Overflow);
+        }
+        if lo < self.start || lo >= hi {
+            return Err(Error::OutOfRange { addr: lo });
+        }
+        if hi > self.end {
+            return Err(Error::OutOfRange { addr: hi });
+        }
+        if size > hi - lo {
+            return Err(Error::TooLarge { size, max: hi - lo });
+        }
+        Ok(())
+    }
+
+    /// Where `size` units aligned by `mask + 1` fit in free block `n`,
+    /// clipped to `[lo, hi)`.
+    #[inline(always)]
+    fn fit(n: NodePtr, size: u64, mask: u64, lo: u64, hi: u64) -> Option<u64> {
+        let s = n.start().max(lo);
+        let e = n.end().min(hi);
+        let x = s.checked_add(mask)? & !mask;
+        (x <= e && e - x >= size).then_some(x)
+    }
+
+    /// The lowest-address free block where the request fits, and the
+    /// address in it.
+    ///
+    /// First the plain descent guided by the augmentation: left while the
+    /// left subtree holds a block of at least `size` (and can reach past
+    /// `lo`), else this block, else right. Without alignment (or when blocks
+    /// and sizes are multiples of it) the block it reaches always fits and is
+    /// the answer: one descent, O(log n), no stack, no recursion. With
+    /// alignment a block of at least `size` may still miss once its start is
+    /// rounded up; then [`find_fit_exact`](Self::find_fit_exact) takes over.
+    ///
+    /// CONTEXT: `lo + size <= hi`, `mask + 1` a power of two.
+    #[inline]
+    fn find_fit(&self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
+        let mut n = self.free.root;
+        if n.is_null() || n.max() < size {
+            return None;
+        }
+        let lo_end = lo + size; // a block left of here ends too low
+        let hi_start = hi - size; // a block right of here starts too high
+        loop {
+            // `n`'s subtree holds a block of at least `size`.
+            let l = n.left();
+            if !l.is_null() && l.max() >= size && n.start() > lo_end {
+                n = l;
+                continue;
+            }
+            // Every block before `n` is in a subtree skipped for size or
+            // range, or is an ancestor that did not fit: `n` is the lowest
+            // candidate.
+            if let Some(x) = Self::fit(n, size, mask, lo, hi) {
+                return Some((n, x));
+            }
+            let r = n.right();
+            if !r.is_null() && r.max() >= size && n.end() < hi_start {
+                n = r;
+                continue;
+            }
+            break;
+        }
+        self.find_fit_exact(size, mask, lo, hi)
+    }
+
+    /// The exact search after a near miss: an in-order walk with an explicit
+    /// stack (depth at most the tree's height), skipping a subtree when its
+    /// largest block is under `size` or when the address span it covers
+    /// (known from the ancestors: between the end of the last block passed on
+    /// the left and the start of the last one passed on the right) holds no
+    /// aligned address with `size` units of room. Large alignments thus skip
+    /// whole subtrees; each block checked and missed costs O(1) amortised.
+    #[cold]
+    #[inline(never)]
+    fn find_fit_exact(&self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
+        let no_room = |lb: u64, ub: u64| -> bool {
+            let s = lb.max(lo);
+            let e = ub.min(hi);
+            match s.checked_add(mask) {
+                None => true,
+                Some(v) => {
+                    let x = v & !mask;
+                    x > e || e - x < size
+                }
+            }
+        };
+        if no_room(self.start, self.end) {
+            return None;
+        }
+        // A red-black tree of n nodes is at most 2 log2(n + 1) high: 128
+        // levels cover any tree that fits in memory. Left uninitialised: an
+        // entry is read only after it was written (below `sp`).
+        let mut stack = [const { MaybeUninit::<(NodePtr, u64)>::uninit() }; 128];
+        let mut sp = 0usize;
+        let mut cur = self.free.root;
+        let (mut lb, mut ub) = (self.start, self.end);
+        loop {
+            while !cur.is_null() && cur.max() >= size && !no_room(lb, ub) {
+                stack[sp].write((cur, ub));
+                sp += 1;
+                ub = cur.start();
+                cur = cur.left();
+            }
+            if sp == 0 {
+                return None;
+            }
+            sp -= 1;
+            // SAFETY: entries below the old `sp` were written by the loop above
+            // (each push writes `stack[sp]` before raising `sp`).
+            let (n, nub) = unsafe { stack[sp].assume_init() };
+            if let Some(x) = Self::fit(n, size, mask, lo, hi) {
+                return Some((n, x));
+            }
+            cur = n.right();
+            lb = n.end();
+            ub = nub;
+        }
+    }
+
+    /// Cuts `[x, x + size)` out of free block `n`: FL (the whole block), LE
+    /// or RE (an edge), NE (the middle, a new node for the left remainder).
+    #[inline(always)]
+    fn take(&mut self, n: NodePtr, x: u64, size: u64) -> u64 {
+        let (s, e) = (n.start(), n.end());
+        let xe = x + size;
+        let busy = if x == s {
+            if xe == e {
+                // FL: the block itself becomes the busy area.
+                self.free.erase::<MaxAug>(n);
+                self.free_blocks -= 1;
+                n
+            } else {
+                // LE: cut the left edge.
+                n.set_start(xe);
+                MaxAug::propagate(n, NodePtr::NULL);
+                self.pool.take()
+            }
+        } else if xe == e {
+            // RE: cut the right edge.
+            n.set_end(x);
+            MaxAug::propagate(n, NodePtr::NULL);
+            self.pool.take()
+        } else {
+            // NE: the block keeps the right remainder; the preloaded spare
+            // becomes the left one, linked as its predecessor (no search).
+            let l = self.pool.take();
+            l.init(s, x);
+            n.set_start(xe);
+            MaxAug::propagate(n, NodePtr::NULL);
+            self.free.insert_before::<MaxAug>(l, n);
+            self.free_blocks += 1;
+            self.pool.take()
+        };
+        self.free_bytes -= size;
+        busy.init(x, xe);
+        self.busy.insert_by_start::<NoAug>(busy);
+        self.recent[recent_slot(x)] = busy;
+        self.busy_blocks += 1;
+        self.busy_bytes += size;
+        x
+    }
+
+    /// Unlinks the busy area starting at `addr`.
+    #[inline(always)]
+    fn unbusy(&mut self, addr: u64) -> Result<NodePtr> {
+        let slot = recent_slot(addr);
+        let r = self.recent[slot];
+        let n = if !r.is_null() && r.start() == addr {
+            self.recent[slot] = NodePtr::NULL;
+            r
+        } else {
+            let n = self.busy.find_start(addr);
+            if n.is_null() {
+                return Err(self.classify(addr));
+            }
+            n
+        };
+        self.busy.erase::<NoAug>(n);
+        self.busy_blocks -= 1;
+        self.busy_bytes -= n.size();
+        Ok(n)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn classify(&self, addr: u64) -> Error {
+        if addr < self.start || addr >= self.end {
+            return Error::OutOfRange { addr };
+        }
+        let b = self.busy.floor(addr);
+        if !b.is_null() && addr < b.end() {
+            Error::NotAllocated { addr }
+        } else {
+            // In a free block or a lazily freed area: not live.
+            Error::DoubleFree { addr }
+        }
+    }
+
+    /// Frees the area that starts at `addr` now: it merges with the free
+    /// blocks before and after it.
+    ///
+    /// RETURNS: its size. Errors: [`Error::OutOfRange`] (outside the arena),
+    /// [`Error::NotAllocated`] (inside a live area but not its start),
+    /// [`Error::DoubleFree`] (the address is free or lazily freed). The arena
+    /// is unchanged on error.
+    #[inline]
+    pub fn free(&mut self, addr: u64) -> Result<u64> {
+        let n = self.unbusy(addr)?;
+        let size = n.size();
+        self.insert_free(n);
+        Ok(size)
+    }
+
+    #[inline(always)]
+    fn insert_free(&mut self, n: NodePtr) {
+        self.free_bytes += n.size();
+        match merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n) {
+            Merged::Inserted => self.free_blocks += 1,
+            Merged::One => {}
+            Merged::Both => self.free_blocks -= 1,
+        }
+    }
+
+    /// Frees the area at `addr` lazily, as vfree does: it leaves the busy set
+    /// at once but becomes allocatable only at the next purge, which happens
+    /// when the lazily freed units pass the threshold, when an allocation
+    /// finds no fit, or on [`purge`](Self::purge). Lazily freed areas merge
+    /// with each other as they arrive.
+    ///
+    /// RETURNS and errors: as [`free`](Self::free).
+    #[inline]
+    pub fn free_lazy(&mut self, addr: u64) -> Result<u64> {
+        let n = self.unbusy(addr)?;
+        let size = n.size();
+        self.lazy_bytes += size;
+        self.lazy_areas += 1;
+        match merge_insert::<NoAug, P>(&mut self.lazy, &mut self.pool, n) {
+            Merged::Inserted => self.lazy_nodes += 1,
+            Merged::One => {}
+            Merged::Both => self.lazy_nodes -= 1,
+        }
+        if self.lazy_bytes > self.lazy_max {
+            self.purge();
+        }
+        Ok(size)
+    }
+
+    /// Merges every lazily freed area back into the free blocks.
+    ///
+    /// Few lazy ranges are merged one by one (a descent each). Many (more
+    /// than the free blocks over the tree's height) are merged in one linear
+    /// pass over both address-ordered sequences, and the free tree is rebuilt
+    /// balanced from the result: O(free + lazy) instead of O(lazy log free).
+    ///
+    /// RETURNS: the units released.
+    #[cold]
+    pub fn purge(&mut self) -> u64 {
+        let released = self.lazy_bytes;
+        if self.lazy.root.is_null() {
+            return 0;
+        }
+        let lazy = thread_in_order(&self.lazy);
+        self.lazy = Tree::new();
+        let height = u64::from(64 - self.free_blocks.leading_zeros()) + 1;
+        if self.lazy_nodes.saturating_mul(height) < self.free_blocks + self.lazy_nodes {
+            let mut n = lazy;
+            while !n.is_null() {
+                let next = NodePtr::from_addr(n.max());
+                self.insert_free(n);
+                n = next;
+            }
+        } else {
+            self.rebuild_free(lazy);
+        }
+        self.lazy_bytes = 0;
+        self.lazy_nodes = 0;
+        self.lazy_areas = 0;
+        self.purges += 1;
+        released
+    }
+
+    /// Merges the threaded, address-ordered `lazy` list into the free blocks
+    /// and rebuilds the free tree from the merged sequence.
+    fn rebuild_free(&mut self, lazy: NodePtr) {
+        let mut a = thread_in_order(&self.free);
+        let mut b = lazy;
+        self.free = Tree::new();
+        // Merge by start, joining touching blocks; the output is threaded
+        // through `max` too (each node's link is read before it is rewritten).
+        let mut head = NodePtr::NULL;
+        let mut last = NodePtr::NULL;
+        let mut count = 0u64;
+        loop {
+            let take_a = match (a.is_null(), b.is_null()) {
+                (true, true) => break,
+                (false, true) => true,
+                (true, false) => false,
+                (false, false) => a.start() < b.start(),
+            };
+            let n = if take_a { a } else { b };
+            let next = NodePtr::from_addr(n.max());
+            if take_a {
+                a = next;
+            } else {
+                b = next;
+            }
+            if !last.is_null() && last.end() == n.start() {
+                last.set_end(n.end());
+                self.pool.put(n);
+            } else {
+                if last.is_null() {
+                    head = n;
+                } else {
+                    last.set_max(n.addr());
+                }
+                last = n;
+                count += 1;
+            }
+        }
+        last.set_max(0);
+        self.free_bytes += self.lazy_bytes;
+        self.free_blocks = count;
+        let h = 63 - count.leading_zeros();
+        let mut cur = head;
+        self.free.root = build_balanced(&mut cur, count, 0, if h == 0 { u32::MAX } else { h });
+        self.free.last = last;
+        self.free
+            .root
+            .set_parent_color(NodePtr::NULL, crate::node::BLACK);
+    }
+
+    /// The live area that contains `addr`, if any.
+    pub fn find(&self, addr: u64) -> Option<Area> {
+        let b = self.busy.floor(addr);
+        (!b.is_null() && addr < b.end()).then(|| Area {
+            start: b.start(),
+            size: b.size(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> VmapStats {
+        let (nodes, pages) = self.pool.footprint();
+        VmapStats {
+            size: self.end - self.start,
+            free_bytes: self.free_bytes,
+            largest_free: self.free.root.max_or_0(),
+            free_blocks: self.free_blocks,
+            busy_blocks: self.busy_blocks,
+            busy_bytes: self.busy_bytes,
+            lazy_bytes: self.lazy_bytes,
+            lazy_areas: self.lazy_areas,
+            lazy_max: self.lazy_max,
+            purges: self.purges,
+            nodes: nodes as u64,
+            node_pages: pages as u64,
+        }
+    }
+
+    /// The live areas in address order (as `/proc/vmallocinfo` lists them).
+    pub fn areas(&self) -> Blocks<'_> {
+        Blocks::new(&self.busy)
+    }
+
+    /// The free blocks in address order.
+    pub fn free_blocks(&self) -> Blocks<'_> {
+        Blocks::new(&self.free)
+    }
+
+    /// The lazily freed, not yet purged ranges in address order (adjacent
+    /// ones merged).
+    pub fn lazy_ranges(&self) -> Blocks<'_> {
+        Blocks::new(&self.lazy)
+    }
+
+    /// Verifies every invariant: each tree is a valid red-black tree with
+    /// correct parent links; the free tree's subtree maxima are exact; each
+    /// set is in strict address order without overlap; no two free blocks
+    /// (nor two lazy ranges) touch, so all merges were made; free, busy and
+    /// lazy ranges together tile `[start, end)` exactly; the counters match;
+    /// every pool node is accounted for.
+    pub fn check(&self) -> core::result::Result<(), &'static str> {
+        let nf = self.free.check_shape(true)?;
+        let nb = self.busy.check_shape(false)?;
+        let nl = self.lazy.check_shape(false)?;
+        if nf as u64 != self.free_blocks {
+            return Err("free block count is wrong");
+        }
+        if nb as u64 != self.busy_blocks {
+            return Err("busy block count is wrong");
+        }
+        if nl as u64 != self.lazy_nodes {
+            return Err("lazy node count is wrong");
+        }
+        for (t, merged, what) in [
+            (&self.free, true, "free"),
+            (&self.busy, false, "busy"),
+            (&self.lazy, true, "lazy"),
+        ] {
+            let mut sum = 0u64;
+            let mut last_end: Option<u64> = None;
+            for b in Blocks::new(t) {
+                if b.size == 0 {
+                    return Err("empty block");
+                }
+                if b.start < self.start || b.end() > self.end {
+                    return Err("block outside the arena");
+                }
+                if let Some(le) = last_end {
+                    if b.start < le {
+                        return Err("blocks out of order or overlapping");
+                    }
+                    if merged && b.start == le {
+                        return Err("two adjacent free (or lazy) blocks left unmerged");
+                    }
+                }
+                last_end = Some(b.end());
+                sum += b.size;
+            }
+            let want = match what {
+                "free" => self.free_bytes,
+                "busy" => self.busy_bytes,
+                _ => self.lazy_bytes,
+            };
+            if sum != want {
+                return Err("byte count is wrong");
+            }
+        }
+        // Free, busy and lazy tile the space: at every position exactly one
+        // of the three starts a block.
+        let mut it = [
+            Blocks::new(&self.free).peekable(),
+            Blocks::new(&self.busy).peekable(),
+            Blocks::new(&self.lazy).peekable(),
+        ];
+        let mut pos = self.start;
+        while pos < self.end {
+            let mut found = None;
+            for i in &mut it {
+                if let Some(b) = i.peek() {
+                    if b.start < pos {
+                        return Err("free, busy and lazy ranges overlap");
+                    }
+                    if b.start == pos {
+                        if found.is_some() {
+                            return Err("free, busy and lazy ranges overlap");
+                        }
+                        found = Some(b.end());
+                        i.next();
+                    }
+                }
+            }
+            pos = found.ok_or("space that is neither free, busy nor lazy")?;
+        }
+        if it.iter_mut().any(|i| i.peek().is_some()) {
+            return Err("blocks past the end");
+        }
+        if self.free.root.max_or_0() > self.free_bytes {
+            return Err("largest free block exceeds free bytes");
+        }
+        for (i, &r) in self.recent.iter().enumerate() {
+            if !r.is_null() && (recent_slot(r.start()) != i || self.busy.find_start(r.start()) != r)
+            {
+                return Err("recent-allocation cache holds a node that is not busy");
+            }
+        }
+        let (total, _) = self.pool.footprint();
+        if self.pool.available() as u64 + self.free_blocks + self.busy_blocks + self.lazy_nodes
+            != total as u64
+        {
+            return Err("tree nodes leaked or counted twice");
+        }
+        Ok(())
+    }
+}
+
+impl<P: PageSource> fmt::Debug for VmapArena<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VmapArena")
+            .field("start", &self.start)
+            .field("end", &self.end)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// Blocks of one of the arena's sets in address order.
+pub struct Blocks<'a> {
+    next: NodePtr,
+    _arena: PhantomData<&'a ()>,
+}
+
+impl<'a> Blocks<'a> {
+    fn new(t: &'a Tree) -> Blocks<'a> {
+        Blocks {
+            next: t.first(),
+            _arena: PhantomData,
+        }
+    }
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = Area;
+    fn next(&mut self) -> Option<Area> {
+        let n = self.next;
+        if n.is_null() {
+            return None;
+        }
+        self.next = Tree::next(n);
+        Some(Area {
+            start: n.start(),
+            size: n.size(),
+        })
+    }
+}
+
+impl fmt::Debug for Blocks<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Blocks").finish_non_exhaustive()
+    }
+}

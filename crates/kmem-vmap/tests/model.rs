@@ -1,0 +1,256 @@
+//! Model-based test: random operation sequences against a plain model (a
+//! `BTreeMap` of busy ranges and one of lazily freed ranges). After every
+//! step: the address `alloc` returns is the lowest-address fit a brute-force
+//! scan of the model finds (or both fail), alignment and bounds hold, no
+//! overlap, the stats agree with the model, and `check()` passes.
+
+use std::collections::BTreeMap;
+
+use kmem_core::{Error, FixedSource};
+use kmem_vmap::VmapArena;
+use proptest::prelude::*;
+
+const START: u64 = 0x7000;
+const LEN: u64 = 4096;
+const END: u64 = START + LEN;
+const LAZY_MAX: u64 = 300;
+
+fn source() -> FixedSource<'static> {
+    let buf: &'static mut [u64] = vec![0u64; 64 * 128].leak();
+    // SAFETY: viewing the leaked u64 buffer as bytes; it lives forever.
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8) };
+    FixedSource::new(bytes, 4096).unwrap()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc {
+        size: u64,
+        shift: u32,
+    },
+    AllocIn {
+        size: u64,
+        shift: u32,
+        lo: u64,
+        len: u64,
+    },
+    Free {
+        pick: usize,
+    },
+    FreeLazy {
+        pick: usize,
+    },
+    Purge,
+    BadFree {
+        at: u64,
+    },
+    BadAlloc {
+        which: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1u64..80, 0u32..9).prop_map(|(size, shift)| Op::Alloc { size, shift }),
+        2 => (1u64..80, 0u32..9, 0u64..LEN, 1u64..LEN)
+            .prop_map(|(size, shift, lo, len)| Op::AllocIn { size, shift, lo, len }),
+        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        3 => any::<usize>().prop_map(|pick| Op::FreeLazy { pick }),
+        1 => Just(Op::Purge),
+        1 => (0u64..LEN + 64).prop_map(|at| Op::BadFree { at: START - 32 + at }),
+        1 => (0u8..4).prop_map(|which| Op::BadAlloc { which }),
+    ]
+}
+
+#[derive(Default)]
+struct Model {
+    busy: BTreeMap<u64, u64>,
+    lazy: BTreeMap<u64, u64>,
+    purges: u64,
+}
+
+impl Model {
+    fn lazy_bytes(&self) -> u64 {
+        self.lazy.values().sum()
+    }
+
+    /// Lowest aligned fit in the gaps between busy and lazy ranges.
+    fn lowest_fit(&self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
+        let mut used: Vec<(u64, u64)> = self
+            .busy
+            .iter()
+            .chain(self.lazy.iter())
+            .map(|(&s, &n)| (s, s + n))
+            .collect();
+        used.sort();
+        let mut gaps = Vec::new();
+        let mut pos = START;
+        for (s, e) in used {
+            if s > pos {
+                gaps.push((pos, s));
+            }
+            pos = e;
+        }
+        if pos < END {
+            gaps.push((pos, END));
+        }
+        gaps.into_iter().find_map(|(s, e)| {
+            let s = s.max(lo);
+            let e = e.min(hi);
+            let x = s.checked_next_multiple_of(align)?;
+            (x <= e && e - x >= size).then_some(x)
+        })
+    }
+
+    fn purge(&mut self) {
+        if !self.lazy.is_empty() {
+            self.lazy.clear();
+            self.purges += 1;
+        }
+    }
+
+    /// What alloc_in must return: the fit, after a purge if there is none
+    /// (unless no aligned address of the range has room: then no purge).
+    fn alloc(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
+        let possible = lo
+            .checked_next_multiple_of(align)
+            .is_some_and(|x| x <= hi && hi - x >= size);
+        let x = self.lowest_fit(size, align, lo, hi).or_else(|| {
+            if self.lazy.is_empty() || !possible {
+                return None;
+            }
+            self.purge();
+            self.lowest_fit(size, align, lo, hi)
+        })?;
+        self.busy.insert(x, size);
+        Some(x)
+    }
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut a = VmapArena::with_lazy_max(source(), START, END, LAZY_MAX).unwrap();
+    let mut m = Model::default();
+    for op in ops {
+        match op {
+            Op::Alloc { size, shift } => {
+                let align = 1u64 << shift;
+                let want = m.alloc(size, align, START, END);
+                let got = a.alloc(size, align).ok();
+                prop_assert_eq!(got, want, "alloc({}, {})", size, align);
+            }
+            Op::AllocIn {
+                size,
+                shift,
+                lo,
+                len,
+            } => {
+                let align = 1u64 << shift;
+                let lo = START + lo;
+                let hi = (lo + len).min(END);
+                let got = a.alloc_in(size, align, lo, hi);
+                if size > hi - lo {
+                    let too_large = matches!(got, Err(Error::TooLarge { .. }));
+                    prop_assert!(too_large);
+                } else {
+                    let want = m.alloc(size, align, lo, hi);
+                    prop_assert_eq!(
+                        got.ok(),
+                        want,
+                        "alloc_in({}, {}, {:#x}, {:#x})",
+                        size,
+                        align,
+                        lo,
+                        hi
+                    );
+                    if let Some(x) = want {
+                        prop_assert!(x >= lo && x + size <= hi && x % align == 0);
+                    }
+                }
+            }
+            Op::Free { pick } | Op::FreeLazy { pick } => {
+                if m.busy.is_empty() {
+                    continue;
+                }
+                let (&x, &size) = m.busy.iter().nth(pick % m.busy.len()).unwrap();
+                m.busy.remove(&x);
+                if matches!(op, Op::Free { .. }) {
+                    prop_assert_eq!(a.free(x), Ok(size));
+                } else {
+                    prop_assert_eq!(a.free_lazy(x), Ok(size));
+                    m.lazy.insert(x, size);
+                    if m.lazy_bytes() > LAZY_MAX {
+                        m.purge();
+                    }
+                }
+            }
+            Op::Purge => {
+                let want = m.lazy_bytes();
+                prop_assert_eq!(a.purge(), want);
+                m.purge();
+            }
+            Op::BadFree { at } => {
+                let live = m.busy.contains_key(&at);
+                if live {
+                    continue;
+                }
+                let before = a.stats();
+                let r = a.free(at);
+                let inside = m
+                    .busy
+                    .range(..=at)
+                    .next_back()
+                    .is_some_and(|(&s, &n)| at < s + n);
+                let want = if !(START..END).contains(&at) {
+                    Error::OutOfRange { addr: at }
+                } else if inside {
+                    Error::NotAllocated { addr: at }
+                } else {
+                    Error::DoubleFree { addr: at }
+                };
+                prop_assert_eq!(r, Err(want));
+                prop_assert_eq!(a.stats(), before);
+            }
+            Op::BadAlloc { which } => {
+                let before = a.stats();
+                let r = match which {
+                    0 => a.alloc(0, 1),
+                    1 => a.alloc(1, 6),
+                    2 => a.alloc(u64::MAX, 2),
+                    _ => a.alloc_in(1, 1, END, END + 5),
+                };
+                prop_assert!(r.is_err());
+                prop_assert_eq!(a.stats(), before);
+            }
+        }
+        a.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let s = a.stats();
+        prop_assert_eq!(s.busy_blocks, m.busy.len() as u64);
+        prop_assert_eq!(s.busy_bytes, m.busy.values().sum::<u64>());
+        prop_assert_eq!(s.lazy_bytes, m.lazy_bytes());
+        prop_assert_eq!(s.lazy_areas, m.lazy.len() as u64);
+        prop_assert_eq!(s.purges, m.purges);
+        prop_assert_eq!(s.free_bytes + s.busy_bytes + s.lazy_bytes, LEN);
+        let areas: Vec<(u64, u64)> = a.areas().map(|r| (r.start, r.size)).collect();
+        let want: Vec<(u64, u64)> = m.busy.iter().map(|(&s, &n)| (s, n)).collect();
+        prop_assert_eq!(areas, want);
+    }
+    // Everything freed gives all capacity back as one block.
+    for (&x, _) in m.busy.iter() {
+        prop_assert!(a.free(x).is_ok());
+    }
+    a.purge();
+    a.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let s = a.stats();
+    prop_assert_eq!((s.free_blocks, s.free_bytes, s.largest_free), (1, LEN, LEN));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matches_the_model(ops in proptest::collection::vec(op(), 1..300)) {
+        run(ops)?;
+    }
+}
