@@ -64,6 +64,7 @@ pub const GLOBAL_RESERVE: usize = 16 << 30;
 /// and never parks.
 pub struct LazyRegion {
     bytes: usize,
+    purge_threshold: usize,
     state: AtomicU8,
     guard: AtomicBool,
     src: UnsafeCell<MaybeUninit<RegionSource>>,
@@ -93,8 +94,17 @@ impl LazyRegion {
     /// A source that will reserve `bytes` (halving down to 64 MiB while the
     /// reservation fails).
     pub const fn new(bytes: usize) -> LazyRegion {
+        Self::with_purge_threshold(bytes, 1)
+    }
+
+    /// As [`new`](Self::new), giving freed runs of at least `pages` pages back
+    /// to the OS at once and keeping smaller ones (dirty) for reuse (see
+    /// `RegionSource::with_purge_threshold`). [`new`](Self::new) gives back
+    /// every run the node cache does not keep.
+    pub const fn with_purge_threshold(bytes: usize, pages: usize) -> LazyRegion {
         LazyRegion {
             bytes,
+            purge_threshold: pages,
             state: AtomicU8::new(UNINIT),
             guard: AtomicBool::new(false),
             src: UnsafeCell::new(MaybeUninit::uninit()),
@@ -123,7 +133,7 @@ impl LazyRegion {
                 Ok(_) => {
                     let mut bytes = self.bytes;
                     let made = loop {
-                        match RegionSource::with_purge_threshold(bytes, 1) {
+                        match RegionSource::with_purge_threshold(bytes, self.purge_threshold) {
                             Ok(s) => break Some(s),
                             Err(_) if bytes > 64 << 20 => bytes /= 2,
                             Err(_) => break None,
@@ -174,6 +184,40 @@ impl LazyRegion {
         let r = unsafe { f(s, &mut *self.cache.get(), &mut *self.cached.get()) };
         self.guard.store(false, Ordering::Release);
         r
+    }
+
+    /// Gives every free dirty page of the region back to the OS (nothing
+    /// before the region is reserved). Cached node runs stay.
+    pub fn purge(&self) {
+        if self.state.load(Ordering::Acquire) == READY {
+            let _ = self.locked(|s, _, _| {
+                s.purge();
+                Ok(())
+            });
+        }
+    }
+
+    /// Takes the guard over the source and keeps it, for `fork()`; release
+    /// with [`fork_release`](Self::fork_release). Every call into the inner
+    /// source happens under the guard, so its own lock is then free.
+    pub fn fork_prepare(&self) {
+        let mut round = 0;
+        while self
+            .guard
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            round += 1;
+            spin_or_yield(round);
+        }
+    }
+
+    /// Releases the guard [`fork_prepare`](Self::fork_prepare) took.
+    ///
+    /// # Safety
+    /// The calling thread took it with `fork_prepare`.
+    pub unsafe fn fork_release(&self) {
+        self.guard.store(false, Ordering::Release);
     }
 
     /// True for runs the cache keeps: one 32 KiB node, node-aligned.
@@ -234,6 +278,15 @@ unsafe impl PageSource for LazyRegion {
 
     fn total_page_count(&self) -> Option<usize> {
         self.get().ok()?.total_page_count()
+    }
+
+    /// The reserved range, once reserved (`None` before the first use).
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        if self.state.load(Ordering::Acquire) != READY {
+            return None;
+        }
+        // SAFETY: READY observed with Acquire: the source is built.
+        unsafe { (*self.src.get()).assume_init_ref() }.span()
     }
 }
 
