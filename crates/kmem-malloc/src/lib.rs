@@ -30,7 +30,8 @@
 //! more, go back at once; smaller page runs are kept for reuse, and
 //! `malloc_trim` gives those back too.
 //!
-//! **Initialisation** happens at a thread's first call, without allocating:
+//! **Initialisation** happens when the library is loaded (an `.init_array`
+//! constructor) or at the first call, whichever comes first, without allocating:
 //! nta is a `static` built by a `const fn` that reserves its region on first
 //! use; the options come from `getenv`; the large arena's reservation and
 //! tree nodes come from `mmap`. Calls that re-enter malloc while a thread
@@ -203,6 +204,20 @@ fn thread_start(t: &Thread) {
     };
     t.mode.set(mode);
 }
+
+/// Runs when the library is loaded (before `main`), so that the options
+/// are read and the exit statistics registered even in a program that never
+/// allocates. Any thread's first call would do the same.
+extern "C" fn at_load() {
+    let t = thread();
+    if t.mode.get() == T_NEW {
+        thread_start(t);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
 
 fn options() -> Options {
     OPTS.get().copied().unwrap_or(Options::DEFAULT)
@@ -831,6 +846,12 @@ pub fn check() -> core::result::Result<(), &'static str> {
         l.check()?;
     }
     Ok(())
+}
+
+/// The counters of the nta instance behind `malloc` (chunks parked in front
+/// caches count as held).
+pub fn nta_stats() -> kmem_nta::Stats {
+    NTA.stats()
 }
 
 /// Gives the calling thread's front cache back to nta (as thread exit does).
