@@ -157,7 +157,11 @@ struct RunMap {
     pages: usize,
     /// Pages allocated.
     in_use: usize,
-    /// Next-fit hint: where the last allocation ended.
+    /// Where the next search starts: where the last allocation ended, or
+    /// the lowest run freed since, whichever is lower. Searching from the
+    /// lowest hole reuses freed (and still backed) pages before fresh ones,
+    /// so a source whose frees are not purged does not creep through its
+    /// range faulting in new pages while old ones sit free.
     hint: usize,
     /// `base / page_size`, so alignment is of addresses, not indexes.
     base_page: usize,
@@ -244,6 +248,7 @@ impl RunMap {
             self.map_mut(self.dirty).set_range(i, n);
         }
         self.in_use -= n;
+        self.hint = self.hint.min(i);
     }
 
     /// Clears the dirty bits of `[i, i + n)` and returns the dirty sub-runs
@@ -295,19 +300,22 @@ struct Runs {
 impl Runs {
     /// # Safety
     /// `meta` must point to `3 * meta_words(pages)` writable, exclusively owned
-    /// `u64`s, and `base` to `pages` pages that the new value owns.
+    /// `u64`s, and `base` to `pages` pages that the new value owns. With
+    /// `meta_zero` they must read zero already (fresh anonymous memory), and
+    /// are left untouched: a large region's bitmaps then cost memory only
+    /// where they are used.
     unsafe fn new(
         meta: NonNull<u64>,
         base: usize,
         page_size: usize,
         pages: usize,
         all_dirty: bool,
+        meta_zero: bool,
     ) -> Runs {
         let words = meta_words(pages);
-        // SAFETY: the caller provides 3 * words u64s at `meta`.
-        unsafe {
-            core::ptr::write_bytes(meta.as_ptr(), 0, 2 * words);
-            core::ptr::write_bytes(meta.as_ptr().add(2 * words), 0, words);
+        if !meta_zero {
+            // SAFETY: the caller provides 3 * words u64s at `meta`.
+            unsafe { core::ptr::write_bytes(meta.as_ptr(), 0, 3 * words) };
         }
         let mut map = RunMap {
             used: meta,
@@ -477,6 +485,7 @@ impl<'a> FixedSource<'a> {
                 page_size,
                 data,
                 true,
+                false,
             )
         };
         Ok(FixedSource {
@@ -596,6 +605,8 @@ mod region_source {
                     page,
                     npages,
                     false,
+                    // Fresh anonymous memory reads zero.
+                    true,
                 )
             };
             Ok(RegionSource {

@@ -50,7 +50,8 @@ use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource, RegionSource, Result};
 
-use crate::nta::{bad_free, Config, Nta, Semi, Stats, MAX_HEAPS};
+use crate::front::FrontCache;
+use crate::nta::{Config, Nta, Stats, MAX_HEAPS};
 
 /// Bytes of address space the global allocator reserves (on first use). Only
 /// what is touched costs memory; the source's bitmaps cost 3 bits per page.
@@ -63,6 +64,7 @@ pub const GLOBAL_RESERVE: usize = 16 << 30;
 /// and never parks.
 pub struct LazyRegion {
     bytes: usize,
+    purge_threshold: usize,
     state: AtomicU8,
     guard: AtomicBool,
     src: UnsafeCell<MaybeUninit<RegionSource>>,
@@ -92,8 +94,17 @@ impl LazyRegion {
     /// A source that will reserve `bytes` (halving down to 64 MiB while the
     /// reservation fails).
     pub const fn new(bytes: usize) -> LazyRegion {
+        Self::with_purge_threshold(bytes, 1)
+    }
+
+    /// As [`new`](Self::new), giving freed runs of at least `pages` pages back
+    /// to the OS at once and keeping smaller ones (dirty) for reuse (see
+    /// `RegionSource::with_purge_threshold`). [`new`](Self::new) gives back
+    /// every run the node cache does not keep.
+    pub const fn with_purge_threshold(bytes: usize, pages: usize) -> LazyRegion {
         LazyRegion {
             bytes,
+            purge_threshold: pages,
             state: AtomicU8::new(UNINIT),
             guard: AtomicBool::new(false),
             src: UnsafeCell::new(MaybeUninit::uninit()),
@@ -122,7 +133,7 @@ impl LazyRegion {
                 Ok(_) => {
                     let mut bytes = self.bytes;
                     let made = loop {
-                        match RegionSource::with_purge_threshold(bytes, 1) {
+                        match RegionSource::with_purge_threshold(bytes, self.purge_threshold) {
                             Ok(s) => break Some(s),
                             Err(_) if bytes > 64 << 20 => bytes /= 2,
                             Err(_) => break None,
@@ -173,6 +184,40 @@ impl LazyRegion {
         let r = unsafe { f(s, &mut *self.cache.get(), &mut *self.cached.get()) };
         self.guard.store(false, Ordering::Release);
         r
+    }
+
+    /// Gives every free dirty page of the region back to the OS (nothing
+    /// before the region is reserved). Cached node runs stay.
+    pub fn purge(&self) {
+        if self.state.load(Ordering::Acquire) == READY {
+            let _ = self.locked(|s, _, _| {
+                s.purge();
+                Ok(())
+            });
+        }
+    }
+
+    /// Takes the guard over the source and keeps it, for `fork()`; release
+    /// with [`fork_release`](Self::fork_release). Every call into the inner
+    /// source happens under the guard, so its own lock is then free.
+    pub fn fork_prepare(&self) {
+        let mut round = 0;
+        while self
+            .guard
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            round += 1;
+            spin_or_yield(round);
+        }
+    }
+
+    /// Releases the guard [`fork_prepare`](Self::fork_prepare) took.
+    ///
+    /// # Safety
+    /// The calling thread took it with `fork_prepare`.
+    pub unsafe fn fork_release(&self) {
+        self.guard.store(false, Ordering::Release);
     }
 
     /// True for runs the cache keeps: one 32 KiB node, node-aligned.
@@ -234,6 +279,15 @@ unsafe impl PageSource for LazyRegion {
     fn total_page_count(&self) -> Option<usize> {
         self.get().ok()?.total_page_count()
     }
+
+    /// The reserved range, once reserved (`None` before the first use).
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        if self.state.load(Ordering::Acquire) != READY {
+            return None;
+        }
+        // SAFETY: READY observed with Acquire: the source is built.
+        unsafe { (*self.src.get()).assume_init_ref() }.span()
+    }
 }
 
 /// The page source under the global allocator. Change this alias (and
@@ -247,8 +301,7 @@ pub const fn global_source() -> GlobalSource {
 
 /// Chunk size of the global allocator: one x86-64 / aarch64 cache line. A
 /// constant, so that the front cache's class arithmetic is shifts by constants.
-pub const GLOBAL_CHUNK: usize = 64;
-const SHIFT: u32 = GLOBAL_CHUNK.trailing_zeros();
+pub const GLOBAL_CHUNK: usize = crate::front::FRONT_CHUNK;
 
 /// The global allocator's configuration: 64-byte chunks, 32 KiB nodes, one
 /// heap per CPU up to 64, steal mode.
@@ -262,208 +315,20 @@ pub const GLOBAL_CONFIG: Config = Config {
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
 
-/// Size classes the front cache serves: 1..=64 chunks (up to 4 KiB).
-pub const FRONT_CLASSES: usize = 64;
-/// Largest request the front cache serves.
-pub const FRONT_MAX: usize = FRONT_CLASSES * GLOBAL_CHUNK;
-/// Most bytes one thread's front cache holds.
-pub const FRONT_BYTES: usize = 1 << 20;
+pub use crate::front::{FRONT_BYTES, FRONT_CLASSES, FRONT_MAX};
 
-/// Entries kept per class: about 32 KiB of each, 16 to 256 entries.
-const fn limit(k: usize) -> u32 {
-    let n = (32 << 10) / (k * GLOBAL_CHUNK);
-    if n < 16 {
-        16
-    } else if n > 256 {
-        256
-    } else {
-        n as u32
-    }
-}
-
-const LIMITS: [u32; FRONT_CLASSES + 1] = {
-    let mut t = [0u32; FRONT_CLASSES + 1];
-    let mut k = 1;
-    while k <= FRONT_CLASSES {
-        t[k] = limit(k);
-        k += 1;
-    }
-    t
-};
-
-/// A key written into the second word of a cached chunk, to notice a chunk
-/// freed twice into the same cache.
-#[inline(always)]
-fn key(p: *mut Semi) -> usize {
-    (p as usize).rotate_left(17) ^ 0x6b6d_656d_6e74_6121
-}
-
-/// One thread's cache of recently freed chunks, by size in chunks.
-struct Front {
-    heads: [*mut Semi; FRONT_CLASSES + 1],
-    counts: [u32; FRONT_CLASSES + 1],
-    bytes: usize,
-}
-
-impl Front {
-    const fn new() -> Front {
-        Front {
-            heads: [ptr::null_mut(); FRONT_CLASSES + 1],
-            counts: [0; FRONT_CLASSES + 1],
-            bytes: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn pop(&mut self, k: usize) -> *mut u8 {
-        let p = self.heads[k];
-        if !p.is_null() {
-            // SAFETY: cached chunks are allocated chunks this cache owns.
-            unsafe {
-                self.heads[k] = (*p).next;
-                (*p).chunks = 0;
-            }
-            self.counts[k] -= 1;
-            self.bytes -= k << SHIFT;
-        }
-        p.cast()
-    }
-
-    #[inline(always)]
-    fn push(&mut self, p: *mut u8, k: usize) {
-        let e: *mut Semi = p.cast();
-        if self.counts[k] >= LIMITS[k] || self.bytes >= FRONT_BYTES {
-            self.flush(k);
-        }
-        // SAFETY: the chunk was allocated at k >= 1 chunks of 64 bytes.
-        unsafe {
-            if (*e).chunks == key(e) {
-                self.double_free_check(e, k);
-            }
-            (*e).next = self.heads[k];
-            (*e).chunks = key(e);
-        }
-        self.heads[k] = e;
-        self.counts[k] += 1;
-        self.bytes += k << SHIFT;
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn double_free_check(&self, e: *mut Semi, k: usize) {
-        let mut c = self.heads[k];
-        while !c.is_null() {
-            if c == e {
-                bad_free(Error::DoubleFree { addr: e as u64 });
-            }
-            // SAFETY: cached chunks.
-            c = unsafe { (*c).next };
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn refill(&mut self, k: usize) -> *mut u8 {
-        let want = (LIMITS[k] / 2).max(1) as usize;
-        let mut got: *mut Semi = ptr::null_mut();
-        let mut n = 0u32;
-        let (heads, counts, bytes) = (&mut self.heads, &mut self.counts, &mut self.bytes);
-        NTA.alloc_batch(k, want, |p, kk| {
-            let e: *mut Semi = p.cast();
-            if kk == k {
-                // SAFETY: a fresh (or recycled) allocation of k chunks.
-                unsafe {
-                    (*e).next = got;
-                    (*e).chunks = 0;
-                }
-                got = e;
-                n += 1;
-                return true;
-            }
-            // A remote free of another size: keep it if its class has room.
-            if kk > FRONT_CLASSES || counts[kk] >= LIMITS[kk] || *bytes >= FRONT_BYTES {
-                return false;
-            }
-            // SAFETY: an allocation of kk chunks handed to us.
-            unsafe {
-                (*e).next = heads[kk];
-                (*e).chunks = key(e);
-            }
-            heads[kk] = e;
-            counts[kk] += 1;
-            *bytes += kk << SHIFT;
-            true
-        });
-        if got.is_null() {
-            return ptr::null_mut();
-        }
-        // Keep all but the first; return that one.
-        // SAFETY: got is the head of n fresh chunks.
-        let rest = unsafe { (*got).next };
-        if !rest.is_null() {
-            let mut tail = rest;
-            // SAFETY: walking the fresh chain.
-            unsafe {
-                (*tail).chunks = key(tail);
-                while !(*tail).next.is_null() {
-                    tail = (*tail).next;
-                    (*tail).chunks = key(tail);
-                }
-                (*tail).next = self.heads[k];
-            }
-            self.heads[k] = rest;
-            self.counts[k] += n - 1;
-            self.bytes += ((n - 1) as usize * k) << SHIFT;
-        }
-        got.cast()
-    }
-
-    /// Gives half of class k (at least one) back to the heaps.
-    #[cold]
-    #[inline(never)]
-    fn flush(&mut self, k: usize) {
-        let n = (self.counts[k] / 2).max(1).min(self.counts[k]);
-        if n == 0 {
-            return;
-        }
-        let head = self.heads[k];
-        let mut tail = head;
-        // SAFETY: the class holds counts[k] >= n entries.
-        unsafe {
-            for _ in 1..n {
-                tail = (*tail).next;
-            }
-            self.heads[k] = (*tail).next;
-            (*tail).next = ptr::null_mut();
-            // SAFETY: a chain of n cached chunks of k chunks each.
-            NTA.free_batch(head, k);
-        }
-        self.counts[k] -= n;
-        self.bytes -= (n as usize * k) << SHIFT;
-    }
-
-    fn flush_all(&mut self) {
-        for k in 1..=FRONT_CLASSES {
-            let head = self.heads[k];
-            if !head.is_null() {
-                self.heads[k] = ptr::null_mut();
-                self.counts[k] = 0;
-                // SAFETY: the whole class chain.
-                unsafe { NTA.free_batch(head, k) };
-            }
-        }
-        self.bytes = 0;
-    }
-}
+/// The thread's [`FrontCache`], flushed back to [`NTA`] when the thread exits.
+struct Front(FrontCache);
 
 impl Drop for Front {
     fn drop(&mut self) {
-        self.flush_all();
+        // SAFETY: this cache only ever holds NTA's chunks.
+        unsafe { self.0.flush_all(&NTA) }
     }
 }
 
 std::thread_local! {
-    static FRONT: UnsafeCell<Front> = const { UnsafeCell::new(Front::new()) };
+    static FRONT: UnsafeCell<Front> = const { UnsafeCell::new(Front(FrontCache::new())) };
 }
 
 /// The kmem-nta global allocator (a unit type over one static [`Nta`]).
@@ -496,16 +361,16 @@ impl KmemNta {
     pub fn flush_thread_cache() {
         let _ = FRONT.try_with(|f| {
             // SAFETY: the cache is this thread's; no other borrow is live
-            // (the allocator never re-enters itself).
-            unsafe { (*f.get()).flush_all() }
+            // (the allocator never re-enters itself); it holds NTA's chunks.
+            unsafe { (*f.get()).0.flush_all(&NTA) }
         });
     }
 }
 
 #[inline(always)]
 fn front_class(layout: &Layout) -> Option<usize> {
-    if layout.size() <= FRONT_MAX && layout.align() <= GLOBAL_CHUNK {
-        Some(((layout.size() + GLOBAL_CHUNK - 1) >> SHIFT).max(1))
+    if layout.align() <= GLOBAL_CHUNK {
+        crate::front::front_class(layout.size())
     } else {
         None
     }
@@ -520,10 +385,10 @@ unsafe impl GlobalAlloc for KmemNta {
             let r = FRONT.try_with(|f| {
                 // SAFETY: this thread's cache; the allocator never re-enters
                 // itself, so this is the only borrow.
-                let f = unsafe { &mut *f.get() };
+                let f = unsafe { &mut (*f.get()).0 };
                 let p = f.pop(k);
                 if p.is_null() {
-                    f.refill(k)
+                    f.refill(&NTA, k)
                 } else {
                     p
                 }
@@ -542,8 +407,9 @@ unsafe impl GlobalAlloc for KmemNta {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if let Some(k) = front_class(&layout) {
             let r = FRONT.try_with(|f| {
-                // SAFETY: as in alloc.
-                unsafe { (*f.get()).push(ptr, k) }
+                // SAFETY: as in alloc; ptr is a live allocation of class k
+                // (GlobalAlloc's contract), NTA's like every cached chunk.
+                unsafe { (*f.get()).0.push(&NTA, ptr, k) }
             });
             if r.is_ok() {
                 return;
@@ -595,17 +461,6 @@ unsafe impl allocator_api2::alloc::Allocator for KmemNta {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn limits_are_bounded() {
-        assert_eq!(LIMITS[1], 256);
-        assert_eq!(LIMITS[4], 128);
-        assert_eq!(LIMITS[64], 16);
-        let worst: usize = (1..=FRONT_CLASSES)
-            .map(|k| LIMITS[k] as usize * k * GLOBAL_CHUNK)
-            .sum();
-        assert!(worst > FRONT_BYTES, "the byte cap is what binds");
-    }
 
     #[test]
     fn global_alloc_roundtrip_and_flush() {

@@ -36,11 +36,12 @@
 //! allocation's length; `dealloc` with a `Layout` never reads the end bitmap
 //! for the length, only to validate.
 //!
-//! **Front cache** (the global allocator [`KmemNta`], std): a per-thread stack
-//! of recently freed chunks per size class up to 4 KiB, popped and pushed with
-//! no atomic and no lock; refilled and flushed in batches under one heap lock
-//! ([`global`] says why per thread and how it is bounded). An [`Nta`] used as
-//! an instance has no front cache: every call is the seed's algorithm.
+//! **Front cache** ([`FrontCache`], used by the global allocator [`KmemNta`]
+//! and by kmem-malloc): a per-thread stack of recently freed chunks per size
+//! class up to 4 KiB, popped and pushed with no atomic and no lock; refilled
+//! and flushed in batches under one heap lock ([`front`] says how it is
+//! bounded, [`global`] why per thread). An [`Nta`] used as an instance has no
+//! front cache: every call is the seed's algorithm.
 //!
 //! **Invariants** (checked by [`Nta::check`]):
 //! - every maximal run of free chunks in a node is listed exactly once, on the
@@ -51,8 +52,9 @@
 //! - a node's `used` count equals its used bits (less the header's); a heap's
 //!   held count is the sum; at most `reserve_nodes` (+1 transiently) empty nodes.
 //!
-//! **Locking**: a heap's lists, nodes and bitmaps are touched only under its
-//! lock. The semi-free list is a lock-free stack: anyone pushes, only a holder
+//! **Locking**: a heap's lists, nodes and bitmaps are changed only under its
+//! lock (bitmap words are relaxed atomics, so [`Nta::lookup_unlocked`] may
+//! read them without it). The semi-free list is a lock-free stack: anyone pushes, only a holder
 //! of the heap's lock takes the whole list (swap to null). A thread may migrate
 //! at any time: it then locks another CPU's heap, which is correct, only
 //! slower. In steal mode (the global allocator) no thread ever waits on a heap
@@ -68,16 +70,21 @@
 //! [`Nta::free`], [`Nta::free_sized`] and [`Nta::usable_size`], with nothing
 //! changed. Where no error can be returned (`GlobalAlloc::dealloc`) the cheap
 //! bitmap checks that remain abort the process rather than corrupt the heap.
+//! A freed chunk that waits (in a front cache or on a semi-free list) carries
+//! a mark keyed by the allocator's secret in its second word, so freeing it
+//! again is caught too ([`Nta::lookup_unlocked`], [`FrontCache::push`]).
 
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
+pub mod front;
 pub mod node;
 mod nta;
 
 #[cfg(feature = "std")]
 pub mod global;
 
+pub use front::{front_class, FrontCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX};
 #[cfg(feature = "std")]
 pub use global::{KmemNta, LazyRegion};
 pub use node::{Geometry, MAX_NODE_CHUNKS};

@@ -147,23 +147,51 @@ pub(crate) fn seal_freed(addr: usize, secret: usize) -> usize {
 
 /// Raw bitmap operations on a node's maps. All indexes are in range (the
 /// callers derive them from a node's geometry); nothing here checks.
+///
+/// Every word is read and written as a relaxed atomic (a plain `mov` on
+/// x86-64 and aarch64, no locked instruction): writers hold the owning
+/// heap's lock, and a reader without the lock (kmem-malloc's `free` finding
+/// an allocation's length, [`Nta::lookup_unlocked`](crate::Nta::lookup_unlocked))
+/// then sees whole words, never a data race.
 pub(crate) mod bits {
+    use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    #[inline(always)]
+    unsafe fn ld(w: *const u64, i: usize) -> u64 {
+        // SAFETY: the caller keeps word `i` inside the map; u64 and AtomicU64
+        // have the same size and alignment.
+        unsafe { (*w.add(i).cast::<AtomicU64>()).load(Relaxed) }
+    }
+
+    #[inline(always)]
+    unsafe fn st(w: *mut u64, i: usize, v: u64) {
+        // SAFETY: as `ld`.
+        unsafe { (*w.add(i).cast::<AtomicU64>()).store(v, Relaxed) }
+    }
+
+    /// Word `i` of a map (a relaxed atomic load).
+    #[inline(always)]
+    pub unsafe fn word(w: *const u64, i: usize) -> u64 {
+        // SAFETY: forwarded.
+        unsafe { ld(w, i) }
+    }
+
     #[inline(always)]
     pub unsafe fn test(w: *const u64, i: usize) -> bool {
         // SAFETY: the caller keeps `i` inside the map.
-        unsafe { *w.add(i / 64) & (1 << (i % 64)) != 0 }
+        unsafe { ld(w, i / 64) & (1 << (i % 64)) != 0 }
     }
 
     #[inline(always)]
     pub unsafe fn set(w: *mut u64, i: usize) {
         // SAFETY: as `test`.
-        unsafe { *w.add(i / 64) |= 1 << (i % 64) }
+        unsafe { st(w, i / 64, ld(w, i / 64) | 1 << (i % 64)) }
     }
 
     #[inline(always)]
     pub unsafe fn clear(w: *mut u64, i: usize) {
         // SAFETY: as `test`.
-        unsafe { *w.add(i / 64) &= !(1 << (i % 64)) }
+        unsafe { st(w, i / 64, ld(w, i / 64) & !(1 << (i % 64))) }
     }
 
     #[inline(always)]
@@ -178,21 +206,21 @@ pub(crate) mod bits {
         let (mut wi, lo) = (i / 64, i % 64);
         if lo + n <= 64 {
             // SAFETY: inside the map.
-            unsafe { *w.add(wi) |= span_mask(lo, n) };
+            unsafe { st(w, wi, ld(w, wi) | span_mask(lo, n)) };
             return;
         }
         // SAFETY: every word touched lies inside [i, i + n) of the map.
         unsafe {
-            *w.add(wi) |= !0u64 << lo;
+            st(w, wi, ld(w, wi) | !0u64 << lo);
             let mut left = n - (64 - lo);
             wi += 1;
             while left >= 64 {
-                *w.add(wi) = !0;
+                st(w, wi, !0);
                 wi += 1;
                 left -= 64;
             }
             if left > 0 {
-                *w.add(wi) |= (1u64 << left) - 1;
+                st(w, wi, ld(w, wi) | ((1u64 << left) - 1));
             }
         }
     }
@@ -203,21 +231,21 @@ pub(crate) mod bits {
         let (mut wi, lo) = (i / 64, i % 64);
         if lo + n <= 64 {
             // SAFETY: inside the map.
-            unsafe { *w.add(wi) &= !span_mask(lo, n) };
+            unsafe { st(w, wi, ld(w, wi) & !span_mask(lo, n)) };
             return;
         }
         // SAFETY: as set_range.
         unsafe {
-            *w.add(wi) &= !(!0u64 << lo);
+            st(w, wi, ld(w, wi) & !(!0u64 << lo));
             let mut left = n - (64 - lo);
             wi += 1;
             while left >= 64 {
-                *w.add(wi) = 0;
+                st(w, wi, 0);
                 wi += 1;
                 left -= 64;
             }
             if left > 0 {
-                *w.add(wi) &= !((1u64 << left) - 1);
+                st(w, wi, ld(w, wi) & !((1u64 << left) - 1));
             }
         }
     }
@@ -231,7 +259,7 @@ pub(crate) mod bits {
         }
         let mut wi = i / 64;
         // SAFETY: wi indexes a word of the map (i < limit <= len).
-        let mut cur = unsafe { *w.add(wi) } & (!0u64 << (i % 64));
+        let mut cur = unsafe { ld(w, wi) } & (!0u64 << (i % 64));
         let last = (limit - 1) / 64;
         loop {
             if cur != 0 {
@@ -243,7 +271,7 @@ pub(crate) mod bits {
                 return limit;
             }
             // SAFETY: wi <= last, inside the map.
-            cur = unsafe { *w.add(wi) };
+            cur = unsafe { ld(w, wi) };
         }
     }
 
@@ -255,7 +283,7 @@ pub(crate) mod bits {
         }
         let mut wi = i / 64;
         // SAFETY: as next_set.
-        let mut cur = !unsafe { *w.add(wi) } & (!0u64 << (i % 64));
+        let mut cur = !unsafe { ld(w, wi) } & (!0u64 << (i % 64));
         let last = (limit - 1) / 64;
         loop {
             if cur != 0 {
@@ -267,7 +295,7 @@ pub(crate) mod bits {
                 return limit;
             }
             // SAFETY: as next_set.
-            cur = !unsafe { *w.add(wi) };
+            cur = !unsafe { ld(w, wi) };
         }
     }
 
@@ -280,10 +308,10 @@ pub(crate) mod bits {
         // SAFETY: wi indexes a word of the map; the loop stops at word 0,
         // whose bit 0 (a header chunk) is always set.
         unsafe {
-            let mut cur = *w.add(wi) & mask;
+            let mut cur = ld(w, wi) & mask;
             while cur == 0 {
                 wi -= 1;
-                cur = *w.add(wi);
+                cur = ld(w, wi);
             }
             wi * 64 + 63 - cur.leading_zeros() as usize
         }
@@ -293,7 +321,7 @@ pub(crate) mod bits {
     pub unsafe fn count(w: *const u64, words: usize) -> usize {
         // SAFETY: the caller passes the map's word count.
         (0..words)
-            .map(|i| unsafe { *w.add(i) }.count_ones() as usize)
+            .map(|i| unsafe { ld(w, i) }.count_ones() as usize)
             .sum()
     }
 }

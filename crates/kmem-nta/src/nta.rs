@@ -133,11 +133,40 @@ struct Free {
     prev: *mut Free,
 }
 
-/// An entry of a semi-free list: a chunk freed on another CPU.
+/// An entry of a semi-free list (a chunk freed on another CPU) or of a
+/// front cache: the first two words of the freed chunk.
+///
+/// The second word is never a plain number, so that a chunk freed a second
+/// time while it waits is recognised: on a semi-free list it holds
+/// [`semi_tag`]`(chunk, k)`, in a front cache [`cache_key`]`(chunk)`, both
+/// keyed by the allocator's secret. Every path that hands a chunk out
+/// overwrites that word, so a live allocation carries neither mark unless
+/// its owner writes one (it would have to know the secret).
 #[repr(C)]
 pub(crate) struct Semi {
     pub next: *mut Semi,
     pub chunks: usize,
+}
+
+const SEMI_SALT: usize = 0x5e31_f4ee_c0a1_e5ce_u64 as usize;
+const CACHE_SALT: usize = 0x6b6d_656d_6e74_6121_u64 as usize;
+
+/// The second word of a chunk of `k` chunks waiting on a semi-free list.
+#[inline(always)]
+pub(crate) fn semi_tag(addr: usize, k: usize, secret: usize) -> usize {
+    k ^ addr.rotate_left(23) ^ secret ^ SEMI_SALT
+}
+
+/// The chunk count a semi-free entry's second word encodes.
+#[inline(always)]
+pub(crate) fn semi_len(addr: usize, word: usize, secret: usize) -> usize {
+    word ^ addr.rotate_left(23) ^ secret ^ SEMI_SALT
+}
+
+/// The second word of a chunk parked in a front cache.
+#[inline(always)]
+pub(crate) fn cache_key(addr: usize, secret: usize) -> usize {
+    addr.rotate_left(17) ^ secret ^ CACHE_SALT
 }
 
 /// One CPU's heap. Guarded by its slot's lock.
@@ -419,7 +448,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     #[inline(always)]
-    fn secret(&self) -> usize {
+    pub(crate) fn secret(&self) -> usize {
         self.secret.load(Ordering::Relaxed)
     }
 
@@ -544,6 +573,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 heap.push(self.chunk_addr(node, idx + k).cast(), j - k);
             }
             self.mark(heap, node, idx, k);
+            // The head of a list has a null back link, so the chunk's second
+            // word is already clear: no parked mark is handed out.
+            debug_assert!((*c).prev.is_null());
             Ok(c.cast())
         }
     }
@@ -581,6 +613,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                                 heap.push(self.chunk_addr(node, s + k).cast(), idx + j - s - k);
                             }
                             self.mark(heap, node, s, k);
+                            // A handed-out chunk never carries a parked mark.
+                            (*self.chunk_addr(node, s).cast::<Semi>()).chunks = 0;
                         }
                         return Ok(self.chunk_addr(node, s));
                     }
@@ -847,7 +881,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // `semi_push`; the Acquire swap makes their contents visible.
             unsafe {
                 let next = (*e).next;
-                let k = (*e).chunks;
+                let k = semi_len(e as usize, (*e).chunks, self.secret());
                 let (node, idx) = self.node_of(e as usize);
                 match self.validate(node, idx, k, e as usize) {
                     Ok(k) => self.release(heap, node, idx, k),
@@ -1089,7 +1123,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let e = addr as *mut Semi;
         // SAFETY: the chunk is ours to give up; it holds at least 16 bytes.
         unsafe {
-            (*e).chunks = k;
+            (*e).chunks = semi_tag(addr, k, self.secret());
             self.semi_push(owner, e, e);
         }
     }
@@ -1231,6 +1265,129 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         Ok(unsafe { (*node).owner } as usize)
     }
 
+    /// Reads, without any lock, the length in chunks of the small allocation
+    /// that starts at `addr`: its node's seal, the used bit of its first
+    /// chunk, that the chunk before it is free or ends another allocation,
+    /// and the next end bit. This is `free(ptr)` without a size, at the cost
+    /// of a few loads.
+    ///
+    /// RETURNS: `Ok(k)` when `addr` is the start of a live allocation of `k`
+    /// chunks: the bits of a live allocation do not change while it lives,
+    /// so that answer is reliable for a pointer its owner gives up.
+    /// `Err(DoubleFree)` when the chunk carries the mark of a chunk parked in
+    /// a front cache or on a semi-free list (freed already, waiting). Any
+    /// other `Err` is a suspicion only: an allocation next to it changing at
+    /// the same moment can make the read look wrong, so the caller checks
+    /// again under the lock ([`free`](Self::free), [`usable_size`](Self::usable_size)),
+    /// which gives the definitive answer.
+    ///
+    /// # Safety
+    /// The node-aligned address below `addr` (`addr & !(node_size - 1)`) and
+    /// `addr + 16` must be readable (true for any address inside the range of
+    /// a source that keeps its whole range mapped, as kmem-pages does).
+    #[inline(always)]
+    pub unsafe fn lookup_unlocked(&self, addr: usize) -> Result<usize> {
+        let g = &self.geo;
+        let (node, idx) = self.node_of(addr);
+        let secret = self.secret();
+        let bad = Error::NotAllocated { addr: addr as u64 };
+        if load_check(node) != seal(node as usize, secret) || secret == 0 {
+            return Err(bad);
+        }
+        if addr & (g.chunk() - 1) != 0 || idx < g.hdr {
+            return Err(bad);
+        }
+        // SAFETY: a live node of ours (its seal) holds its maps; idx is in
+        // range (below nchunks by construction of node_of, at least hdr).
+        unsafe {
+            if (*node).kind != KIND_SMALL {
+                return Err(bad);
+            }
+            let used = used_map(node);
+            let end = end_map(node, g);
+            if !bits::test(used, idx) {
+                return Err(Error::DoubleFree { addr: addr as u64 });
+            }
+            if idx > g.hdr && bits::test(used, idx - 1) && !bits::test(end, idx - 1) {
+                return Err(bad);
+            }
+            let last = bits::next_set(end, idx, g.nchunks);
+            if last == g.nchunks {
+                return Err(bad);
+            }
+            let k = last + 1 - idx;
+            // The chunk's second word (16 bytes or more are in every chunk);
+            // atomic because a cache or list holding it may be writing it.
+            let w =
+                (*(addr as *const core::sync::atomic::AtomicUsize).add(1)).load(Ordering::Relaxed);
+            if w == cache_key(addr, secret) || semi_len(addr, w, secret) == k {
+                return Err(Error::DoubleFree { addr: addr as u64 });
+            }
+            Ok(k)
+        }
+    }
+
+    /// Frees a small allocation of `k` chunks at `addr`, as `dealloc` does
+    /// (the owner's heap on its CPU, else its semi-free list), with the
+    /// length already known (from [`lookup_unlocked`](Self::lookup_unlocked)).
+    ///
+    /// # Safety
+    /// `addr` is a live small allocation of exactly `k` chunks that the
+    /// caller gives up.
+    #[inline]
+    pub unsafe fn free_small(&self, addr: usize, k: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { self.free_chunks(addr, k) }
+    }
+
+    /// Resizes the small allocation of `ko` chunks at `addr` to `kn` chunks
+    /// in place, under its owner's lock: shrinking always works (the tail
+    /// joins the free run after it), growing only when enough free chunks
+    /// follow. Returns whether it did. Aborts (as `dealloc` does) when `addr`
+    /// is not a live allocation of `ko` chunks.
+    ///
+    /// # Safety
+    /// `addr` is a live small allocation of `ko` chunks; `1 <= kn <= max`.
+    pub unsafe fn resize_small(&self, addr: usize, ko: usize, kn: usize) -> bool {
+        if ko == kn {
+            return true;
+        }
+        if kn == 0 || kn > self.geo.max {
+            return false;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.resize_in_place(addr, ko, kn) }
+    }
+
+    /// Takes every lock of the allocator (each heap's, then the node pool's)
+    /// and keeps them, for `fork()`: a child must not inherit a lock held by
+    /// a thread that does not exist in it. Lock order as everywhere: heaps
+    /// in index order, then the pool; the page source's locks come after
+    /// (its owner takes them). Release with [`fork_release`](Self::fork_release).
+    pub fn fork_prepare(&self) {
+        for slot in &self.slots[..self.nheaps] {
+            core::mem::forget(slot.heap.lock());
+        }
+        core::mem::forget(self.pool.lock());
+    }
+
+    /// Releases the locks [`fork_prepare`](Self::fork_prepare) took: in the
+    /// parent after `fork()`, and in the child (which has one thread, the
+    /// one that took them).
+    ///
+    /// # Safety
+    /// The calling thread took them with `fork_prepare` and nothing else
+    /// uses them in between.
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: the caller holds every lock (fork_prepare) and no guard exists.
+        unsafe {
+            self.pool.force_unlock();
+            for slot in &self.slots[..self.nheaps] {
+                slot.heap.force_unlock();
+            }
+        }
+    }
+
     /// Resizes the allocation at `ptr` (allocated with `old`) to `new_size`
     /// bytes, at the same alignment: in place when the size in chunks stays,
     /// shrinks, or grows into free chunks that follow it (the bitmap says so);
@@ -1340,7 +1497,6 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// memory). Remote frees queued for the heap are offered to `out` as
     /// they are, with their own size; it returns false for those it does not
     /// take, which are then freed.
-    #[cfg_attr(not(feature = "std"), allow(dead_code))]
     pub(crate) fn alloc_batch(
         &self,
         k: usize,
@@ -1359,7 +1515,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 // nodes (the Acquire swap makes their words visible).
                 unsafe {
                     let next = (*e).next;
-                    let kk = (*e).chunks;
+                    let kk = semi_len(e as usize, (*e).chunks, self.secret());
                     let (node, idx) = self.node_of(e as usize);
                     if let Err(x) = self.validate(node, idx, kk, e as usize) {
                         bad_free(x);
@@ -1423,7 +1579,6 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     ///
     /// # Safety
     /// Every entry is a live allocation of `k` chunks that the caller gives up.
-    #[cfg_attr(not(feature = "std"), allow(dead_code))]
     pub(crate) unsafe fn free_batch(&self, mut head: *mut Semi, k: usize) {
         let h = self.current_heap();
         // Taken at the first chunk of our own (a consumer that only frees
@@ -1455,7 +1610,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                         continue;
                     }
                 }
-                (*e).chunks = k;
+                (*e).chunks = semi_tag(e as usize, k, self.secret());
                 if run.0 == owner {
                     (*run.2).next = e;
                     run.2 = e;
@@ -1505,7 +1660,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 // SAFETY: queued entries stay valid while we hold the heap's
                 // lock (only a holder drains them).
                 unsafe {
-                    s.remote_pending_bytes += (*e).chunks << self.geo.chunk_shift;
+                    s.remote_pending_bytes +=
+                        semi_len(e as usize, (*e).chunks, self.secret()) << self.geo.chunk_shift;
                     e = (*e).next;
                 }
             }
@@ -1598,7 +1754,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                         return Err("node used count differs from its bitmap");
                     }
                     for w in 0..g.words {
-                        if *end.add(w) & !*used.add(w) != 0 {
+                        if bits::word(end, w) & !bits::word(used, w) != 0 {
                             return Err("end bit on a free chunk");
                         }
                     }
@@ -1707,7 +1863,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     {
                         return Err("semi-free entry in a foreign node");
                     }
-                    match self.validate(node, idx, (*e).chunks, e as usize) {
+                    let k = semi_len(e as usize, (*e).chunks, secret);
+                    if k == 0 || k > g.max {
+                        return Err("semi-free entry with a broken tag");
+                    }
+                    match self.validate(node, idx, k, e as usize) {
                         Ok(_) => {}
                         Err(_) => return Err("semi-free entry is not a live allocation"),
                     }

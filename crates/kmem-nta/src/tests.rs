@@ -396,3 +396,115 @@ fn seed_geometry_32_byte_chunks() {
     )
     .is_err());
 }
+
+#[test]
+fn lookup_without_the_lock() {
+    let mut b = buf(128);
+    let src = source(&mut b);
+    let c = Config { heaps: 2, ..cfg() };
+    let nta = Nta::with_config(&src, c, Cpus::Simulated).unwrap();
+    kmem_core::bind_simulated_cpu(0);
+    let a = nta.alloc(l(200)).unwrap().as_ptr() as usize; // 4 chunks
+    let bb = nta.alloc(l(64)).unwrap().as_ptr() as usize; // 1 chunk
+    let big = nta.alloc(l(3000)).unwrap().as_ptr() as usize; // 47 chunks
+                                                             // SAFETY: every address lies in a node of this allocator's source.
+    unsafe {
+        assert_eq!(nta.lookup_unlocked(a), Ok(4));
+        assert_eq!(nta.lookup_unlocked(bb), Ok(1));
+        assert_eq!(nta.lookup_unlocked(big), Ok(47));
+        // The middle of an allocation, a misaligned pointer, the header.
+        assert!(matches!(
+            nta.lookup_unlocked(a + 64),
+            Err(Error::NotAllocated { .. })
+        ));
+        assert!(nta.lookup_unlocked(a + 8).is_err());
+        let node = a & !((32 << 10) - 1);
+        assert!(nta.lookup_unlocked(node).is_err());
+        assert!(nta.lookup_unlocked(node + 64).is_err());
+    }
+    // A freed chunk: its used bit is clear.
+    // SAFETY: live, freed once.
+    unsafe { nta.free_small(bb, 1) };
+    // SAFETY: an address inside the arena, which stays mapped.
+    let r = unsafe { nta.lookup_unlocked(bb) };
+    assert!(matches!(r, Err(Error::DoubleFree { .. })));
+    // A chunk freed on another CPU waits on the semi-free list, still
+    // allocated in the bitmap: its tag gives it away.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(1);
+            // SAFETY: live, freed once, from CPU 1.
+            unsafe { nta.free_small(a, 4) };
+        });
+    });
+    assert_eq!(nta.stats().remote_pending, 1);
+    // SAFETY: an address inside the arena, which stays mapped.
+    let r = unsafe { nta.lookup_unlocked(a) };
+    assert!(matches!(r, Err(Error::DoubleFree { .. })));
+    nta.check().unwrap();
+    // A chunk parked in a front cache carries the cache's key.
+    let mut front = crate::FrontCache::new();
+    let p = front.refill(&nta, 2);
+    assert!(!p.is_null());
+    // SAFETY: p is a live 2-chunk allocation from the refill.
+    unsafe {
+        assert_eq!(nta.lookup_unlocked(p as usize), Ok(2));
+        front.push(&nta, p, 2);
+        assert!(matches!(
+            nta.lookup_unlocked(p as usize),
+            Err(Error::DoubleFree { .. })
+        ));
+        assert_eq!(front.pop(2), p);
+        assert_eq!(nta.lookup_unlocked(p as usize), Ok(2), "handed out again");
+        front.push(&nta, p, 2);
+        front.flush_all(&nta);
+        nta.free_small(big, 47);
+    }
+    assert_eq!(front.bytes(), 0);
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
+
+#[test]
+fn resize_small_in_place() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let p = nta.alloc(l(64)).unwrap().as_ptr() as usize;
+    // SAFETY: p is live; the chunks after it are free.
+    unsafe {
+        assert!(nta.resize_small(p, 1, 10));
+        assert_eq!(nta.lookup_unlocked(p), Ok(10));
+        nta.check().unwrap();
+        assert!(nta.resize_small(p, 10, 3));
+        assert_eq!(nta.lookup_unlocked(p), Ok(3));
+        let q = nta.alloc(l(64)).unwrap().as_ptr() as usize;
+        assert_eq!(q, p + 3 * 64, "the freed tail is reused first");
+        assert!(!nta.resize_small(p, 3, 5), "blocked by q");
+        assert!(!nta.resize_small(p, 3, 100_000), "beyond a node");
+        assert_eq!(nta.lookup_unlocked(p), Ok(3));
+        nta.free_small(q, 1);
+        nta.free_small(p, 3);
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
+
+#[test]
+fn fork_locks_are_taken_and_released() {
+    let mut b = buf(64);
+    let c = Config { heaps: 3, ..cfg() };
+    let nta = Nta::with_config(source(&mut b), c, Cpus::Fixed(1)).unwrap();
+    let p = nta.alloc(l(100)).unwrap();
+    nta.fork_prepare();
+    for h in 0..3 {
+        assert!(nta.slots[h].heap.is_locked());
+    }
+    // SAFETY: this thread took them all just above.
+    unsafe { nta.fork_release() };
+    for h in 0..3 {
+        assert!(!nta.slots[h].heap.is_locked());
+    }
+    // SAFETY: live.
+    unsafe { nta.free(p).unwrap() };
+    nta.check().unwrap();
+}

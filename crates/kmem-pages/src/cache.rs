@@ -240,6 +240,42 @@ impl PageAllocator<'_> {
         self.p.cache_on && *self.control.lock() == 0
     }
 
+    /// Takes every lock of the allocator and keeps them, for `fork()`: a
+    /// child must not inherit a lock held by a thread that does not exist in
+    /// it. Order as the crate's locking rules say: the control lock, each
+    /// CPU's cache lock (several at once only here, in CPU order; nobody else
+    /// holds two, so nobody waits for one while holding another), then the
+    /// buckets in ascending order. Release with
+    /// [`fork_release`](Self::fork_release).
+    pub fn fork_prepare(&self) {
+        core::mem::forget(self.control.lock());
+        for cpu in 0..self.p.ncpus {
+            core::mem::forget(self.pcpu(cpu).cache.lock());
+        }
+        for b in 0..self.p.nb {
+            core::mem::forget(self.buckets[b].lock());
+        }
+    }
+
+    /// Releases what [`fork_prepare`](Self::fork_prepare) took: in the parent
+    /// after `fork()`, and in the child (whose one thread took them).
+    ///
+    /// # Safety
+    /// The calling thread took the locks with `fork_prepare`, and nothing
+    /// used them in between.
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: the caller holds every lock and no guard of them exists.
+        unsafe {
+            for b in (0..self.p.nb).rev() {
+                self.buckets[b].force_unlock();
+            }
+            for cpu in (0..self.p.ncpus).rev() {
+                self.pcpu(cpu).cache.force_unlock();
+            }
+            self.control.force_unlock();
+        }
+    }
+
     /// Pages in per-CPU caches.
     pub fn cached_pages(&self) -> usize {
         if !self.p.cache_on {

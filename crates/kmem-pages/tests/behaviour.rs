@@ -988,3 +988,44 @@ fn span_covers_every_page_handed_out() {
     unsafe { a.free_pages(r, 8).unwrap() };
     a.check().unwrap();
 }
+
+/// `fork_prepare` holds every lock (another thread's allocation waits for the
+/// release) and `fork_release` gives them all back.
+#[test]
+fn fork_prepare_holds_every_lock_until_release() {
+    bind_simulated_cpu(1);
+    let a = Arc::new(
+        PageAllocator::with_config(
+            &topo(4, 2, 1),
+            Cpus::Simulated,
+            4 << 20,
+            &Config::new().colours(4),
+        )
+        .unwrap(),
+    );
+    let p = a.alloc_page().unwrap();
+    a.fork_prepare();
+    let done = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (a, done) = (a.clone(), done.clone());
+        std::thread::spawn(move || {
+            bind_simulated_cpu(2);
+            let q = a.alloc_run(3, 1).unwrap();
+            done.store(true, Ordering::SeqCst);
+            // SAFETY: live run of 3 pages.
+            unsafe { a.free_run(q, 3).unwrap() };
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "a run was allocated under the fork locks"
+    );
+    // SAFETY: this thread took every lock with fork_prepare.
+    unsafe { a.fork_release() };
+    t.join().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    // SAFETY: live page.
+    unsafe { a.free_page(p).unwrap() };
+    a.check().unwrap();
+}

@@ -24,6 +24,7 @@ pub mod clock;
 pub mod cpu;
 pub mod geometry;
 pub mod machine;
+pub mod process;
 mod region;
 pub mod topology;
 

@@ -84,6 +84,23 @@ impl<P: PageSource> SyncVmapArena<P> {
         self.inner.lock()
     }
 
+    /// Takes the lock and keeps it, for `fork()` (a child must not inherit a
+    /// lock held by a thread it does not have). Release with
+    /// [`fork_release`](Self::fork_release).
+    pub fn fork_prepare(&self) {
+        core::mem::forget(self.inner.lock());
+    }
+
+    /// Releases the lock [`fork_prepare`](Self::fork_prepare) took (in the
+    /// parent after `fork()`, and in the child).
+    ///
+    /// # Safety
+    /// The calling thread took it with `fork_prepare`; no guard exists.
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: the caller holds the lock through fork_prepare.
+        unsafe { self.inner.force_unlock() }
+    }
+
     /// The lock's counters.
     pub fn lock_stats(&self) -> LockStats {
         self.inner.stats()

@@ -430,3 +430,21 @@ fn purge_rebuilds_the_free_tree_when_many_ranges_wait() {
     assert_eq!(a.alloc(401 * PAGE, 1).unwrap(), 2000 * PAGE - PAGE);
     a.check().unwrap();
 }
+
+#[test]
+fn fork_prepare_holds_the_lock_until_release() {
+    let a = SyncVmapArena::new(source(64), 0, 1 << 30).unwrap();
+    let x = a.alloc(PAGE, PAGE).unwrap();
+    a.fork_prepare();
+    assert!(a.lock_stats().acquisitions >= 2);
+    std::thread::scope(|s| {
+        let t = s.spawn(|| a.alloc(PAGE, PAGE).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert!(!t.is_finished(), "allocated under the fork lock");
+        // SAFETY: this thread took the lock with fork_prepare.
+        unsafe { a.fork_release() };
+        let y = t.join().unwrap();
+        assert_ne!(x, y);
+    });
+    a.check().unwrap();
+}

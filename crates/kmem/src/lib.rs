@@ -6,6 +6,7 @@
 //!   output      Measure / Published / Table / Figure, the suite JSON
 //!   suites      the Suite trait and the registry (suites::all)
 //!   baselines   the designs the seeds replaced, kept faithful for comparison
+//!   preload     running whole programs under other allocators (LD_PRELOAD)
 //!   report      runs suites, prints tables, writes target/kmem-report/
 //!   svg         hand-written SVG charts and PNG maps
 //! ```
@@ -19,6 +20,7 @@
 pub mod baselines;
 pub mod harness;
 pub mod output;
+pub mod preload;
 pub mod progress;
 pub mod report;
 pub mod suites;

@@ -8,17 +8,21 @@ use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
 mod core;
+mod malloc;
 mod nta;
 mod pages;
 mod percpu;
 mod quicklist;
 mod vmalloc;
+mod webserver;
 pub use self::core::CoreSuite;
+pub use self::malloc::MallocSuite;
 pub use self::nta::NtaSuite;
 pub use self::pages::PagesSuite;
 pub use self::percpu::PercpuSuite;
 pub use self::quicklist::QuicklistSuite;
 pub use self::vmalloc::VmallocSuite;
+pub use self::webserver::WebserverSuite;
 
 /// How a suite is asked to run.
 pub struct Ctx<'a> {
@@ -55,6 +59,8 @@ pub fn all() -> &'static [&'static dyn Suite] {
         &pages::PagesSuite,
         &quicklist::QuicklistSuite,
         &nta::NtaSuite,
+        &malloc::MallocSuite,
+        &webserver::WebserverSuite,
     ]
 }
 

@@ -167,7 +167,8 @@ fn frag_baseline(seed: u64) -> Vec<Round> {
             cpus: 1,
         },
         Cpus::Fixed(0),
-    );
+    )
+    .expect("the baseline fits its arena");
     frag_test(data, seed, |size| {
         slab.alloc(Layout::from_size_align(size, 1).ok()?)
             .map(|p| p.as_ptr() as usize)
@@ -357,6 +358,7 @@ fn baseline_instance() -> Pow2Slab<'static> {
         },
         Cpus::Real,
     )
+    .expect("the baseline fits its arena")
 }
 
 const IMPLS: [&str; 6] = [

@@ -1,0 +1,867 @@
+//! kmem-malloc: the C malloc family on kmem, for `LD_PRELOAD`.
+//!
+//! ```text
+//!   LD_PRELOAD=target/release/libkmem_malloc.so  program ...
+//!
+//!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
+//!                       pop / push, no atomic, no lock; refilled and
+//!                       flushed in batches under one nta heap lock
+//!   size < 32 KiB       kmem-nta: the calling CPU's heap, whole 64-byte
+//!     (any, when the      chunks, bitmaps, frees from other CPUs queued on
+//!      cache misses)      the owner's semi-free list
+//!   size < 256 KiB      kmem-nta's large path: a page run of its own (plus a
+//!                       header page) from a lazily reserved region
+//!   size >= 256 KiB     kmem-vmap: a range of a reserved space (lowest-address
+//!     or align > 4 KiB  first fit); freed ranges go back to the OS
+//!                       (MADV_DONTNEED) unless a small cache keeps them
+//! ```
+//!
+//! `free(p)` needs no size: the address says which part owns `p` (each has
+//! its own reservation), nta's bitmaps say how long a small allocation is
+//! (read without a lock, [`kmem_nta::Nta::lookup_unlocked`]), the vmap arena
+//! knows every busy range by its start.
+//!
+//! **Returning memory.** Large ranges go back to the OS when freed
+//! (`madvise(MADV_DONTNEED)`), except the ones the large cache keeps
+//! ([`large::LARGE_CACHE`] ranges of at most 8 MiB, 32 MiB in all, the
+//! oldest given back first) so that a loop that allocates and frees the
+//! same large size does not fault its pages in again each time. nta's empty
+//! nodes past a reserve of four per heap, and its page runs of 256 KiB or
+//! more, go back at once; smaller page runs are kept for reuse, and
+//! `malloc_trim` gives those back too.
+//!
+//! **Initialisation** happens when the library is loaded (an `.init_array`
+//! constructor) or at the first call, whichever comes first, without allocating:
+//! nta is a `static` built by a `const fn` that reserves its region on first
+//! use; the options come from `getenv`; the large arena's reservation and
+//! tree nodes come from `mmap`. Calls that re-enter malloc while a thread
+//! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
+//! served by nta directly. Other threads wait for the one that initialises.
+//!
+//! **Threads.** The front cache lives in the thread's TLS (plain data,
+//! zero-initialised, no Rust destructor: registering one would call
+//! `__cxa_thread_atexit_impl`, which allocates). A pthread key's destructor
+//! flushes it back when the thread exits; calls after that go straight to
+//! nta, so nothing stays parked in a dead thread.
+//!
+//! **fork.** `pthread_atfork` handlers take every lock (nta's heaps and node
+//! pool, its region's guard, the large arena's lock) before `fork()` and
+//! release them after it, in the parent and in the child.
+//!
+//! **Bad input.** `free`, `realloc` or `malloc_usable_size` of a pointer
+//! that kmem did not hand out, of the middle of an allocation, or of one
+//! already freed prints one line naming the pointer and aborts; nothing is
+//! changed before the check. A request that cannot be met returns NULL with
+//! `errno = ENOMEM`; bad alignments give `EINVAL` as POSIX says.
+//!
+//! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,engine=pow2`.
+
+#![warn(missing_docs)]
+
+mod large;
+pub mod options;
+mod out;
+
+use core::alloc::Layout;
+use core::cell::{Cell, UnsafeCell};
+use core::ffi::{c_int, c_void};
+use core::mem::MaybeUninit;
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+
+use kmem_core::{Cpus, Error, PageSource};
+use kmem_nta::global::GLOBAL_CONFIG;
+use kmem_nta::{front_class, FrontCache, LazyRegion, Nta, FRONT_CLASSES, FRONT_MAX};
+use kmem_pow2::{Pow2Slab, SlabConfig};
+
+pub use large::{LARGE_CACHE, LARGE_CACHE_BYTES, LARGE_CACHE_MAX, LARGE_RESERVE};
+pub use options::{Engine, Options};
+
+use large::Large;
+use out::{die, say};
+
+/// Requests of this many bytes or more are large (kmem-vmap).
+pub const LARGE_MIN: usize = 256 << 10;
+/// Address space reserved for nta (small and medium requests).
+pub const NTA_RESERVE: usize = 64 << 30;
+/// Address space reserved for the power-of-two baseline (`engine=pow2`).
+pub const POW2_RESERVE: usize = 4 << 30;
+/// Smallest alignment `malloc` gives (glibc's on 64-bit targets).
+const MIN_ALIGN: usize = 16;
+/// Alignments above this go to the large arena.
+const MAX_NTA_ALIGN: usize = 4096;
+
+/// nta for small and medium requests: page runs of at least `LARGE_MIN`
+/// bytes go back to the OS when freed, smaller ones are kept for reuse.
+static NTA: Nta<LazyRegion, Cpus> = Nta::const_new(
+    LazyRegion::with_purge_threshold(NTA_RESERVE, (LARGE_MIN >> 12) + 2),
+    GLOBAL_CONFIG,
+    Cpus::Real,
+);
+
+/// A cell written once, before [`STATE`] says READY, and only read after.
+struct Once<T>(UnsafeCell<MaybeUninit<T>>, AtomicBool);
+
+// SAFETY: written once by the initialising thread before the flag is set
+// (Release); read only after observing the flag (Acquire). T is Sync.
+unsafe impl<T: Sync> Sync for Once<T> {}
+
+impl<T> Once<T> {
+    const fn new() -> Once<T> {
+        Once(
+            UnsafeCell::new(MaybeUninit::uninit()),
+            AtomicBool::new(false),
+        )
+    }
+
+    /// Stores the value (the initialising thread, once).
+    fn set(&self, v: T) {
+        // SAFETY: only the initialising thread writes, once, before the flag.
+        unsafe { (*self.0.get()).write(v) };
+        self.1.store(true, Ordering::Release);
+    }
+
+    #[inline(always)]
+    fn get(&self) -> Option<&T> {
+        if self.1.load(Ordering::Acquire) {
+            // SAFETY: the flag is set after the value was written.
+            Some(unsafe { (*self.0.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+}
+
+const UNINIT: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static OPTS: Once<Options> = Once::new();
+static LARGE: Once<Large> = Once::new();
+static POW2: Once<Pow2Slab<'static>> = Once::new();
+static KEY: Once<libc::pthread_key_t> = Once::new();
+/// nta's reserved range, once reserved: `[NTA_LO, NTA_LO + NTA_LEN)`.
+static NTA_LO: AtomicUsize = AtomicUsize::new(0);
+static NTA_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// What a thread's calls do.
+const T_NEW: u8 = 0;
+/// Front cache in use (the default after the first call).
+const T_FAST: u8 = 1;
+/// Straight to nta: no cache (`nocache`), the thread is exiting, or it is
+/// initialising (calls that re-enter).
+const T_DIRECT: u8 = 2;
+/// `engine=pow2`.
+const T_POW2: u8 = 3;
+
+struct Thread {
+    mode: Cell<u8>,
+    front: UnsafeCell<FrontCache>,
+}
+
+std::thread_local! {
+    // No destructor (FrontCache is plain data), so no registration with
+    // __cxa_thread_atexit_impl: the pthread key below flushes it.
+    static THREAD: Thread = const {
+        Thread {
+            mode: Cell::new(T_NEW),
+            front: UnsafeCell::new(FrontCache::new()),
+        }
+    };
+}
+
+#[inline(always)]
+fn thread() -> &'static Thread {
+    // SAFETY: the TLS slot lives as long as the thread, and a thread's calls
+    // never outlive it; `THREAD` has no destructor, so it is never torn down
+    // under us.
+    THREAD.with(|t| unsafe { &*(t as *const Thread) })
+}
+
+// ---- initialisation ------------------------------------------------------
+
+#[cold]
+#[inline(never)]
+fn thread_start(t: &Thread) {
+    // Re-entrant calls (from what initialisation calls) go straight to nta.
+    t.mode.set(T_DIRECT);
+    init();
+    let o = options();
+    let mode = if o.engine == Engine::Pow2 && POW2.get().is_some() {
+        T_POW2
+    } else if o.front_cache {
+        match KEY.get() {
+            // SAFETY: a key we created; any non-null value makes the
+            // destructor run at thread exit.
+            Some(&k) if unsafe { libc::pthread_setspecific(k, ptr::dangling::<c_void>()) } == 0 => {
+                T_FAST
+            }
+            _ => T_DIRECT,
+        }
+    } else {
+        T_DIRECT
+    };
+    t.mode.set(mode);
+}
+
+/// Runs when the library is loaded (before `main`), so that the options
+/// are read and the exit statistics registered even in a program that never
+/// allocates. Any thread's first call would do the same.
+extern "C" fn at_load() {
+    let t = thread();
+    if t.mode.get() == T_NEW {
+        thread_start(t);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
+fn options() -> Options {
+    OPTS.get().copied().unwrap_or(Options::DEFAULT)
+}
+
+fn init() {
+    let mut round = 0u32;
+    loop {
+        match STATE.compare_exchange(UNINIT, BUSY, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => {
+                init_once();
+                STATE.store(READY, Ordering::Release);
+                return;
+            }
+            Err(READY) => return,
+            Err(_) => {
+                // Another thread initialises (it never waits on us).
+                round += 1;
+                if round < 64 {
+                    core::hint::spin_loop();
+                } else {
+                    // SAFETY: no precondition.
+                    unsafe { libc::sched_yield() };
+                }
+            }
+        }
+    }
+}
+
+#[cold]
+fn init_once() {
+    let o = Options::from_env();
+    OPTS.set(o);
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: key is a valid out pointer; the destructor is a plain fn.
+    if unsafe { libc::pthread_key_create(&mut key, Some(thread_exit)) } == 0 {
+        KEY.set(key);
+    }
+    match Large::new() {
+        Ok(l) => LARGE.set(l),
+        Err(e) => say!("kmem: no large arena ({e}); large requests use nta's page runs"),
+    }
+    if o.engine == Engine::Pow2 {
+        match make_pow2() {
+            Ok(p) => POW2.set(p),
+            Err(e) => say!("kmem: engine=pow2 failed ({e}); using nta"),
+        }
+    }
+    // SAFETY: plain function pointers with the C ABI.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+    }
+    if o.stats {
+        // SAFETY: a plain extern "C" fn.
+        unsafe { libc::atexit(print_stats) };
+    }
+    if o.verbose {
+        say!(
+            "kmem: malloc ready: engine {:?}, front cache {}, CPU id from {}, nta {} GiB, large {} GiB reserved",
+            if POW2.get().is_some() { Engine::Pow2 } else { Engine::Nta },
+            if o.front_cache { "on" } else { "off" },
+            kmem_sys::cpu_id_method().name(),
+            NTA_RESERVE >> 30,
+            LARGE.get().map_or(0, |l| l.reserved() >> 30),
+        );
+    }
+}
+
+fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
+    let mut bytes = POW2_RESERVE;
+    let region = loop {
+        let r = kmem_sys::Region::reserve_aligned(bytes, 2 << 20).and_then(|r| {
+            r.commit(0, r.len())?;
+            Ok(r)
+        });
+        match r {
+            Ok(r) => break r,
+            Err(_) if bytes > 256 << 20 => bytes /= 2,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    // SAFETY: no precondition.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.clamp(1, 64) as usize;
+    let (base, len) = region.leak();
+    // SAFETY: the leaked region is ours for the life of the process.
+    unsafe {
+        Pow2Slab::from_raw(
+            base,
+            len,
+            kmem_sys::page_size(),
+            SlabConfig {
+                array_caches: true,
+                cpus,
+            },
+            Cpus::Real,
+        )
+    }
+}
+
+/// The pthread key's destructor: the exiting thread's cache goes back.
+extern "C" fn thread_exit(_: *mut c_void) {
+    let t = thread();
+    if t.mode.get() == T_FAST {
+        t.mode.set(T_DIRECT);
+        // SAFETY: this thread's cache, not borrowed elsewhere (the allocator
+        // does not re-enter here); it only ever holds NTA's chunks.
+        unsafe { (*t.front.get()).flush_all(&NTA) };
+    }
+}
+
+extern "C" fn fork_prepare() {
+    if let Some(p) = POW2.get() {
+        p.fork_prepare();
+    }
+    NTA.fork_prepare();
+    NTA.source().fork_prepare();
+    if let Some(l) = LARGE.get() {
+        l.fork_prepare();
+    }
+}
+
+extern "C" fn fork_parent() {
+    // SAFETY: this thread took every lock in fork_prepare.
+    unsafe {
+        if let Some(l) = LARGE.get() {
+            l.fork_release();
+        }
+        NTA.source().fork_release();
+        NTA.fork_release();
+        if let Some(p) = POW2.get() {
+            p.fork_release();
+        }
+    }
+}
+
+extern "C" fn fork_child() {
+    // The child has one thread, the one that took the locks.
+    fork_parent();
+}
+
+// ---- where a pointer belongs -------------------------------------------
+
+#[inline(always)]
+fn in_nta(a: usize) -> bool {
+    let lo = NTA_LO.load(Ordering::Relaxed);
+    if lo != 0 {
+        return a.wrapping_sub(lo) < NTA_LEN.load(Ordering::Relaxed);
+    }
+    in_nta_slow(a)
+}
+
+#[cold]
+fn in_nta_slow(a: usize) -> bool {
+    match NTA.source().span() {
+        Some((base, pages)) => {
+            let (lo, len) = (base.as_ptr() as usize, pages * NTA.source().page_size());
+            NTA_LEN.store(len, Ordering::Relaxed);
+            NTA_LO.store(lo, Ordering::Relaxed);
+            a.wrapping_sub(lo) < len
+        }
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn large_of(a: usize) -> Option<&'static Large> {
+    LARGE.get().filter(|l| l.owns(a))
+}
+
+#[inline(always)]
+fn pow2_of(a: usize) -> Option<&'static Pow2Slab<'static>> {
+    POW2.get().filter(|p| p.owns(a as *const u8))
+}
+
+// ---- allocation -----------------------------------------------------------
+
+fn set_errno(e: c_int) {
+    // SAFETY: the thread's errno location is always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Allocates `size` bytes at `align` (a power of two); `zero` clears them.
+/// Null (errno ENOMEM) when the request cannot be met.
+#[inline(never)]
+fn alloc_slow(size: usize, align: usize, zero: bool) -> *mut u8 {
+    let t = thread();
+    if t.mode.get() == T_NEW {
+        thread_start(t);
+    }
+    let size = size.max(1);
+    let (p, zeroed) = alloc_in(t, size, align);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    } else if zero && !zeroed {
+        // SAFETY: p holds at least size bytes.
+        unsafe { ptr::write_bytes(p, 0, size) };
+    }
+    p
+}
+
+/// Returns the allocation and whether it is known zero.
+fn alloc_in(t: &Thread, size: usize, align: usize) -> (*mut u8, bool) {
+    let align = align.max(MIN_ALIGN);
+    let mode = t.mode.get();
+    if size < LARGE_MIN && align <= MAX_NTA_ALIGN {
+        if mode == T_POW2 {
+            if let Some(p) = POW2.get() {
+                let l = Layout::from_size_align(size, align).expect("checked sizes");
+                return match p.alloc(l) {
+                    Some(p) => (p.as_ptr(), false),
+                    None => (ptr::null_mut(), false),
+                };
+            }
+        }
+        if mode == T_FAST && align <= 64 {
+            if let Some(k) = front_class(size) {
+                // SAFETY: this thread's cache; no other borrow is live.
+                let f = unsafe { &mut *t.front.get() };
+                let p = f.pop(k);
+                if !p.is_null() {
+                    return (p, false);
+                }
+                let p = f.refill(&NTA, k);
+                if !p.is_null() {
+                    return (p, false);
+                }
+            }
+        }
+        let l = Layout::from_size_align(size, align).expect("checked sizes");
+        return match NTA.alloc(l) {
+            Ok(p) => (p.as_ptr(), false),
+            Err(_) => (ptr::null_mut(), false),
+        };
+    }
+    if size > isize::MAX as usize - MAX_NTA_ALIGN {
+        return (ptr::null_mut(), false);
+    }
+    match LARGE.get() {
+        Some(l) => match l.alloc(size, align) {
+            Ok(g) => (g.addr as *mut u8, g.zeroed),
+            Err(_) => (ptr::null_mut(), false),
+        },
+        None => match Layout::from_size_align(size, align).map(|l| NTA.alloc(l)) {
+            Ok(Ok(p)) => (p.as_ptr(), false),
+            _ => (ptr::null_mut(), false),
+        },
+    }
+}
+
+/// Frees `p`, or prints one line and aborts when `p` is not live.
+#[inline(always)]
+fn free_in(what: &str, p: *mut u8) {
+    let a = p as usize;
+    if in_nta(a) {
+        // SAFETY: a lies in nta's reservation, which stays mapped whole, so
+        // the node header below it and the chunk's words are readable.
+        match unsafe { NTA.lookup_unlocked(a) } {
+            Ok(k) => {
+                let t = thread();
+                if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
+                    // SAFETY: a live allocation of k chunks that the caller
+                    // gives up; this thread's cache holds only NTA's chunks.
+                    unsafe { (*t.front.get()).push(&NTA, p, k) };
+                } else {
+                    // SAFETY: as above.
+                    unsafe { NTA.free_small(a, k) };
+                }
+            }
+            Err(e @ Error::DoubleFree { .. }) => die(what, p, &e),
+            // A large run, or a suspicion to settle under the lock.
+            Err(_) => {
+                // SAFETY: p is non-null; free checks it fully and changes
+                // nothing when it is not live.
+                if let Err(e) = unsafe { NTA.free(NonNull::new_unchecked(p)) } {
+                    die(what, p, &e)
+                }
+            }
+        }
+    } else if let Some(l) = large_of(a) {
+        if let Err(e) = l.free(a) {
+            die(what, p, &e)
+        }
+    } else if let Some(s) = pow2_of(a) {
+        // SAFETY: p is non-null; the slab checks its descriptor first.
+        if let Err(e) = unsafe { s.free(NonNull::new_unchecked(p)) } {
+            die(what, p, &e)
+        }
+    } else {
+        die(what, p, &"not allocated by kmem")
+    }
+}
+
+/// The usable size of the live allocation `p`, or one line and abort.
+fn usable(what: &str, p: *mut u8) -> usize {
+    let a = p as usize;
+    let r = if in_nta(a) {
+        // SAFETY: as in free_in.
+        match unsafe { NTA.lookup_unlocked(a) } {
+            Ok(k) => Ok(k * NTA.geometry().chunk()),
+            Err(e @ Error::DoubleFree { .. }) => Err(e),
+            // SAFETY: non-null.
+            Err(_) => NTA.usable_size(unsafe { NonNull::new_unchecked(p) }),
+        }
+    } else if let Some(l) = large_of(a) {
+        l.usable_size(a)
+    } else if let Some(s) = pow2_of(a) {
+        // SAFETY: non-null.
+        s.usable_size(unsafe { NonNull::new_unchecked(p) })
+    } else {
+        die(what, p, &"not allocated by kmem")
+    };
+    match r {
+        Ok(n) => n,
+        Err(e) => die(what, p, &e),
+    }
+}
+
+fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
+    let a = p as usize;
+    let chunk = NTA.geometry().chunk();
+    if in_nta(a) {
+        // SAFETY: as in free_in.
+        if let Ok(ko) = unsafe { NTA.lookup_unlocked(a) } {
+            if size <= NTA.max_small() {
+                let kn = size.max(1).div_ceil(chunk);
+                // SAFETY: a is a live allocation of ko chunks (its bitmaps
+                // said so, and they do not change while it lives).
+                if kn == ko || unsafe { NTA.resize_small(a, ko, kn) } {
+                    return p;
+                }
+            }
+            return move_to(p, ko * chunk, size);
+        }
+    } else if let Some(l) = large_of(a) {
+        let n = match l.usable_size(a) {
+            Ok(n) => n,
+            Err(e) => die("realloc", p, &e),
+        };
+        if size <= n {
+            if size >= LARGE_MIN {
+                // Give back the tail if that frees whole pages.
+                let _ = l.shrink(a, size);
+                return p;
+            }
+        } else if l.grow(a, size) {
+            return p;
+        }
+        return move_to(p, n, size);
+    }
+    let n = usable("realloc", p);
+    if size <= n && size >= n / 2 {
+        return p;
+    }
+    move_to(p, n, size)
+}
+
+fn move_to(p: *mut u8, old: usize, size: usize) -> *mut u8 {
+    let q = alloc_slow(size, MIN_ALIGN, false);
+    if q.is_null() {
+        return q;
+    }
+    // SAFETY: both hold at least min(old, size) bytes and do not overlap
+    // (q is a fresh allocation, p still live).
+    unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
+    free_in("realloc", p);
+    q
+}
+
+fn aligned(align: usize, size: usize) -> *mut u8 {
+    alloc_slow(size, align, false)
+}
+
+// ---- the C ABI --------------------------------------------------------------
+
+/// `malloc(3)`.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let t = thread();
+    if t.mode.get() == T_FAST && size <= FRONT_MAX {
+        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
+        // SAFETY: this thread's cache; no other borrow is live.
+        let p = unsafe { (*t.front.get()).pop(k) };
+        if !p.is_null() {
+            return p.cast();
+        }
+    }
+    alloc_slow(size, MIN_ALIGN, false).cast()
+}
+
+/// `free(3)`: a pointer kmem did not hand out, or one already freed, prints
+/// one line and aborts.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if !p.is_null() {
+        free_in("free", p.cast());
+    }
+}
+
+/// `calloc(3)`: `n * size` overflowing gives NULL and `ENOMEM`.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        Some(b) => alloc_slow(b, MIN_ALIGN, true).cast(),
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `realloc(3)`: in place when the size in chunks stays, shrinks, or the
+/// chunks (or, for large ranges, the addresses) after it are free.
+/// `realloc(p, 0)` frees `p` and returns NULL, as glibc does.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return alloc_slow(size, MIN_ALIGN, false).cast();
+    }
+    if size == 0 {
+        free_in("realloc", p.cast());
+        return ptr::null_mut();
+    }
+    if thread().mode.get() == T_NEW {
+        thread_start(thread());
+    }
+    realloc_in(p.cast(), size).cast()
+}
+
+/// `reallocarray(3)`: `realloc` with an overflow check on `n * size`.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: forwarded.
+        Some(b) => unsafe { realloc(p, b) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `posix_memalign(3)`: `EINVAL` unless `align` is a power of two multiple
+/// of `sizeof(void *)`.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    if !align.is_power_of_two() || align < core::mem::size_of::<usize>() {
+        return libc::EINVAL;
+    }
+    let saved = errno();
+    let p = aligned(align, size);
+    if p.is_null() {
+        set_errno(saved);
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a valid out pointer.
+    unsafe { *out = p.cast() };
+    0
+}
+
+fn errno() -> c_int {
+    // SAFETY: the thread's errno location is always valid.
+    unsafe { *libc::__errno_location() }
+}
+
+/// `aligned_alloc(3)`: NULL and `EINVAL` unless `align` is a power of two.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    aligned(align, size).cast()
+}
+
+/// `memalign(3)`: an alignment that is not a power of two is rounded up to
+/// one (as glibc does).
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let align = match align.max(1).checked_next_power_of_two() {
+        Some(a) => a,
+        None => {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+    };
+    aligned(align, size).cast()
+}
+
+/// `valloc(3)`: page aligned.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    aligned(kmem_sys::page_size(), size).cast()
+}
+
+/// `pvalloc(3)`: page aligned, the size rounded up to whole pages.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let ps = kmem_sys::page_size();
+    match size.max(1).checked_next_multiple_of(ps) {
+        Some(n) => aligned(ps, n).cast(),
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `malloc_usable_size(3)`: the bytes the allocation at `p` may use (0 for NULL).
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        0
+    } else {
+        usable("malloc_usable_size", p.cast())
+    }
+}
+
+/// `malloc_trim(3)`: gives the large cache and nta's kept page runs back to
+/// the OS. Returns 1 (memory may have been released).
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
+    if let Some(l) = LARGE.get() {
+        l.trim();
+    }
+    NTA.source().purge();
+    1
+}
+
+/// `malloc_stats(3)`: kmem's statistics to stderr.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_stats() {
+    print_stats();
+}
+
+extern "C" fn print_stats() {
+    let s = NTA.stats();
+    say!(
+        "kmem: nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs, {} large runs ({} pages)",
+        s.allocations,
+        s.frees,
+        s.remote_frees,
+        s.bytes_held >> 10,
+        s.nodes,
+        s.empty_nodes,
+        s.pooled_nodes,
+        s.free_bytes >> 10,
+        s.free_chunks,
+        s.large_runs,
+        s.large_pages
+    );
+    say!(
+        "kmem: nta heap locks: {} taken, {} contended, {} busy heaps passed by",
+        s.locks.acquisitions,
+        s.locks.contended,
+        s.lock_misses
+    );
+    if let Some(l) = LARGE.get() {
+        let (v, n, b, reused, released, locks) = l.stats();
+        say!(
+            "kmem: large: {} live ranges ({} KiB), {} cached ({} KiB), {} reused, {} given back; lock {} taken, {} contended",
+            v.busy_blocks,
+            v.busy_bytes >> 10,
+            n,
+            b >> 10,
+            reused,
+            released,
+            locks.acquisitions,
+            locks.contended
+        );
+    }
+    if let Some(p) = POW2.get() {
+        say!(
+            "kmem: pow2: {} of {} pages in use",
+            p.pages_in_use(),
+            p.arena_pages()
+        );
+    }
+}
+
+// ---- Rust API (tests, tools) ----------------------------------------------
+
+/// Checks every invariant of the allocators behind `malloc` (nta's heaps and
+/// nodes, the large arena's tree).
+pub fn check() -> core::result::Result<(), &'static str> {
+    NTA.check()?;
+    if let Some(l) = LARGE.get() {
+        l.check()?;
+    }
+    Ok(())
+}
+
+/// The counters of the nta instance behind `malloc` (chunks parked in front
+/// caches count as held).
+pub fn nta_stats() -> kmem_nta::Stats {
+    NTA.stats()
+}
+
+/// Gives the calling thread's front cache back to nta (as thread exit does).
+pub fn flush_thread_cache() {
+    let t = thread();
+    if t.mode.get() == T_FAST {
+        // SAFETY: this thread's cache, holding only NTA's chunks.
+        unsafe { (*t.front.get()).flush_all(&NTA) };
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! In-process tests. The test binary links this crate, whose `malloc`
+//! symbols take the place of glibc's: the harness itself runs on kmem.
+
+use super::*;
+
+#[test]
+fn sizes_alignment_and_usable_size() {
+    for &n in &[
+        0usize,
+        1,
+        15,
+        16,
+        64,
+        65,
+        1000,
+        4096,
+        4097,
+        20_000,
+        40_000,
+        200_000,
+        300_000,
+        5 << 20,
+    ] {
+        // SAFETY: C calls with valid arguments.
+        unsafe {
+            let p = malloc(n) as *mut u8;
+            assert!(!p.is_null(), "malloc({n})");
+            assert_eq!(p as usize % 16, 0);
+            assert!(malloc_usable_size(p.cast()) >= n);
+            p.write_bytes(0x5a, n);
+            free(p.cast());
+        }
+    }
+    check().unwrap();
+}
+
+#[test]
+fn calloc_zeroes_and_refuses_overflow() {
+    // SAFETY: C calls with valid arguments.
+    unsafe {
+        for &n in &[8usize, 100, 3000, 50_000, 1 << 20] {
+            // Dirty memory first, so reuse is tested.
+            let d = malloc(n) as *mut u8;
+            d.write_bytes(0xff, n);
+            free(d.cast());
+            let p = calloc(n, 1) as *mut u8;
+            assert!((0..n).all(|i| *p.add(i) == 0), "calloc({n})");
+            free(p.cast());
+        }
+        // black_box: the optimiser knows `calloc` and `malloc` by name and
+        // would fold a null test of an otherwise unused result to false.
+        assert!(std::hint::black_box(calloc(usize::MAX / 2, 3)).is_null());
+        assert_eq!(errno(), libc::ENOMEM);
+        assert!(std::hint::black_box(malloc(usize::MAX - 10)).is_null());
+        assert_eq!(errno(), libc::ENOMEM);
+    }
+}
+
+#[test]
+fn realloc_keeps_contents_across_every_tier() {
+    // SAFETY: C calls with valid arguments.
+    unsafe {
+        let mut p = malloc(1) as *mut u8;
+        *p = 7;
+        let mut n = 1usize;
+        for &m in &[
+            10usize,
+            100,
+            4000,
+            5000,
+            30_000,
+            100_000,
+            400_000,
+            3 << 20,
+            1000,
+            3,
+        ] {
+            let q = realloc(p.cast(), m) as *mut u8;
+            assert!(!q.is_null());
+            assert_eq!(*q, 7, "realloc {n} -> {m}");
+            if m > n {
+                q.add(n).write_bytes(1, m - n);
+            }
+            p = q;
+            n = m;
+        }
+        assert!(realloc(p.cast(), 0).is_null());
+        let q = std::hint::black_box(reallocarray(ptr::null_mut(), usize::MAX / 2, 4));
+        assert!(q.is_null());
+    }
+    check().unwrap();
+}
+
+#[test]
+fn aligned_family() {
+    // SAFETY: C calls with valid arguments.
+    unsafe {
+        for &a in &[8usize, 16, 64, 128, 4096, 1 << 16, 1 << 21] {
+            for &n in &[1usize, 100, 5000, 300_000] {
+                let mut p = ptr::null_mut();
+                assert_eq!(posix_memalign(&mut p, a, n), 0);
+                assert_eq!(p as usize % a, 0, "align {a} size {n}");
+                (p as *mut u8).write_bytes(3, n);
+                free(p);
+                let q = aligned_alloc(a, n);
+                assert_eq!(q as usize % a, 0);
+                free(q);
+            }
+        }
+        let mut p = ptr::null_mut();
+        assert_eq!(posix_memalign(&mut p, 24, 10), libc::EINVAL);
+        assert_eq!(posix_memalign(&mut p, 4, 10), libc::EINVAL);
+        assert!(std::hint::black_box(aligned_alloc(48, 10)).is_null());
+        let v = valloc(10);
+        assert_eq!(v as usize % kmem_sys::page_size(), 0);
+        free(v);
+        let v = pvalloc(10);
+        assert_eq!(malloc_usable_size(v) % kmem_sys::page_size(), 0);
+        free(v);
+        let m = memalign(48, 10);
+        assert_eq!(m as usize % 64, 0);
+        free(m);
+    }
+    check().unwrap();
+}
+
+#[test]
+fn blocks_freed_on_another_thread() {
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                for j in 0..20_000usize {
+                    // SAFETY: C calls with valid arguments.
+                    unsafe {
+                        let n = 1 + (i * 7919 + j * 31) % 3000;
+                        let p = malloc(n) as usize;
+                        v.push(p);
+                    }
+                }
+                v
+            })
+        })
+        .collect();
+    let all: Vec<usize> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    // Freed here, on another thread than the one that allocated.
+    for p in all {
+        // SAFETY: live allocations made above.
+        unsafe { free(p as *mut c_void) };
+    }
+    flush_thread_cache();
+    check().unwrap();
+}

@@ -1,0 +1,334 @@
+//! Real programs under `LD_PRELOAD=libkmem_malloc.so`: each must behave
+//! exactly as it does under glibc (same output, same exit status), and bad
+//! frees must abort with one line that names the pointer.
+//!
+//! The library is the one cargo built for this test run (the `cdylib` next
+//! to the test's own directory). Every program here is on the base image
+//! (`.ci/install-deps` installs any that are missing).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn lib() -> PathBuf {
+    // target/<profile>/deps/real_programs-<hash> -> target/<profile>/
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let so = dir.join("libkmem_malloc.so");
+    assert!(
+        so.exists(),
+        "{} is missing: cargo builds it with the tests (crate-type cdylib)",
+        so.display()
+    );
+    so
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kmem-malloc-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// Runs `cmd` (as built by `make`) with and without kmem; returns both.
+fn both(make: impl Fn() -> Command) -> (Output, Output) {
+    let glibc = make()
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run under glibc");
+    let kmem = make()
+        .env("LD_PRELOAD", lib())
+        .output()
+        .expect("run under kmem");
+    (glibc, kmem)
+}
+
+fn assert_same(what: &str, g: &Output, k: &Output) {
+    assert!(
+        g.status.success(),
+        "{what} fails under glibc: {}",
+        String::from_utf8_lossy(&g.stderr)
+    );
+    assert_eq!(
+        g.status,
+        k.status,
+        "{what}: exit status under kmem; stderr: {}",
+        String::from_utf8_lossy(&k.stderr)
+    );
+    assert!(
+        g.stdout == k.stdout,
+        "{what}: output differs under kmem ({} vs {} bytes)",
+        g.stdout.len(),
+        k.stdout.len()
+    );
+}
+
+#[test]
+fn python_dicts_and_sorts() {
+    let script = r#"
+import random
+random.seed(7)
+d = {}
+for i in range(200000):
+    k = "key%d" % random.randrange(10**9)
+    d[k] = [i, str(i) * (i % 7), {"n": i}]
+items = sorted(d.items())
+ls = sorted((random.random(), i) for i in range(200000))
+big = [bytes(random.randrange(1, 20000)) for _ in range(300)]
+print(len(d), items[0][0], items[-1][0], ls[0][1], ls[-1][1], sum(map(len, big)))
+s = set(range(0, 10**6, 3)) & set(range(0, 10**6, 5))
+print(len(s), sum(s) % 1000003)
+"#;
+    let (g, k) = both(|| {
+        let mut c = Command::new("python3");
+        c.arg("-c").arg(script);
+        c
+    });
+    assert_same("python3", &g, &k);
+}
+
+#[test]
+fn gcc_compiles_a_generated_file() {
+    let d = scratch("gcc");
+    let mut src = String::from("#include <stdio.h>\n#include <string.h>\n");
+    for i in 0..1500 {
+        src.push_str(&format!(
+            "struct s{i} {{ int a[{n}]; double d; char name[{m}]; }};\n\
+             static int f{i}(struct s{i} *p, int x) {{\n\
+               int acc = x;\n\
+               for (int j = 0; j < {n}; j++) {{ p->a[j] = j * {i} + x; acc += p->a[j] ^ (acc >> 3); }}\n\
+               if (acc % 7 == {r}) {{ strcpy(p->name, \"f{i}\"); p->d = acc * 0.5; }}\n\
+               switch (x & 3) {{ case 0: return acc; case 1: return acc + {i}; case 2: return acc * 3; default: return -acc; }}\n\
+             }}\n",
+            n = 1 + i % 17,
+            m = 8 + i % 9,
+            r = i % 7
+        ));
+    }
+    src.push_str("int main(void) { int t = 0;\n");
+    for i in 0..1500 {
+        src.push_str(&format!("  {{ struct s{i} v; t += f{i}(&v, t & 255); }}\n"));
+    }
+    src.push_str("  printf(\"%d\\n\", t); return 0; }\n");
+    std::fs::write(d.join("big.c"), src).unwrap();
+    // The same file compiled under each allocator: same object file.
+    let run = |out: &str, preload: bool| {
+        let mut c = Command::new("gcc");
+        c.current_dir(&d).args(["-O2", "-c", "big.c", "-o", out]);
+        if preload {
+            c.env("LD_PRELOAD", lib());
+        }
+        let o = c.output().expect("gcc");
+        assert!(
+            o.status.success(),
+            "gcc (kmem: {preload}): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    run("glibc.o", false);
+    run("kmem.o", true);
+    let (a, b) = (
+        std::fs::read(d.join("glibc.o")).unwrap(),
+        std::fs::read(d.join("kmem.o")).unwrap(),
+    );
+    assert!(a.len() > 10_000, "a sizeable object file");
+    assert!(
+        a == b,
+        "gcc -O2 produced a different object file under kmem"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn git_commits_a_few_hundred_files() {
+    let d = scratch("git");
+    for i in 0..300 {
+        let sub = d.join(format!("dir{}", i % 12));
+        std::fs::create_dir_all(&sub).unwrap();
+        let body: String = (0..(20 + i % 50))
+            .map(|j| format!("line {j} of file {i}: {}\n", "x".repeat((i * j) % 60)))
+            .collect();
+        std::fs::write(sub.join(format!("file{i}.txt")), body).unwrap();
+    }
+    let git = |args: &[&str], preload: bool| {
+        let mut c = Command::new("git");
+        c.current_dir(&d)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "kmem")
+            .env("GIT_AUTHOR_EMAIL", "kmem@example.invalid")
+            .env("GIT_COMMITTER_NAME", "kmem")
+            .env("GIT_COMMITTER_EMAIL", "kmem@example.invalid")
+            .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
+            .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", &d);
+        if preload {
+            c.env("LD_PRELOAD", lib());
+        }
+        let o = c.output().expect("git");
+        assert!(
+            o.status.success(),
+            "git {args:?} (kmem: {preload}): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o.stdout
+    };
+    // The same repository built twice, once under each allocator, must
+    // come out with the same commit id (the ids hash every object).
+    let mut heads = Vec::new();
+    for preload in [false, true] {
+        let _ = std::fs::remove_dir_all(d.join(".git"));
+        git(&["init", "-q", "-b", "main"], preload);
+        git(&["add", "."], preload);
+        git(&["commit", "-q", "-m", "three hundred files"], preload);
+        let log = git(&["log", "--stat", "--format=%H %s"], preload);
+        let fsck = git(&["fsck", "--full", "--strict"], preload);
+        heads.push((log, fsck));
+    }
+    assert!(heads[0] == heads[1], "git history differs under kmem");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn sort_of_a_large_file() {
+    let d = scratch("sort");
+    let mut s = String::new();
+    let mut x: u64 = 88172645463325252;
+    for _ in 0..300_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(&format!("{:x} {}\n", x % 1_000_000_007, x % 97));
+    }
+    std::fs::write(d.join("in.txt"), s).unwrap();
+    let (g, k) = both(|| {
+        let mut c = Command::new("sort");
+        c.current_dir(&d)
+            .env("LC_ALL", "C")
+            .args(["-k2,2n", "-k1,1", "in.txt"]);
+        c
+    });
+    assert_same("sort", &g, &k);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+fn compile(name: &str, src: &Path, d: &Path) -> PathBuf {
+    let exe = d.join(name);
+    let o = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .expect("cc");
+    assert!(
+        o.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    exe
+}
+
+#[test]
+fn threads_pass_blocks_and_fork() {
+    let d = scratch("mtfork");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/mt_fork_test.c");
+    let exe = compile("mt_fork_test", &src, &d);
+    let (g, k) = both(|| {
+        let mut c = Command::new(&exe);
+        c.args(["4", "20000", "6"]);
+        c
+    });
+    assert_same("mt_fork_test", &g, &k);
+    assert!(String::from_utf8_lossy(&k.stdout).contains("ok"));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_frees_abort_with_one_line() {
+    let d = scratch("badfree");
+    let src = d.join("bad.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+  int local = 0;
+  char *p = malloc(100), *big = malloc(1 << 20), *mid = malloc(100000);
+  if (!p || !big || !mid) return 2;
+  const char *what = argv[1];
+  if (!strcmp(what, "stack")) free(&local);
+  else if (!strcmp(what, "double")) { free(p); free(p); }
+  else if (!strcmp(what, "middle")) free(p + 64);
+  else if (!strcmp(what, "big-double")) { free(big); free(big); }
+  else if (!strcmp(what, "big-middle")) free(big + 4096);
+  else if (!strcmp(what, "mid-double")) { free(mid); free(mid); }
+  else if (!strcmp(what, "realloc")) { free(p); p = realloc(p, 10); }
+  else if (!strcmp(what, "none")) { free(p); free(big); free(mid); puts("fine"); return 0; }
+  puts("not caught");
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = compile("bad", &src, &d);
+    let run = |case: &str| {
+        Command::new(&exe)
+            .arg(case)
+            .env("LD_PRELOAD", lib())
+            .output()
+            .expect("run")
+    };
+    let ok = run("none");
+    assert!(ok.status.success() && ok.stdout == b"fine\n");
+    for case in [
+        "stack",
+        "double",
+        "middle",
+        "big-double",
+        "big-middle",
+        "mid-double",
+        "realloc",
+    ] {
+        let o = run(case);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{case}: not caught; stderr: {err}");
+        assert!(
+            std::os::unix::process::ExitStatusExt::signal(&o.status) == Some(libc::SIGABRT),
+            "{case}: {:?}",
+            o.status
+        );
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("kmem")).collect();
+        assert_eq!(lines.len(), 1, "{case}: one line expected, got {err}");
+        assert!(
+            lines[0].contains("0x"),
+            "{case}: the line names the pointer: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn options_stats_and_unknown_names() {
+    let o = Command::new("true")
+        .env("LD_PRELOAD", lib())
+        .env("KMEM_OPTIONS", "stats,verbose,bogus")
+        .output()
+        .expect("true");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success());
+    assert!(err.contains("unknown option 'bogus'"), "{err}");
+    assert!(err.contains("kmem: malloc ready"), "{err}");
+    let p = Command::new("python3")
+        .args(["-c", "print(len([str(i) for i in range(10000)]))"])
+        .env("LD_PRELOAD", lib())
+        .env("KMEM_OPTIONS", "stats,engine=pow2")
+        .output()
+        .expect("python3");
+    assert_eq!(p.stdout, b"10000\n");
+    assert!(
+        String::from_utf8_lossy(&p.stderr).contains("kmem: pow2:"),
+        "{}",
+        String::from_utf8_lossy(&p.stderr)
+    );
+}

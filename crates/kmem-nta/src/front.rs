@@ -1,0 +1,322 @@
+//! A per-thread front cache over an [`Nta`]: stacks of recently freed chunks
+//! by size in chunks, popped and pushed with no atomic and no lock.
+//!
+//! ```text
+//!   pop(k)        head of class k, or null              (no atomics, no lock)
+//!   refill(k)     one heap lock: LIMIT[k]/2 chunks carved from one free run,
+//!                 and the heap's queued remote frees of any size with room
+//!   push(p, k)    onto class k; full class or cache: flush half of class k
+//!   flush_all     everything back (thread exit)
+//! ```
+//!
+//! The cache is a plain value with no destructor, so that its owner decides
+//! how it lives: [`KmemNta`](crate::KmemNta) keeps one in a Rust
+//! `thread_local!` whose destructor flushes it; kmem-malloc keeps one in
+//! initial-exec TLS and flushes it from a pthread key destructor (a Rust TLS
+//! destructor would register through `__cxa_thread_atexit_impl`, which calls
+//! `calloc`, which is kmem-malloc itself). All-zero bytes are a valid empty
+//! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
+//!
+//! **Bounds.** A class keeps about 32 KiB (16 to 256 entries), a cache at
+//! most [`FRONT_BYTES`] in all. Cached chunks stay allocated in their node's
+//! bitmap, so they neither coalesce nor count as free: the bound is what
+//! keeps the seed's packing.
+//!
+//! **Double frees.** A cached chunk's second word holds a key derived from
+//! its address and the allocator's secret; every path that hands a chunk out
+//! clears that word. A chunk pushed while it carries its key was pushed
+//! before and not handed out since: a double free, which aborts with one
+//! line naming the pointer, whichever thread's cache holds it.
+//!
+//! **Units.** The allocator's chunks must be [`FRONT_CHUNK`] (64) bytes, so
+//! that class arithmetic is shifts by constants; a cache over any other
+//! geometry never caches (`refill` returns null, `push` frees at once).
+
+use core::ptr;
+
+use kmem_core::{CpuSource, Error, PageSource};
+
+use crate::nta::{bad_free, cache_key, Nta, Semi};
+
+/// Chunk size the front cache works with: one x86-64 / aarch64 cache line.
+pub const FRONT_CHUNK: usize = 64;
+const SHIFT: u32 = FRONT_CHUNK.trailing_zeros();
+
+/// Size classes the front cache serves: 1..=64 chunks (up to 4 KiB).
+pub const FRONT_CLASSES: usize = 64;
+/// Largest request the front cache serves.
+pub const FRONT_MAX: usize = FRONT_CLASSES * FRONT_CHUNK;
+/// Most bytes one thread's front cache holds.
+pub const FRONT_BYTES: usize = 1 << 20;
+
+/// Entries kept per class: about 32 KiB of each, 16 to 256 entries.
+const fn limit(k: usize) -> u32 {
+    let n = (32 << 10) / (k * FRONT_CHUNK);
+    if n < 16 {
+        16
+    } else if n > 256 {
+        256
+    } else {
+        n as u32
+    }
+}
+
+pub(crate) const LIMITS: [u32; FRONT_CLASSES + 1] = {
+    let mut t = [0u32; FRONT_CLASSES + 1];
+    let mut k = 1;
+    while k <= FRONT_CLASSES {
+        t[k] = limit(k);
+        k += 1;
+    }
+    t
+};
+
+/// The class (size in 64-byte chunks) of a request of `size` bytes, if the
+/// front cache serves it.
+#[inline(always)]
+pub const fn front_class(size: usize) -> Option<usize> {
+    if size <= FRONT_MAX {
+        let k = (size + FRONT_CHUNK - 1) >> SHIFT;
+        Some(if k == 0 { 1 } else { k })
+    } else {
+        None
+    }
+}
+
+/// One thread's cache of recently freed chunks, by size in chunks. See the
+/// module documentation.
+#[repr(C)]
+pub struct FrontCache {
+    heads: [*mut Semi; FRONT_CLASSES + 1],
+    counts: [u32; FRONT_CLASSES + 1],
+    bytes: usize,
+}
+
+impl Default for FrontCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FrontCache {
+    /// An empty cache (all zero bytes).
+    pub const fn new() -> FrontCache {
+        FrontCache {
+            heads: [ptr::null_mut(); FRONT_CLASSES + 1],
+            counts: [0; FRONT_CLASSES + 1],
+            bytes: 0,
+        }
+    }
+
+    /// Bytes of chunks the cache holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Chunks held in class `k` (0 for a class out of range).
+    pub fn count(&self, k: usize) -> usize {
+        self.counts.get(k).map_or(0, |&c| c as usize)
+    }
+
+    /// Takes a chunk of class `k` (1..=[`FRONT_CLASSES`]), or null when the
+    /// class is empty.
+    #[inline(always)]
+    pub fn pop(&mut self, k: usize) -> *mut u8 {
+        let p = self.heads[k];
+        if !p.is_null() {
+            // SAFETY: cached chunks are allocated chunks this cache owns.
+            unsafe {
+                self.heads[k] = (*p).next;
+                (*p).chunks = 0;
+            }
+            self.counts[k] -= 1;
+            self.bytes -= k << SHIFT;
+        }
+        p.cast()
+    }
+
+    /// Gives a chunk of class `k` to the cache (flushing half the class to
+    /// `nta` first when it is full). A chunk that carries its key (pushed
+    /// before and not handed out since) aborts with one line naming it.
+    ///
+    /// # Safety
+    /// `p` is a live allocation of exactly `k` chunks of `nta` that the
+    /// caller gives up; every chunk in the cache belongs to `nta`.
+    #[inline(always)]
+    pub unsafe fn push<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        p: *mut u8,
+        k: usize,
+    ) {
+        let e: *mut Semi = p.cast();
+        let key = cache_key(p as usize, nta.secret());
+        // SAFETY: the chunk holds at least 16 bytes and is ours now.
+        if unsafe { (*e).chunks } == key {
+            bad_free(Error::DoubleFree { addr: p as u64 });
+        }
+        if self.counts[k] >= LIMITS[k] || self.bytes >= FRONT_BYTES {
+            // SAFETY: forwarded contract (the cache's chunks are nta's).
+            unsafe { self.flush(nta, k) };
+        }
+        // SAFETY: as above.
+        unsafe {
+            (*e).next = self.heads[k];
+            (*e).chunks = key;
+        }
+        self.heads[k] = e;
+        self.counts[k] += 1;
+        self.bytes += k << SHIFT;
+    }
+
+    /// Refills class `k` from `nta` under one heap lock and returns one chunk
+    /// of it (null when out of memory or when `nta`'s chunks are not
+    /// [`FRONT_CHUNK`] bytes). The heap's queued remote frees come first:
+    /// those of size `k` are handed out as they are, those of other sizes
+    /// join their class while it has room, the rest are coalesced.
+    #[cold]
+    #[inline(never)]
+    pub fn refill<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) -> *mut u8 {
+        if nta.geometry().chunk() != FRONT_CHUNK || k == 0 || k > FRONT_CLASSES {
+            return ptr::null_mut();
+        }
+        let want = (LIMITS[k] / 2).max(1) as usize;
+        let mut got: *mut Semi = ptr::null_mut();
+        let mut n = 0u32;
+        let (heads, counts, bytes) = (&mut self.heads, &mut self.counts, &mut self.bytes);
+        let mut secret = nta.secret();
+        nta.alloc_batch(k, want, |p, kk| {
+            let e: *mut Semi = p.cast();
+            if secret == 0 {
+                // The first node was made by this very batch.
+                secret = nta.secret();
+            }
+            if kk == k {
+                // SAFETY: a fresh (or recycled) allocation of k chunks.
+                unsafe {
+                    (*e).next = got;
+                    (*e).chunks = 0;
+                }
+                got = e;
+                n += 1;
+                return true;
+            }
+            // A remote free of another size: keep it if its class has room.
+            if kk > FRONT_CLASSES || counts[kk] >= LIMITS[kk] || *bytes >= FRONT_BYTES {
+                return false;
+            }
+            // SAFETY: an allocation of kk chunks handed to us.
+            unsafe {
+                (*e).next = heads[kk];
+                (*e).chunks = cache_key(p as usize, secret);
+            }
+            heads[kk] = e;
+            counts[kk] += 1;
+            *bytes += kk << SHIFT;
+            true
+        });
+        if got.is_null() {
+            return ptr::null_mut();
+        }
+        // Keep all but the first; return that one.
+        // SAFETY: got is the head of n fresh chunks.
+        let rest = unsafe { (*got).next };
+        if !rest.is_null() {
+            let mut tail = rest;
+            // SAFETY: walking the fresh chain.
+            unsafe {
+                (*tail).chunks = cache_key(tail as usize, secret);
+                while !(*tail).next.is_null() {
+                    tail = (*tail).next;
+                    (*tail).chunks = cache_key(tail as usize, secret);
+                }
+                (*tail).next = self.heads[k];
+            }
+            self.heads[k] = rest;
+            self.counts[k] += n - 1;
+            self.bytes += ((n - 1) as usize * k) << SHIFT;
+        }
+        // SAFETY: the returned chunk is ours; clear its link word too.
+        unsafe { (*got).next = ptr::null_mut() };
+        got.cast()
+    }
+
+    /// Gives half of class k (at least one) back to `nta`.
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn flush<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
+        let n = (self.counts[k] / 2).max(1).min(self.counts[k]);
+        if n == 0 {
+            return;
+        }
+        let head = self.heads[k];
+        let mut tail = head;
+        // SAFETY: the class holds counts[k] >= n entries.
+        unsafe {
+            for _ in 1..n {
+                tail = (*tail).next;
+            }
+            self.heads[k] = (*tail).next;
+            (*tail).next = ptr::null_mut();
+            // SAFETY: a chain of n cached chunks of k chunks each.
+            nta.free_batch(head, k);
+        }
+        self.counts[k] -= n;
+        self.bytes -= (n as usize * k) << SHIFT;
+    }
+
+    /// Gives every cached chunk back to `nta` (at thread exit).
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    pub unsafe fn flush_all<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
+        for k in 1..=FRONT_CLASSES {
+            let head = self.heads[k];
+            if !head.is_null() {
+                self.heads[k] = ptr::null_mut();
+                self.counts[k] = 0;
+                // SAFETY: the whole class chain, nta's chunks.
+                unsafe { nta.free_batch(head, k) };
+            }
+        }
+        self.bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_bounded() {
+        assert_eq!(LIMITS[1], 256);
+        assert_eq!(LIMITS[4], 128);
+        assert_eq!(LIMITS[64], 16);
+        let worst: usize = (1..=FRONT_CLASSES)
+            .map(|k| LIMITS[k] as usize * k * FRONT_CHUNK)
+            .sum();
+        assert!(worst > FRONT_BYTES, "the byte cap is what binds");
+    }
+
+    #[test]
+    fn classes() {
+        assert_eq!(front_class(0), Some(1));
+        assert_eq!(front_class(1), Some(1));
+        assert_eq!(front_class(64), Some(1));
+        assert_eq!(front_class(65), Some(2));
+        assert_eq!(front_class(4096), Some(64));
+        assert_eq!(front_class(4097), None);
+    }
+
+    #[test]
+    fn zero_bytes_are_an_empty_cache() {
+        // kmem-malloc keeps the cache in zero-initialised TLS.
+        // SAFETY: the type is pointers and integers, for which zero is valid.
+        let z: FrontCache = unsafe { core::mem::zeroed() };
+        assert_eq!(z.bytes(), 0);
+        assert!((1..=FRONT_CLASSES).all(|k| z.count(k) == 0 && z.heads[k].is_null()));
+    }
+}

@@ -1,0 +1,186 @@
+//! Unit tests over a test buffer.
+
+extern crate std;
+
+use std::collections::HashSet;
+use std::vec;
+use std::vec::Vec;
+
+use super::*;
+
+fn arena(pages: usize) -> Vec<u8> {
+    vec![0u8; (pages + 1) * 4096]
+}
+
+fn plain(cpus: usize) -> SlabConfig {
+    SlabConfig {
+        array_caches: false,
+        cpus,
+    }
+}
+
+#[test]
+fn rounds_to_powers_of_two() {
+    let mut b = arena(64);
+    let s = Pow2Slab::new(&mut b, 4096, plain(1), Cpus::Fixed(0)).unwrap();
+    assert_eq!(s.rounded(1), 64);
+    assert_eq!(s.rounded(65), 128);
+    assert_eq!(s.rounded(2049), 4096);
+    assert_eq!(s.rounded(4097), 8192);
+    assert_eq!(s.rounded(12289), 16384);
+    assert_eq!(s.classes(), 7);
+    let sizes: Vec<usize> = (0..s.classes()).map(|c| s.class_size(c)).collect();
+    assert_eq!(sizes, vec![64, 128, 256, 512, 1024, 2048, 4096]);
+    let l = Layout::from_size_align(100, 8).unwrap();
+    let a = s.alloc(l).unwrap();
+    let b2 = s.alloc(l).unwrap();
+    assert_eq!(b2.as_ptr() as usize - a.as_ptr() as usize, 128);
+    // SAFETY: live.
+    unsafe {
+        s.dealloc(a, l);
+        s.dealloc(b2, l);
+    }
+}
+
+#[test]
+fn objects_are_distinct_and_pages_come_back() {
+    for caches in [false, true] {
+        let mut b = arena(1500);
+        let s = Pow2Slab::new(
+            &mut b,
+            4096,
+            SlabConfig {
+                array_caches: caches,
+                cpus: 2,
+            },
+            Cpus::Fixed(1),
+        )
+        .unwrap();
+        let before = s.source().free_page_count().unwrap();
+        let mut live = Vec::new();
+        let mut seen = HashSet::new();
+        for i in 0..2000usize {
+            let size = 1 + (i * 7919) % 3000;
+            let l = Layout::from_size_align(size, 8).unwrap();
+            let p = s.alloc(l).unwrap();
+            assert!(seen.insert(p.as_ptr() as usize), "handed out twice");
+            // SAFETY: p holds size bytes.
+            unsafe { p.as_ptr().write_bytes(i as u8, size) };
+            live.push((p, l, i as u8));
+            if i % 3 == 0 {
+                let (q, ql, t) = live.swap_remove(i % live.len());
+                // SAFETY: live allocation.
+                unsafe {
+                    assert!(std::slice::from_raw_parts(q.as_ptr(), ql.size())
+                        .iter()
+                        .all(|&x| x == t));
+                    s.dealloc(q, ql);
+                }
+                seen.remove(&(q.as_ptr() as usize));
+            }
+        }
+        for (p, l, t) in live {
+            // SAFETY: live allocation.
+            unsafe {
+                assert!(std::slice::from_raw_parts(p.as_ptr(), l.size())
+                    .iter()
+                    .all(|&x| x == t));
+                s.dealloc(p, l);
+            }
+        }
+        s.source().check().unwrap();
+        if !caches {
+            // At most one empty slab kept per class.
+            assert!(before - s.source().free_page_count().unwrap() <= 7);
+        }
+    }
+}
+
+#[test]
+fn fails_cleanly_when_full() {
+    let mut b = arena(20);
+    let s = Pow2Slab::new(&mut b, 4096, plain(1), Cpus::Fixed(0)).unwrap();
+    let l = Layout::from_size_align(3000, 8).unwrap();
+    let mut n = 0;
+    while s.alloc(l).is_some() {
+        n += 1;
+    }
+    assert!((14..=20).contains(&n), "{n}");
+}
+
+#[test]
+fn free_and_usable_size_without_the_size() {
+    let mut b = arena(256);
+    let s = Pow2Slab::new(
+        &mut b,
+        4096,
+        SlabConfig {
+            array_caches: true,
+            cpus: 2,
+        },
+        Cpus::Fixed(0),
+    )
+    .unwrap();
+    let l = |n| Layout::from_size_align(n, 1).unwrap();
+    let small = s.alloc(l(100)).unwrap();
+    let big = s.alloc(l(5000)).unwrap();
+    assert_eq!(s.usable_size(small), Ok(128));
+    assert_eq!(s.usable_size(big), Ok(8192));
+    let mid = NonNull::new(small.as_ptr().wrapping_add(64)).unwrap();
+    assert!(matches!(
+        s.usable_size(mid),
+        Err(Error::NotAllocated { .. })
+    ));
+    let inside = NonNull::new(big.as_ptr().wrapping_add(4096)).unwrap();
+    assert!(s.usable_size(inside).is_err());
+    let mut outside = [0u8; 8];
+    let o = NonNull::new(outside.as_mut_ptr()).unwrap();
+    assert!(matches!(s.usable_size(o), Err(Error::OutOfRange { .. })));
+    // SAFETY: bad pointers are refused without touching anything; then the
+    // live ones are freed once each.
+    unsafe {
+        assert!(s.free(mid).is_err());
+        assert!(s.free(o).is_err());
+        s.free(small).unwrap();
+        s.free(big).unwrap();
+        assert!(s.free(big).is_err(), "the large run's page is free now");
+    }
+    s.source().check().unwrap();
+}
+
+#[test]
+fn large_alignments_are_honoured() {
+    let mut b = arena(512);
+    let s = Pow2Slab::new(&mut b, 4096, plain(1), Cpus::Fixed(0)).unwrap();
+    for align in [64usize, 4096, 8192, 65536] {
+        let l = Layout::from_size_align(100, align).unwrap();
+        let p = s.alloc(l).unwrap();
+        assert_eq!(p.as_ptr() as usize % align, 0, "align {align}");
+        // SAFETY: live.
+        unsafe { s.free(p).unwrap() };
+    }
+}
+
+#[test]
+fn fork_prepare_holds_every_lock() {
+    let mut b = arena(64);
+    let s = Pow2Slab::new(
+        &mut b,
+        4096,
+        SlabConfig {
+            array_caches: true,
+            cpus: 3,
+        },
+        Cpus::Fixed(2),
+    )
+    .unwrap();
+    s.fork_prepare();
+    assert!(s.array(0).is_locked() && s.array(2).is_locked());
+    assert!(s.slabs[0].is_locked() && s.src.is_locked());
+    // SAFETY: this thread took them just above.
+    unsafe { s.fork_release() };
+    assert!(!s.array(1).is_locked() && !s.slabs[6].is_locked() && !s.src.is_locked());
+    let p = s.alloc(Layout::from_size_align(8, 8).unwrap()).unwrap();
+    // SAFETY: live.
+    unsafe { s.free(p).unwrap() };
+}

@@ -1,0 +1,163 @@
+//! Running whole programs under different allocators through `LD_PRELOAD`:
+//! which allocators are installed, building kmem's own `libkmem_malloc.so`,
+//! and compiling the C workloads of `crates/kmem-malloc/workloads/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// An allocator a program can run under.
+#[derive(Clone, Debug)]
+pub struct Preload {
+    /// Name in reports: `glibc`, `kmem`, `jemalloc`...
+    pub name: String,
+    /// The shared object to preload (None: the C library's own malloc).
+    pub lib: Option<PathBuf>,
+    /// Extra environment for the run (e.g. `KMEM_OPTIONS`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Preload {
+    /// A command for `program` that runs under this allocator.
+    pub fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new(program);
+        if let Some(lib) = &self.lib {
+            c.env("LD_PRELOAD", lib);
+        } else {
+            c.env_remove("LD_PRELOAD");
+        }
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+}
+
+/// The peers Debian packages, where they install, and the package to ask for.
+const PEERS: &[(&str, &str, &str)] = &[
+    ("jemalloc", "libjemalloc.so.2", "libjemalloc2"),
+    ("mimalloc", "libmimalloc.so.2", "libmimalloc2.0"),
+    (
+        "tcmalloc",
+        "libtcmalloc_minimal.so.4",
+        "libtcmalloc-minimal4",
+    ),
+];
+
+const LIB_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// The installed peers, and a note for each missing one.
+pub fn installed_peers() -> (Vec<Preload>, Vec<String>) {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for (name, file, pkg) in PEERS {
+        match LIB_DIRS
+            .iter()
+            .map(|d| Path::new(d).join(file))
+            .find(|p| p.exists())
+        {
+            Some(lib) => found.push(Preload {
+                name: name.to_string(),
+                lib: Some(lib),
+                env: Vec::new(),
+            }),
+            None => missing.push(format!("{name} is not installed: apt-get install {pkg}")),
+        }
+    }
+    (found, missing)
+}
+
+/// The directory the running `kmem` binary was built into (target/release, target/fast...).
+fn build_dir() -> Option<PathBuf> {
+    std::env::current_exe()
+        .ok()?
+        .parent()
+        .map(Path::to_path_buf)
+}
+
+/// Builds `libkmem_malloc.so` with the same profile as the running binary and
+/// returns its path.
+pub fn build_kmem_malloc() -> Result<PathBuf, String> {
+    let dir = build_dir().ok_or("cannot locate the running binary")?;
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(p) => p.to_string(),
+        None => "release".to_string(),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let out = Command::new(&cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "kmem-malloc",
+            "--profile",
+            &profile,
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", dir.parent().unwrap_or(&dir))
+        .output()
+        .map_err(|e| format!("running cargo to build kmem-malloc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building kmem-malloc failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let lib = dir.join("libkmem_malloc.so");
+    if lib.exists() {
+        Ok(lib)
+    } else {
+        Err(format!("{} not found after the build", lib.display()))
+    }
+}
+
+/// The workloads' source directory.
+pub fn workloads_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kmem-malloc/workloads")
+}
+
+/// Compiles `workloads/<name>.c` with `gcc -O2 -pthread` (once, unless the
+/// source changed) and returns the program's path.
+pub fn compile_workload(name: &str) -> Result<PathBuf, String> {
+    let src = workloads_dir().join(format!("{name}.c"));
+    let out_dir = build_dir()
+        .ok_or("cannot locate the running binary")?
+        .join("kmem-workloads");
+    std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
+    let exe = out_dir.join(name);
+    let newer = |a: &Path, b: &Path| -> bool {
+        match (
+            a.metadata().and_then(|m| m.modified()),
+            b.metadata().and_then(|m| m.modified()),
+        ) {
+            (Ok(x), Ok(y)) => x > y,
+            _ => true,
+        }
+    };
+    let header = workloads_dir().join("common.h");
+    if !exe.exists() || newer(&src, &exe) || newer(&header, &exe) {
+        let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
+        let out = Command::new(&cc)
+            .args(["-O2", "-g", "-pthread", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .map_err(|e| format!("running {cc}: {e} (install gcc)"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "compiling {}: {}",
+                src.display(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(exe)
+}

@@ -1,0 +1,281 @@
+//! Suite `malloc`: whole programs under glibc, kmem and the installed peers.
+//!
+//! Workloads shaped like the standard allocator benchmarks, written here as C
+//! programs in `crates/kmem-malloc/workloads/`: a larson-like server
+//! simulation, an xmalloc-like producer/consumer, cache-scratch and
+//! cache-thrash (false sharing), an mstress-like mix of sizes and lifetimes,
+//! and a glibc-simple-like single-threaded loop. Each runs as its own process
+//! under each allocator through `LD_PRELOAD`, several runs interleaved; the
+//! median wall time and peak RSS are reported with ratios to glibc and to
+//! mimalloc. Every run must exit 0 and print the same checksum as under glibc.
+
+use super::{Ctx, Suite};
+use crate::harness::{geomean, median};
+use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
+use crate::preload::{build_kmem_malloc, compile_workload, installed_peers, Preload};
+
+/// See the module documentation.
+pub struct MallocSuite;
+
+/// A workload: program name, arguments at smoke / quick / full scale.
+struct Workload {
+    name: &'static str,
+    case: &'static str,
+    args: [&'static [&'static str]; 3],
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "larson",
+        case: "larson",
+        args: [
+            &["2", "2", "2000", "500", "8", "1000"],
+            &["2", "10", "40000", "1000", "8", "1000"],
+            &["4", "30", "100000", "2000", "8", "1000"],
+        ],
+    },
+    Workload {
+        name: "xmalloc",
+        case: "xmalloc",
+        args: [
+            &["1", "20000", "16", "256"],
+            &["1", "1000000", "16", "256"],
+            &["2", "4000000", "16", "256"],
+        ],
+    },
+    Workload {
+        name: "cache_scratch",
+        case: "cache_scratch",
+        args: [
+            &["2", "100", "8", "100"],
+            &["2", "2000", "8", "2000"],
+            &["4", "4000", "8", "4000"],
+        ],
+    },
+    Workload {
+        name: "cache_thrash",
+        case: "cache_thrash",
+        args: [
+            &["2", "100", "8", "100"],
+            &["2", "2000", "8", "2000"],
+            &["4", "4000", "8", "4000"],
+        ],
+    },
+    Workload {
+        name: "mstress",
+        case: "mstress",
+        args: [
+            &["2", "2", "5000", "1024"],
+            &["2", "10", "60000", "4096"],
+            &["4", "20", "200000", "8192"],
+        ],
+    },
+    Workload {
+        name: "glibc_simple",
+        case: "glibc_simple",
+        args: [&["20", "200"], &["300", "1000"], &["2000", "1000"]],
+    },
+];
+
+fn checksum(out: &[u8]) -> Option<String> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .find(|l| l.starts_with("checksum "))
+        .map(str::to_owned)
+}
+
+impl Suite for MallocSuite {
+    fn name(&self) -> &'static str {
+        "malloc"
+    }
+
+    fn title(&self) -> &'static str {
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple under glibc, kmem and peers"
+    }
+
+    fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
+        let mut out = SuiteOutput::default();
+        let mut allocs = vec![Preload {
+            name: "glibc".into(),
+            lib: None,
+            env: Vec::new(),
+        }];
+        match build_kmem_malloc() {
+            Ok(lib) => allocs.push(Preload {
+                name: "kmem".into(),
+                lib: Some(lib),
+                env: Vec::new(),
+            }),
+            Err(e) => out.notes.push(format!("kmem-malloc not measured: {e}")),
+        }
+        let (peers, missing) = installed_peers();
+        allocs.extend(peers);
+        out.notes.extend(missing);
+        measure(ctx, &allocs, &mut out);
+        out
+    }
+}
+
+/// Runs every workload under every allocator (the first must be glibc).
+fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
+    let runs = ctx.scale.pick(1, 5, 9);
+    let idx = ctx.scale.pick(0, 1, 2);
+    ctx.progress.set_steps(WORKLOADS.len());
+
+    let mut time_ratio_glibc: Vec<f64> = Vec::new();
+    let mut rss_ratio_glibc: Vec<f64> = Vec::new();
+    let mut t = Table::new(
+            format!("Whole programs, median of {runs} interleaved runs (time in s, peak RSS in MiB; ratios < 1 are better)"),
+            &["workload", "allocator", "time", "RSS", "time/glibc", "time/mimalloc", "RSS/glibc"],
+        );
+    for w in WORKLOADS {
+        ctx.progress.step(w.case);
+        let exe = match compile_workload(w.name) {
+            Ok(p) => p,
+            Err(e) => {
+                out.notes.push(format!("{}: not run: {e}", w.case));
+                continue;
+            }
+        };
+        let args = w.args[idx];
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
+        let mut rss: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
+        let mut sums: Vec<Option<String>> = vec![None; allocs.len()];
+        let mut failed: Vec<Option<String>> = vec![None; allocs.len()];
+        for r in 0..runs {
+            for k in 0..allocs.len() {
+                let i = (r + k) % allocs.len();
+                if failed[i].is_some() {
+                    continue;
+                }
+                let mut cmd = allocs[i].command(&exe);
+                cmd.args(args);
+                match kmem_sys::process::run_measured(&mut cmd) {
+                    Ok(m) if m.success() => {
+                        times[i].push(m.wall.as_secs_f64());
+                        rss[i].push(m.max_rss as f64 / (1 << 20) as f64);
+                        sums[i] = checksum(&m.stdout);
+                    }
+                    Ok(m) => {
+                        failed[i] = Some(format!(
+                            "exit {:?} signal {:?}: {}",
+                            m.code,
+                            m.signal,
+                            String::from_utf8_lossy(&m.stderr)
+                                .lines()
+                                .last()
+                                .unwrap_or("")
+                        ))
+                    }
+                    Err(e) => failed[i] = Some(e.to_string()),
+                }
+            }
+        }
+        let med_t: Vec<f64> = times.iter().map(|v| median(v)).collect();
+        let med_r: Vec<f64> = rss.iter().map(|v| median(v)).collect();
+        let g = 0;
+        let mi = allocs.iter().position(|a| a.name == "mimalloc");
+        for (i, a) in allocs.iter().enumerate() {
+            if let Some(f) = &failed[i] {
+                out.notes
+                    .push(format!("{} under {}: FAILED ({f})", w.case, a.name));
+                out.measure(w.case, a.name.as_str(), "failed", 1.0, "bool");
+                continue;
+            }
+            if sums[i] != sums[g] {
+                out.notes.push(format!(
+                    "{} under {}: output {:?} differs from glibc's {:?}",
+                    w.case, a.name, sums[i], sums[g]
+                ));
+                out.measure(w.case, a.name.as_str(), "wrong_output", 1.0, "bool");
+            }
+            let tg = med_t[i] / med_t[g];
+            let rg = med_r[i] / med_r[g];
+            let tm = mi.map_or(f64::NAN, |m| med_t[i] / med_t[m]);
+            out.measure(w.case, a.name.as_str(), "wall_s", med_t[i], "s");
+            out.measure(w.case, a.name.as_str(), "peak_rss_mib", med_r[i], "MiB");
+            out.measure(w.case, a.name.as_str(), "time_ratio_to_glibc", tg, "x");
+            out.measure(w.case, a.name.as_str(), "rss_ratio_to_glibc", rg, "x");
+            if tm.is_finite() {
+                out.measure(w.case, a.name.as_str(), "time_ratio_to_mimalloc", tm, "x");
+            }
+            if a.name == "kmem" {
+                time_ratio_glibc.push(tg);
+                rss_ratio_glibc.push(rg);
+            }
+            t.row(vec![
+                w.case.into(),
+                a.name.clone(),
+                format!("{:.3}", med_t[i]),
+                fmt_num(med_r[i]),
+                fmt_ratio(tg),
+                fmt_ratio(tm),
+                fmt_ratio(rg),
+            ]);
+        }
+    }
+    out.tables.push(t);
+    if !time_ratio_glibc.is_empty() {
+        let (gt, gr) = (geomean(&time_ratio_glibc), geomean(&rss_ratio_glibc));
+        out.measure("geomean", "kmem", "time_ratio_to_glibc", gt, "x");
+        out.measure("geomean", "kmem", "rss_ratio_to_glibc", gr, "x");
+        let mut s = Table::new(
+            "kmem against glibc, geometric mean over the workloads",
+            &["metric", "kmem/glibc"],
+        );
+        s.row(vec!["wall time".into(), fmt_ratio(gt)]);
+        s.row(vec!["peak RSS".into(), fmt_ratio(gr)]);
+        out.tables.push(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::Scale;
+    use crate::progress::Progress;
+
+    /// Runs the workloads at smoke scale under glibc and the installed peers
+    /// (kmem's own runs are tested in kmem-malloc): every workload must run and
+    /// agree with glibc.
+    #[test]
+    fn smoke_run_agrees_with_glibc() {
+        let p = Progress::hidden();
+        let mut allocs = vec![Preload {
+            name: "glibc".into(),
+            lib: None,
+            env: Vec::new(),
+        }];
+        allocs.extend(installed_peers().0);
+        let mut out = SuiteOutput::default();
+        measure(
+            &Ctx {
+                scale: Scale::Smoke,
+                threads: None,
+                cpus: None,
+                progress: &p,
+            },
+            &allocs,
+            &mut out,
+        );
+        if out.notes.iter().any(|n| n.contains("install gcc")) {
+            eprintln!("no C compiler; skipped");
+            return;
+        }
+        for w in WORKLOADS {
+            assert!(
+                out.value(w.case, "glibc", "wall_s").is_some(),
+                "{} did not run: {:?}",
+                w.case,
+                out.notes
+            );
+        }
+        assert!(
+            !out.results
+                .iter()
+                .any(|m| m.metric == "failed" || m.metric == "wrong_output"),
+            "{:?}",
+            out.notes
+        );
+    }
+}
