@@ -4,18 +4,21 @@
 //! ```text
 //!   reserve  LARGE_RESERVE bytes (halved while the OS refuses), PROT_READ|WRITE,
 //!            MAP_NORESERVE: the kernel backs a page when it is first touched
-//!   alloc    a cached range of a fitting size (still backed), or
-//!            arena.alloc(pages, max(align, page)): lowest-address first fit
-//!   free     into the cache while it has room (LARGE_CACHE entries,
-//!            LARGE_CACHE_BYTES in all, each at most LARGE_CACHE_MAX), else
-//!            madvise(MADV_DONTNEED) (the memory goes back to the OS now) and
-//!            arena.free (the range merges with its free neighbours)
+//!   alloc    arena.alloc(pages, max(align, page)): lowest-address first fit,
+//!            so a request lands in the lowest hole that fits, which is
+//!            where recently freed (still backed) ranges are
+//!   free     arena.free: the range merges with its free neighbours at once
+//!            and is counted dirty; once LARGE_DIRTY_MAX bytes are dirty, every
+//!            free block in the dirty span is given back to the OS
+//!            (madvise(MADV_DONTNEED)) in one pass
 //! ```
 //!
-//! One lock guards the arena and the cache; a free gives its pages back under
-//! it, so no other thread can be handed the range before they are gone.
-//! The arena knows every busy range by its start, so `free` of anything else
-//! (or of a range waiting in the cache) is caught.
+//! So memory goes back to the OS at most LARGE_DIRTY_MAX bytes late, and a
+//! program that frees and allocates large blocks in turn reuses backed pages
+//! instead of faulting fresh ones in (glibc gets the same effect by raising
+//! its mmap threshold). One lock guards the arena; the arena knows every busy
+//! range by its start, so `free` of anything else, or a second `free`, is
+//! caught before anything changes.
 
 use kmem_core::{Error, Lock, LockStats, RegionSource, Result};
 use kmem_sys::Region;
@@ -23,14 +26,10 @@ use kmem_vmap::{VmapArena, VmapStats};
 
 /// Address space reserved for large allocations.
 pub const LARGE_RESERVE: usize = 64 << 30;
-/// Freed ranges kept backed for reuse, at most.
-pub const LARGE_CACHE: usize = 16;
-/// Bytes in those ranges, at most.
-pub const LARGE_CACHE_BYTES: usize = 32 << 20;
-/// Largest range the cache keeps.
-pub const LARGE_CACHE_MAX: usize = 8 << 20;
+/// Freed bytes that may stay backed before they all go back to the OS.
+pub const LARGE_DIRTY_MAX: usize = 16 << 20;
 
-/// The large allocator: the reservation, the arena and the cache.
+/// The large allocator: the reservation and the arena.
 pub(crate) struct Large {
     region: Region,
     page: usize,
@@ -39,17 +38,15 @@ pub(crate) struct Large {
 
 struct State {
     arena: VmapArena<RegionSource>,
-    cache: [(usize, usize); LARGE_CACHE],
-    cached: usize,
-    cached_bytes: usize,
-    /// Ranges given back to the OS, over all time.
-    released: u64,
-    /// Allocations served from the cache, over all time.
-    reused: u64,
+    /// Bytes freed since the last purge, and the span they lie in.
+    dirty: usize,
+    dirty_lo: usize,
+    dirty_hi: usize,
+    /// Purges, over all time.
+    purges: u64,
 }
 
-/// An allocation: its address, and whether its memory is known zero (fresh
-/// from the arena).
+/// An allocation: its address, and whether its memory is known zero.
 pub(crate) struct Got {
     pub addr: usize,
     pub zeroed: bool,
@@ -81,11 +78,10 @@ impl Large {
             region,
             state: Lock::new(State {
                 arena,
-                cache: [(0, 0); LARGE_CACHE],
-                cached: 0,
-                cached_bytes: 0,
-                released: 0,
-                reused: 0,
+                dirty: 0,
+                dirty_lo: usize::MAX,
+                dirty_hi: 0,
+                purges: 0,
             }),
         })
     }
@@ -104,60 +100,38 @@ impl Large {
             .ok_or(Error::Overflow)?;
         let align = align.max(self.page);
         let mut s = self.state.lock();
-        // The smallest cached range that fits, wastes at most a quarter, and
-        // is aligned.
-        let mut best = usize::MAX;
-        for i in 0..s.cached {
-            let (a, n) = s.cache[i];
-            let fits = n >= need && n - need <= need / 4 && a % align == 0;
-            if fits && (best == usize::MAX || n < s.cache[best].1) {
-                best = i;
-            }
-        }
-        if best != usize::MAX {
-            let (a, n) = s.cache[best];
-            let last = s.cached - 1;
-            s.cache[best] = s.cache[last];
-            s.cached = last;
-            s.cached_bytes -= n;
-            s.reused += 1;
-            return Ok(Got {
-                addr: a,
-                zeroed: false,
-            });
-        }
         let a = match s.arena.alloc(need as u64, align as u64) {
             Ok(a) => a,
-            Err(_) => {
-                // Give the cache back and try once more.
-                self.drain_cache(&mut s);
-                s.arena
-                    .alloc(need as u64, align as u64)
-                    .map_err(|_| Error::OutOfMemory { size: size as u64 })?
-            }
-        };
-        Ok(Got {
-            addr: a as usize,
-            zeroed: true,
-        })
+            Err(_) => return Err(Error::OutOfMemory { size: size as u64 }),
+        } as usize;
+        // Known zero when nothing freed since the last purge lies under it.
+        let zeroed = s.dirty == 0 || a + need <= s.dirty_lo || a >= s.dirty_hi;
+        Ok(Got { addr: a, zeroed })
     }
 
-    fn drain_cache(&self, s: &mut State) {
-        while s.cached > 0 {
-            s.cached -= 1;
-            let (a, n) = s.cache[s.cached];
-            self.release(s, a, n);
+    /// Gives every free block in the dirty span back to the OS.
+    fn purge(&self, s: &mut State) {
+        if s.dirty == 0 {
+            return;
         }
-        s.cached_bytes = 0;
-    }
-
-    /// Gives a range's memory back and its addresses to the arena.
-    fn release(&self, s: &mut State, a: usize, n: usize) {
-        let off = a - self.region.base().as_ptr() as usize;
-        // A failed madvise leaves the pages backed: still correct.
-        let _ = self.region.purge(off, n);
-        let _ = s.arena.free(a as u64);
-        s.released += 1;
+        let base = self.region.base().as_ptr() as usize;
+        let (lo, hi) = (s.dirty_lo, s.dirty_hi);
+        for f in s.arena.free_blocks() {
+            let (fs, fe) = (f.start as usize, f.end() as usize);
+            if fe <= lo {
+                continue;
+            }
+            if fs >= hi {
+                break;
+            }
+            let (a, e) = (fs.max(lo), fe.min(hi));
+            // A failed madvise leaves the pages backed: still correct.
+            let _ = self.region.purge(a - base, e - a);
+        }
+        s.dirty = 0;
+        s.dirty_lo = usize::MAX;
+        s.dirty_hi = 0;
+        s.purges += 1;
     }
 
     /// The usable size of the live range starting at `p`.
@@ -172,9 +146,6 @@ impl Large {
         if area.start != p as u64 {
             return Err(bad);
         }
-        if s.cache[..s.cached].iter().any(|&(a, _)| a == p) {
-            return Err(Error::DoubleFree { addr: p as u64 });
-        }
         Ok(area.size as usize)
     }
 
@@ -182,27 +153,13 @@ impl Large {
     pub(crate) fn free(&self, p: usize) -> Result<()> {
         let mut s = self.state.lock();
         let n = Self::live(&s, p)?;
-        if n <= LARGE_CACHE_MAX {
-            if s.cached == LARGE_CACHE || s.cached_bytes + n > LARGE_CACHE_BYTES {
-                // Make room: the oldest entry goes back to the OS.
-                if s.cached > 0 {
-                    let (a, m) = s.cache[0];
-                    let last = s.cached - 1;
-                    s.cache.copy_within(1..=last, 0);
-                    s.cached = last;
-                    s.cached_bytes -= m;
-                    self.release(&mut s, a, m);
-                }
-            }
-            if s.cached < LARGE_CACHE && s.cached_bytes + n <= LARGE_CACHE_BYTES {
-                let i = s.cached;
-                s.cache[i] = (p, n);
-                s.cached += 1;
-                s.cached_bytes += n;
-                return Ok(());
-            }
+        s.arena.free(p as u64)?;
+        s.dirty += n;
+        s.dirty_lo = s.dirty_lo.min(p);
+        s.dirty_hi = s.dirty_hi.max(p + n);
+        if s.dirty > LARGE_DIRTY_MAX {
+            self.purge(&mut s);
         }
-        self.release(&mut s, p, n);
         Ok(())
     }
 
@@ -258,12 +215,10 @@ impl Large {
         false
     }
 
-    /// Gives every cached range back to the OS (`malloc_trim`).
-    pub(crate) fn trim(&self) -> usize {
+    /// Gives every freed range back to the OS now (`malloc_trim`).
+    pub(crate) fn trim(&self) {
         let mut s = self.state.lock();
-        let n = s.cached_bytes;
-        self.drain_cache(&mut s);
-        n
+        self.purge(&mut s);
     }
 
     /// Takes the lock for `fork()`.
@@ -280,13 +235,12 @@ impl Large {
         unsafe { self.state.force_unlock() }
     }
 
-    /// Arena counters, the cache, the lock.
-    pub(crate) fn stats(&self) -> (VmapStats, usize, usize, u64, u64, LockStats) {
+    /// Arena counters, dirty bytes, purges, the lock.
+    pub(crate) fn stats(&self) -> (VmapStats, usize, u64, LockStats) {
         let s = self.state.lock();
-        let v = s.arena.stats();
-        let r = (v, s.cached, s.cached_bytes, s.reused, s.released);
+        let r = (s.arena.stats(), s.dirty, s.purges);
         drop(s);
-        (r.0, r.1, r.2, r.3, r.4, self.state.stats())
+        (r.0, r.1, r.2, self.state.stats())
     }
 
     /// The arena's invariants.

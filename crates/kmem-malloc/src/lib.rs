@@ -12,8 +12,8 @@
 //!   size < 256 KiB      kmem-nta's large path: a page run of its own (plus a
 //!                       header page) from a lazily reserved region
 //!   size >= 256 KiB     kmem-vmap: a range of a reserved space (lowest-address
-//!     or align > 4 KiB  first fit); freed ranges go back to the OS
-//!                       (MADV_DONTNEED) unless a small cache keeps them
+//!     or align > 4 KiB  first fit); freed ranges merge at once and go back
+//!                       to the OS (MADV_DONTNEED) in batches of 16 MiB
 //! ```
 //!
 //! `free(p)` needs no size: the address says which part owns `p` (each has
@@ -21,11 +21,11 @@
 //! (read without a lock, [`kmem_nta::Nta::lookup_unlocked`]), the vmap arena
 //! knows every busy range by its start.
 //!
-//! **Returning memory.** Large ranges go back to the OS when freed
-//! (`madvise(MADV_DONTNEED)`), except the ones the large cache keeps
-//! ([`large::LARGE_CACHE`] ranges of at most 8 MiB, 32 MiB in all, the
-//! oldest given back first) so that a loop that allocates and frees the
-//! same large size does not fault its pages in again each time. nta's empty
+//! **Returning memory.** Freed large ranges go back to the OS
+//! (`madvise(MADV_DONTNEED)`) once [`LARGE_DIRTY_MAX`] bytes of them have
+//! piled up, all in one pass; until then lowest-address first fit hands
+//! their still-backed pages to the next large requests, so a loop that
+//! allocates and frees large blocks does not fault pages in each time. nta's empty
 //! nodes past a reserve of four per heap, and its page runs of 256 KiB or
 //! more, go back at once; smaller page runs are kept for reuse, and
 //! `malloc_trim` gives those back too.
@@ -74,7 +74,7 @@ use kmem_nta::global::GLOBAL_CONFIG;
 use kmem_nta::{front_class, FrontCache, LazyRegion, Nta, FRONT_CLASSES, FRONT_MAX};
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
-pub use large::{LARGE_CACHE, LARGE_CACHE_BYTES, LARGE_CACHE_MAX, LARGE_RESERVE};
+pub use large::{LARGE_DIRTY_MAX, LARGE_RESERVE};
 pub use options::{Engine, Options};
 
 use large::Large;
@@ -814,15 +814,13 @@ extern "C" fn print_stats() {
         s.lock_misses
     );
     if let Some(l) = LARGE.get() {
-        let (v, n, b, reused, released, locks) = l.stats();
+        let (v, dirty, purges, locks) = l.stats();
         say!(
-            "kmem: large: {} live ranges ({} KiB), {} cached ({} KiB), {} reused, {} given back; lock {} taken, {} contended",
+            "kmem: large: {} live ranges ({} KiB), {} KiB freed and not yet given back, {} purges; lock {} taken, {} contended",
             v.busy_blocks,
             v.busy_bytes >> 10,
-            n,
-            b >> 10,
-            reused,
-            released,
+            dirty >> 10,
+            purges,
             locks.acquisitions,
             locks.contended
         );

@@ -10,15 +10,41 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn lib() -> PathBuf {
-    // target/<profile>/deps/real_programs-<hash> -> target/<profile>/
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_lib).clone()
+}
+
+/// `cargo test` builds this crate as an rlib only, so the test builds the
+/// `cdylib` itself, with the profile and target directory of this run:
+/// target/<profile>/deps/real_programs-<hash> -> target/<profile>/.
+fn build_lib() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let so = dir.join("libkmem_malloc.so");
+    let target = dir.parent().expect("target root");
+    let profile = dir.file_name().and_then(|n| n.to_str()).expect("profile");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut c = Command::new(cargo);
+    c.args(["build", "-p", "kmem-malloc", "--lib"])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target);
+    match profile {
+        "debug" => {}
+        "release" => {
+            c.arg("--release");
+        }
+        p => {
+            c.args(["--profile", p]);
+        }
+    }
+    let o = c.output().expect("run cargo");
     assert!(
-        so.exists(),
-        "{} is missing: cargo builds it with the tests (crate-type cdylib)",
-        so.display()
+        o.status.success(),
+        "building libkmem_malloc.so failed: {}",
+        String::from_utf8_lossy(&o.stderr)
     );
+    let so = dir.join("libkmem_malloc.so");
+    assert!(so.exists(), "{} is missing after the build", so.display());
     so
 }
 
