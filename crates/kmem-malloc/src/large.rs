@@ -8,9 +8,10 @@
 //!            so a request lands in the lowest hole that fits, which is
 //!            where recently freed (still backed) ranges are
 //!   free     arena.free: the range merges with its free neighbours at once
-//!            and is counted dirty; once LARGE_DIRTY_MAX bytes are dirty, every
-//!            free block in the dirty span is given back to the OS
-//!            (madvise(MADV_DONTNEED)) in one pass
+//!            and is counted dirty (an allocation that lands among dirty
+//!            bytes counts its size off again); once LARGE_DIRTY_MAX bytes
+//!            are dirty, every free block in the dirty span is given back to
+//!            the OS (madvise(MADV_DONTNEED)) in one pass
 //! ```
 //!
 //! So memory goes back to the OS at most LARGE_DIRTY_MAX bytes late, and a
@@ -38,7 +39,9 @@ pub(crate) struct Large {
 
 struct State {
     arena: VmapArena<RegionSource>,
-    /// Bytes freed since the last purge, and the span they lie in.
+    /// Bytes freed since the last purge less those allocated again in the
+    /// span they lie in (an estimate of the free, still backed bytes), and
+    /// that span.
     dirty: usize,
     dirty_lo: usize,
     dirty_hi: usize,
@@ -106,6 +109,13 @@ impl Large {
         } as usize;
         // Known zero when nothing freed since the last purge lies under it.
         let zeroed = s.dirty == 0 || a + need <= s.dirty_lo || a >= s.dirty_hi;
+        if !zeroed {
+            // Freed backed pages taken again are no longer waiting to go
+            // back: count them off, so that a program that frees and
+            // allocates large blocks in turn does not purge (and fault its
+            // pages in again) on every LARGE_DIRTY_MAX bytes it frees.
+            s.dirty = s.dirty.saturating_sub(need);
+        }
         Ok(Got { addr: a, zeroed })
     }
 

@@ -17,8 +17,9 @@ fn a_threads_cache_goes_back_when_it_exits() {
         // a cache that keeps up to 1 MiB.
         for k in 1..=64usize {
             let v: Vec<*mut c_void> = (0..16)
-                // SAFETY: plain C calls.
-                .map(|_| unsafe { kmem_malloc::malloc(k * 64) })
+                // SAFETY: plain C calls. black_box: LLVM knows `malloc` by
+                // name and may drop an unused malloc/free pair in release.
+                .map(|_| std::hint::black_box(unsafe { kmem_malloc::malloc(k * 64) }))
                 .collect();
             for p in v {
                 // SAFETY: live allocations made just above.
