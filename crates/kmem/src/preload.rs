@@ -30,6 +30,37 @@ impl Preload {
         }
         c
     }
+
+    /// A command that runs `program` under this allocator through
+    /// `launcher` (`workloads/launch.c`), which reports the program's own
+    /// peak RSS: see [`launched_max_rss`].
+    pub fn launched(&self, launcher: &Path, program: &Path) -> Command {
+        let mut c = Command::new(launcher);
+        c.arg(program).env_remove("LD_PRELOAD");
+        match &self.lib {
+            Some(lib) => c.env("KMEM_LAUNCH_PRELOAD", lib),
+            None => c.env_remove("KMEM_LAUNCH_PRELOAD"),
+        };
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+}
+
+/// The peak RSS in bytes that `workloads/launch.c` printed for its program.
+///
+/// Linux carries a process's peak RSS across exec and counts in the peak of
+/// the image the exec replaced, so a program started straight from the
+/// driver reports at least the driver's own peak (hundreds of MiB after
+/// the other suites); the launcher's child replaces only the launcher.
+pub fn launched_max_rss(stdout: &[u8]) -> Option<u64> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("launch: maxrss_kb "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
 }
 
 /// The peers Debian packages, where they install, and the package to ask for.
@@ -160,4 +191,40 @@ pub fn compile_workload(name: &str) -> Result<PathBuf, String> {
         }
     }
     Ok(exe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_launcher_reports_the_programs_peak_not_the_drivers() {
+        // Grow this process well past what the program will use, so that a
+        // program started straight from it would report at least this much.
+        let big = vec![1u8; 256 << 20];
+        std::hint::black_box(&big);
+        let launcher = compile_workload("launch").expect("gcc builds the launcher");
+        let glibc = Preload {
+            name: "glibc".into(),
+            lib: None,
+            env: Vec::new(),
+        };
+        let mut via = glibc.launched(&launcher, Path::new("true"));
+        let m = kmem_sys::process::run_measured(&mut via).unwrap();
+        assert!(m.success());
+        let peak = launched_max_rss(&m.stdout).expect("the launcher's line");
+        // Started straight from here, `true` reports 256 MiB or more on
+        // Linux (the peak of the image its exec replaced).
+        assert!(peak > 0 && peak < 64 << 20, "true's peak: {peak} bytes");
+        drop(big);
+    }
+
+    #[test]
+    fn launch_line_parses() {
+        assert_eq!(
+            launched_max_rss(b"checksum 1\nlaunch: maxrss_kb 12\n"),
+            Some(12 << 10)
+        );
+        assert_eq!(launched_max_rss(b"checksum 1\n"), None);
+    }
 }

@@ -12,7 +12,9 @@
 use super::{Ctx, Suite};
 use crate::harness::{geomean, median};
 use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
-use crate::preload::{build_kmem_malloc, compile_workload, installed_peers, Preload};
+use crate::preload::{
+    build_kmem_malloc, compile_workload, installed_peers, launched_max_rss, Preload,
+};
 
 /// See the module documentation.
 pub struct MallocSuite;
@@ -128,6 +130,15 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             format!("Whole programs, median of {runs} interleaved runs (time in s, peak RSS in MiB; ratios < 1 are better)"),
             &["workload", "allocator", "time", "RSS", "time/glibc", "time/mimalloc", "RSS/glibc"],
         );
+    // Each program runs under a small launcher that reports its own peak
+    // RSS (see `launched_max_rss`).
+    let launcher = match compile_workload("launch") {
+        Ok(p) => p,
+        Err(e) => {
+            out.notes.push(format!("malloc suite not run: {e}"));
+            return;
+        }
+    };
     for w in WORKLOADS {
         ctx.progress.step(w.case);
         let exe = match compile_workload(w.name) {
@@ -148,12 +159,13 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 if failed[i].is_some() {
                     continue;
                 }
-                let mut cmd = allocs[i].command(&exe);
+                let mut cmd = allocs[i].launched(&launcher, &exe);
                 cmd.args(args);
                 match kmem_sys::process::run_measured(&mut cmd) {
                     Ok(m) if m.success() => {
                         times[i].push(m.wall.as_secs_f64());
-                        rss[i].push(m.max_rss as f64 / (1 << 20) as f64);
+                        let peak = launched_max_rss(&m.stdout).unwrap_or(m.max_rss);
+                        rss[i].push(peak as f64 / (1 << 20) as f64);
                         sums[i] = checksum(&m.stdout);
                     }
                     Ok(m) => {
