@@ -55,22 +55,28 @@ pub(crate) struct Got {
     pub zeroed: bool,
 }
 
+/// Reserves `bytes` of address space (halving down to 256 MiB while the OS
+/// refuses), 2 MiB aligned, readable and writable at once: `MAP_NORESERVE`,
+/// so the kernel backs a page only when it is first touched.
+pub(crate) fn reserve_rw(mut bytes: usize) -> Result<Region> {
+    loop {
+        let r = Region::reserve_aligned(bytes, 2 << 20).and_then(|r| {
+            r.commit(0, r.len())?;
+            Ok(r)
+        });
+        match r {
+            Ok(r) => return Ok(r),
+            Err(_) if bytes > 256 << 20 => bytes /= 2,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 impl Large {
-    /// Reserves the space (halving down to 256 MiB while the OS refuses) and
-    /// builds the arena. Allocates nothing from any heap.
+    /// Reserves the space ([`reserve_rw`]) and builds the arena. Allocates
+    /// nothing from any heap.
     pub(crate) fn new() -> Result<Large> {
-        let mut bytes = LARGE_RESERVE;
-        let region = loop {
-            let r = Region::reserve_aligned(bytes, 2 << 20).and_then(|r| {
-                r.commit(0, r.len())?;
-                Ok(r)
-            });
-            match r {
-                Ok(r) => break r,
-                Err(_) if bytes > 256 << 20 => bytes /= 2,
-                Err(e) => return Err(e.into()),
-            }
-        };
+        let region = reserve_rw(LARGE_RESERVE)?;
         // Tree nodes: 64 MiB of address space is far more than any arena of
         // this size needs (a node per free or busy range).
         let nodes = RegionSource::with_purge_threshold(64 << 20, 1)?;

@@ -287,18 +287,7 @@ fn init_once() {
 }
 
 fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
-    let mut bytes = POW2_RESERVE;
-    let region = loop {
-        let r = kmem_sys::Region::reserve_aligned(bytes, 2 << 20).and_then(|r| {
-            r.commit(0, r.len())?;
-            Ok(r)
-        });
-        match r {
-            Ok(r) => break r,
-            Err(_) if bytes > 256 << 20 => bytes /= 2,
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let region = large::reserve_rw(POW2_RESERVE)?;
     // SAFETY: no precondition.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.clamp(1, 64) as usize;
     let (base, len) = region.leak();
