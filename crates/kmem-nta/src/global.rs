@@ -171,15 +171,7 @@ impl LazyRegion {
         f: impl FnOnce(&RegionSource, &mut [usize; RUN_CACHE], &mut usize) -> Result<R>,
     ) -> Result<R> {
         let s = self.get()?;
-        let mut round = 0;
-        while self
-            .guard
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            round += 1;
-            spin_or_yield(round);
-        }
+        self.take_guard();
         // SAFETY: the guard is held: the cache is ours alone.
         let r = unsafe { f(s, &mut *self.cache.get(), &mut *self.cached.get()) };
         self.guard.store(false, Ordering::Release);
@@ -201,6 +193,11 @@ impl LazyRegion {
     /// with [`fork_release`](Self::fork_release). Every call into the inner
     /// source happens under the guard, so its own lock is then free.
     pub fn fork_prepare(&self) {
+        self.take_guard();
+    }
+
+    /// Spins (then yields) until the guard over the source is ours.
+    fn take_guard(&self) {
         let mut round = 0;
         while self
             .guard

@@ -55,6 +55,15 @@ type SuiteSource = PageAllocator<'static>;
 fn suite_source(pages: usize, topo: &Topology, cpus: Cpus) -> SuiteSource {
     let page = kmem_sys::page_size();
     let src = PageAllocator::new(topo, cpus, pages * page).expect("reserve the suite's memory");
+    touch_all(&src, pages);
+    src
+}
+
+/// Allocates all `pages` pages of `src` as one run, writes every page once
+/// (the kernel's first-touch fault paid here, not in a measurement) and
+/// gives the run back.
+fn touch_all(src: &dyn PageSource, pages: usize) {
+    let page = src.page_size();
     let all = src.alloc_pages(pages, 1).expect("the whole region");
     // SAFETY: the run just allocated, `pages` pages long; then given back.
     unsafe {
@@ -63,7 +72,6 @@ fn suite_source(pages: usize, topo: &Topology, cpus: Cpus) -> SuiteSource {
         }
         src.free_pages(all, pages).expect("free the whole region");
     }
-    src
 }
 
 /// A region of `pages` pages handed out next-fit (kmem-core's RegionSource,
@@ -73,14 +81,7 @@ fn cold_region(pages: usize) -> RegionSource {
     let page = kmem_sys::page_size();
     let src = RegionSource::with_purge_threshold(pages * page, usize::MAX)
         .expect("reserve the suite's memory");
-    let all = src.alloc_pages(pages, 1).expect("the whole region");
-    // SAFETY: the run just allocated, `pages` pages long; then given back.
-    unsafe {
-        for i in 0..pages {
-            all.as_ptr().add(i * page).write_bytes(0x55, page);
-        }
-        src.free_pages(all, pages).expect("free the whole region");
-    }
+    touch_all(&src, pages);
     src
 }
 
