@@ -813,6 +813,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             return Err(Error::BadConfig("node size below the page size"));
         }
         let pages = g.node() / ps;
+        self.reclaim_others(h);
         let pooled = match self.pool.try_lock() {
             Some(mut pool) if pool.n > 0 => {
                 pool.n -= 1;
@@ -870,6 +871,29 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     fn drain(&self, heap: &mut Heap, h: usize) {
         if !self.slots[h].semi.load(Ordering::Relaxed).is_null() {
             self.drain_slow(heap, h);
+        }
+    }
+
+    /// Finishes the frees queued on other heaps' semi-free lists, for each
+    /// such heap whose lock is free now.
+    ///
+    /// Called before heap `h` grows. A queued free waits until its heap
+    /// next runs; after a thread moves to another CPU its old heap may not
+    /// run again for long, holding everything the thread freed there while
+    /// the new heap takes fresh memory. Finished here, the old heap's nodes
+    /// that empty go to the shared pool, where the growing heap finds them.
+    ///
+    /// CONTEXT: heap `h`'s lock is held; the others are only tried, so no
+    /// lock order is needed.
+    #[cold]
+    fn reclaim_others(&self, h: usize) {
+        for j in 0..self.nheaps {
+            if j == h || self.slots[j].semi.load(Ordering::Relaxed).is_null() {
+                continue;
+            }
+            if let Some(mut heap) = self.slots[j].heap.try_lock() {
+                self.drain_slow(&mut heap, j);
+            }
         }
     }
 

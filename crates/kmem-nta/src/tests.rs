@@ -355,6 +355,60 @@ fn remote_frees_go_through_the_semi_free_list() {
 }
 
 #[test]
+fn a_growing_heap_first_finishes_what_waits_on_other_heaps() {
+    // A thread that allocated on CPU 0 and moved to CPU 1 frees its blocks
+    // there (queued on heap 0) and allocates as much again: heap 1 must
+    // take heap 0's emptied nodes, not as many fresh ones.
+    let mut b = buf(256);
+    let src = source(&mut b);
+    let c = Config { heaps: 2, ..cfg() };
+    let nta = Nta::with_config(&src, c, Cpus::Simulated).unwrap();
+    let per_node = nta.geometry().node() / PAGE;
+    const N: usize = 70; // 4 KiB blocks: about ten 32 KiB nodes
+    let ptrs: Vec<usize> = std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(0);
+            (0..N)
+                .map(|_| nta.alloc(l(4096)).unwrap().as_ptr() as usize)
+                .collect()
+        })
+        .join()
+        .unwrap()
+    });
+    let free_before = src.free_page_count().unwrap();
+    let again: Vec<usize> = std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(1);
+            for &p in &ptrs {
+                // SAFETY: live allocations, freed once, from CPU 1.
+                unsafe { nta.dealloc(NonNull::new(p as *mut u8).unwrap(), l(4096)) };
+            }
+            assert_eq!(nta.stats().remote_pending, N);
+            (0..N)
+                .map(|_| nta.alloc(l(4096)).unwrap().as_ptr() as usize)
+                .collect()
+        })
+        .join()
+        .unwrap()
+    });
+    nta.check().unwrap();
+    let s = nta.stats();
+    assert_eq!(s.remote_pending, 0, "heap 0's queue was finished");
+    let taken = free_before - src.free_page_count().unwrap();
+    // Heap 1's size lists (a page) and the node heap 0 keeps in reserve.
+    assert!(
+        taken <= 1 + 2 * per_node,
+        "heap 1 took {taken} fresh pages for blocks that fit in heap 0's {} freed nodes",
+        N.div_ceil(7)
+    );
+    for p in again {
+        // SAFETY: live allocations, freed once.
+        unsafe { nta.dealloc(NonNull::new(p as *mut u8).unwrap(), l(4096)) };
+    }
+    nta.check().unwrap();
+}
+
+#[test]
 fn allocator_api2_collections() {
     let mut b = buf(128);
     let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
