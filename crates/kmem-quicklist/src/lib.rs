@@ -11,15 +11,15 @@
 //! ```text
 //!    CPU 0                     CPU 1                          CPU n-1
 //!   +----------------------+  +----------------------+
-//!   | Lock                 |  | Lock                 |   ...  one PerCpu per CPU,
-//!   |  list 0: head, nr ---+--+-> page -> page -> 0  |        128-byte aligned,
-//!   |  list 1: head, nr    |  |  list 1: head, nr    |        in pages from the source
-//!   |  pages, bound        |  |  pages, bound        |
+//!   | taken                |  | taken                |   ...  one PerCpu per CPU,
+//!   |  list 0: top, pushes-+--+-> page -> page -> 0  |        128-byte aligned,
+//!   |  list 1: top, pushes |  |  list 1: top, pushes |        in pages from the source
+//!   | lock, bound, trims   |  | lock, bound, trims   |
 //!   | counters             |  | counters             |
 //!   +----------------------+  +----------------------+
 //!
 //!   a page on a list:  [ link word | ... constructed contents ... ]
-//!                        ^ Config::link_offset (0 as in Linux): the next page
+//!                        ^ Config::link_offset (0 as in Linux): the top below
 //!
 //!   ownership record:  one byte per page of the source's span
 //!                      FREE / LIVE (handed out) / CACHED (on a list) / RELEASED
@@ -52,10 +52,11 @@
 //!
 //! # Invariants (checked by [`Quicklists::check`])
 //!
-//! - A list is a chain of exactly `nr` pages linked through their link words,
-//!   the last one's link zero; no page is on two lists.
+//! - A list is a chain of exactly its depth in pages linked through their
+//!   link words, each link carrying the depth below it, the last one's link
+//!   zero; no page is on two lists.
 //! - Every page on a list is recorded `CACHED`; every page handed out and not
-//!   freed is recorded `LIVE`; the per-CPU page counts are the lists' lengths.
+//!   freed is recorded `LIVE` (so live = misses - released - listed).
 //! - A page's link word reads zero whenever the page is handed out (fresh or
 //!   recycled) or given back to the source.
 //!
@@ -66,20 +67,42 @@
 //! address inside a page or a page never handed out by these quicklists
 //! (`NotAllocated`), a page already on a list or already given back
 //! (`DoubleFree`). The check is one compare-and-swap on the page's state byte,
-//! so two threads racing to free one page cannot both succeed. Limits: a page
+//! so two threads racing to free one page cannot both succeed: it is the one
+//! atomic read-modify-write left on the hot paths, and what keeps `free` safe
+//! to call with any `PageRef`. Limits: a page
 //! given back to the source and since handed to someone else, then freed here,
 //! reads as `DoubleFree`; a page freed to the wrong list (a pgd onto the pte
 //! list) is not detected (the record does not say which list a page is for).
 //!
 //! # Locking
 //!
-//! Each CPU's lists sit behind their own [`Lock`](kmem_core::Lock), taken for a
-//! few instructions by `alloc` and `free` on that CPU. A thread may migrate at
-//! any moment: it then simply works on another CPU's lists under that CPU's
-//! lock, so correctness never depends on staying put, only the hit rate does.
-//! No code holds two of our locks at once, and none is held while calling the
-//! source, a constructor or a destructor (which may take locks of their own,
-//! such as a pgd tracking list). The state bytes are atomics.
+//! Two ways to own a CPU's lists for the few instructions of a push or a pop:
+//!
+//! - **Restartable sequences** (x86-64 Linux, [`Cpus::Real`](kmem_core::Cpus),
+//!   glibc's rseq area registered, the kernel's membarrier fence available;
+//!   [`Quicklists::uses_sequences`] says): `alloc` pops and `free` pushes
+//!   this CPU's list in a sequence that reads the CPU number, works on that
+//!   CPU's words and commits with one store; the kernel restarts it if the
+//!   thread is preempted or migrated first (`kmem_sys::rseq`). A hit is then
+//!   a handful of plain loads and stores, and a free one compare-and-swap
+//!   (the record's, below) where the lock cost two more.
+//! - **The CPU's lock**: everything else (a drain, a check, a trim of another
+//!   CPU, a thread without rseq, any other [`Cpus`](kmem_core::Cpus)) takes
+//!   the CPU's lock; where sequences run it then sets the CPU's `taken` word
+//!   and fences the CPU (`membarrier`), which aborts any sequence in flight
+//!   there, and every later sequence sees `taken` and waits on the lock
+//!   instead. The fence costs microseconds, paid only off the hot paths.
+//!
+//! A thread may migrate at any moment: it then simply works on another CPU's
+//! lists, so correctness never depends on staying put, only the hit rate
+//! does. No code holds two of our locks at once, and none is held while
+//! calling the source, a constructor or a destructor (which may take locks of
+//! their own, such as a pgd tracking list). The state bytes are atomics.
+//!
+//! The lists name pages by their index in the source's span (a list's top
+//! word is `index + 1 | depth << 32`, and each page's link word holds the top
+//! below it), so the span must be under 2^32 - 1 pages (16 TiB of 4 KiB
+//! pages).
 //!
 //! # Units
 //!

@@ -75,6 +75,13 @@ impl OwnerMap {
         self.pages
     }
 
+    /// The address of page `i` (`i < pages`).
+    #[inline(always)]
+    pub(crate) fn addr(&self, i: usize) -> usize {
+        debug_assert!(i < self.pages);
+        self.base + (i << self.shift)
+    }
+
     /// The page index of `addr`: `OutOfRange` outside the span, `NotAllocated`
     /// for an address inside a page rather than at its start.
     #[inline]

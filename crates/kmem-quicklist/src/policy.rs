@@ -101,11 +101,11 @@ impl Config {
         if self.batch == 0 {
             return Err(Error::BadConfig("the trim batch must be at least one page"));
         }
-        if self.link_offset % core::mem::align_of::<usize>() != 0
-            || self.link_offset + core::mem::size_of::<usize>() > page_size
+        if self.link_offset % core::mem::align_of::<u64>() != 0
+            || self.link_offset + core::mem::size_of::<u64>() > page_size
         {
             return Err(Error::BadConfig(
-                "the link offset must be a word-aligned offset inside a page",
+                "the link offset must be an 8-aligned offset of 8 bytes inside a page",
             ));
         }
         Ok(())

@@ -3,9 +3,9 @@
 use core::fmt;
 use core::mem::{align_of, size_of};
 use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use kmem_core::sync::{AtomicUsize, Ordering};
-use kmem_core::{Counter, Cpus, Error, Lock, LockStats, PageSource, Result, Topology};
+use kmem_core::{Counter, Cpus, Error, LockStats, PageSource, RawCountingLock, Result, Topology};
 
 use crate::owner::{OwnerMap, CACHED, FREE, LIVE, RELEASED};
 use crate::policy::Config;
@@ -71,7 +71,7 @@ pub type Dtor<'a> = &'a dyn Fn(&mut [u8]);
 /// Starts loading the cache line at `p` (no effect on a null or unmapped
 /// address: a prefetch never faults).
 #[inline(always)]
-fn prefetch(p: *const usize) {
+fn prefetch(p: *const u64) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 only hints the cache; it reads nothing architecturally
     // and cannot fault, whatever the address.
@@ -83,39 +83,57 @@ fn prefetch(p: *const usize) {
     let _ = p;
 }
 
-/// One list: a chain of pages linked through the word at `link_offset`.
-struct QList {
-    /// Address of the first page, 0 when empty.
-    head: usize,
-    /// Pages on the list.
-    nr: usize,
-    /// A free that takes `nr` above this trims (and so recomputes the
-    /// bound): the cached bound, or one batch past the length at the last
-    /// trim if that is lower, so that a bound lowered by falling free memory
-    /// is noticed within a batch of frees. At least `min_pages`.
-    trim_above: usize,
+/// A list's packed top: `(index of the top page + 1) | depth << 32`, zero
+/// for an empty list. A page's link word holds the top that was below it, so
+/// a pop is one load and one store and the depth travels with the chain. The
+/// encoding is the one of `kmem_sys::rseq`, whose sequences update these
+/// words on x86-64 Linux.
+#[inline(always)]
+const fn pack_top(index: usize, depth: usize) -> u64 {
+    (index as u64 + 1) | (depth as u64) << 32
 }
 
-/// What a CPU's lock protects.
-struct CpuLists<const NR: usize> {
-    lists: [QList; NR],
-    /// Sum of the lists' `nr`.
-    pages: usize,
-    /// The bound last computed for this CPU (at least `min_pages`).
-    bound: usize,
+/// The top page's index of a packed top, `None` for an empty list.
+#[inline(always)]
+const fn top_index(top: u64) -> Option<usize> {
+    match top as u32 {
+        0 => None,
+        i => Some(i as usize - 1),
+    }
 }
 
-/// A CPU's lists and counters, on cache lines of their own.
+/// The depth of a packed top.
+#[inline(always)]
+const fn top_depth(top: u64) -> usize {
+    (top >> 32) as usize
+}
+
+/// One list's words, updated as a pair by a push.
+#[repr(C, align(16))]
+struct ListWords {
+    /// The packed top (see [`pack_top`]).
+    top: AtomicU64,
+    /// Pushes ever made onto this list (every accepted free is one).
+    pushes: AtomicU64,
+}
+
+/// A CPU's lists and counters, on cache lines of their own. The first two
+/// fields are read by the restartable sequences by offset: keep them first.
 #[repr(C, align(128))]
 struct PerCpu<const NR: usize> {
-    lists: Lock<CpuLists<NR>>,
-    /// Mirror of `CpuLists::pages`, written under the lock, read without it
-    /// (the "Quicklists:" line of `/proc/meminfo` sums these).
-    pages: AtomicUsize,
-    /// Allocations served from a list (written under the lock).
-    hits: Counter,
-    /// Frees accepted (written under the lock).
-    frees: Counter,
+    /// Non-zero while a thread holds `lock`: the sequences then step aside.
+    taken: AtomicU64,
+    /// The lists (a 16-byte aligned pair each).
+    lists: [ListWords; NR],
+    /// Taken by everything that is not a sequence: see "Locking".
+    lock: RawCountingLock,
+    /// A free that takes a list's depth above this trims (and so recomputes
+    /// the bound): the cached bound, or one batch past the length at the
+    /// last trim if that is lower, so that a bound lowered by falling free
+    /// memory is noticed within a batch of frees. At least `min_pages`.
+    trim_above: [AtomicUsize; NR],
+    /// The bound last computed for this CPU (at least `min_pages`).
+    bound: AtomicUsize,
     /// Allocations that found the list empty and went to the source.
     misses: Counter,
     /// Misses the source could not serve.
@@ -133,18 +151,14 @@ struct PerCpu<const NR: usize> {
 impl<const NR: usize> PerCpu<NR> {
     fn new(cpus_on_node: usize, min_pages: usize) -> PerCpu<NR> {
         PerCpu {
-            lists: Lock::new(CpuLists {
-                lists: core::array::from_fn(|_| QList {
-                    head: 0,
-                    nr: 0,
-                    trim_above: min_pages,
-                }),
-                pages: 0,
-                bound: min_pages,
+            taken: AtomicU64::new(0),
+            lists: core::array::from_fn(|_| ListWords {
+                top: AtomicU64::new(0),
+                pushes: AtomicU64::new(0),
             }),
-            pages: AtomicUsize::new(0),
-            hits: Counter::new(),
-            frees: Counter::new(),
+            lock: RawCountingLock::new(),
+            trim_above: core::array::from_fn(|_| AtomicUsize::new(min_pages)),
+            bound: AtomicUsize::new(min_pages),
             misses: Counter::new(),
             failures: Counter::new(),
             ctor_calls: Counter::new(),
@@ -153,6 +167,34 @@ impl<const NR: usize> PerCpu<NR> {
             cpus_on_node,
         }
     }
+}
+
+/// A CPU's lists held by the calling thread: its lock, and (when sequences
+/// run) `taken` set and the CPU fenced. Dropping it lets them go.
+struct Held<'a, const NR: usize> {
+    pc: &'a PerCpu<NR>,
+}
+
+impl<const NR: usize> Drop for Held<'_, NR> {
+    #[inline]
+    fn drop(&mut self) {
+        self.pc.taken.store(0, Ordering::Release);
+        // SAFETY: a Held is only made by `hold`, which took the lock.
+        unsafe { self.pc.lock.unlock() };
+    }
+}
+
+/// What a restartable sequence did (see `kmem_sys::rseq::Step`).
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+enum Fast {
+    /// A pop's page, or a push's new depth; and the CPU.
+    Done(usize, usize),
+    /// A pop found the list at or below its floor.
+    Empty,
+    /// The sequence could not run (no sequences in this mode, no rseq area,
+    /// a CPU out of range, a pinned pop off its CPU) or the CPU's lists are
+    /// held by another thread: use the lock.
+    Locked,
 }
 
 /// What the quicklists have done and hold, summed over CPUs.
@@ -204,12 +246,18 @@ pub struct Quicklists<P: PageSource, const NR: usize = 1> {
     page_size: usize,
     percpu_pages: usize,
     owner_pages: usize,
+    /// Where the restartable sequences find the lists; `None` when they do
+    /// not run (see "Locking" in the crate documentation).
+    #[cfg(feature = "std")]
+    fast: Option<kmem_sys::rseq::StackLayout>,
     source: P,
 }
 
-// SAFETY: the per-CPU data is reached only through its locks or atomics, the
-// ownership record only through atomics, and the pages on the lists only
-// under their CPU's lock; the source is Send + Sync (PageSource's bound).
+// SAFETY: the per-CPU data is reached only through atomics, under its CPU's
+// lock, or by restartable sequences on that CPU (which the lock's holder
+// fences out); the ownership record only through atomics; the pages on the
+// lists only by whoever holds the list in one of those ways. The source is
+// Send + Sync (PageSource's bound).
 unsafe impl<P: PageSource, const NR: usize> Send for Quicklists<P, NR> {}
 // SAFETY: as above.
 unsafe impl<P: PageSource, const NR: usize> Sync for Quicklists<P, NR> {}
@@ -220,6 +268,7 @@ impl<P: PageSource, const NR: usize> fmt::Debug for Quicklists<P, NR> {
             .field("lists", &NR)
             .field("cpus", &self.ncpus)
             .field("config", &self.config)
+            .field("sequences", &self.uses_sequences())
             .field("stats", &self.stats())
             .finish()
     }
@@ -229,23 +278,29 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// Quicklists for the CPUs of `topo`, taking pages from `source` and the
     /// current CPU from `cpus`.
     ///
-    /// The source must report its span ([`PageSource::span`]): the ownership
-    /// record that lets `free` refuse foreign pages and double frees is kept
-    /// per page of it. The record (one byte per page of the span) and the
-    /// per-CPU lists (128 bytes per CPU and more for many lists) take their
-    /// pages from the source as well.
+    /// The source must report its span ([`PageSource::span`]), of fewer than
+    /// 2^32 - 1 pages: the ownership record that lets `free` refuse foreign
+    /// pages and double frees is kept per page of it, and the lists name
+    /// pages by their index in it. The record (one byte per page of the span)
+    /// and the per-CPU lists (128 bytes per CPU and more for many lists) take
+    /// their pages from the source as well.
+    ///
+    /// With [`Cpus::Real`] on x86-64 Linux (glibc's rseq area registered, the
+    /// kernel's membarrier fence available), `alloc` and `free` update this
+    /// CPU's lists in restartable sequences instead of taking a lock; see
+    /// [`uses_sequences`](Self::uses_sequences).
     ///
     /// RETURNS: `BadConfig` for zero lists, a zero batch, a bad link offset, a
-    /// source without a span or with pages smaller than a link; the source's
-    /// error if it cannot supply the metadata.
+    /// source without a span, with too large a span or with pages smaller
+    /// than two words; the source's error if it cannot supply the metadata.
     pub fn new(source: P, topo: &Topology, cpus: Cpus, config: Config) -> Result<Self> {
         if NR == 0 {
             return Err(Error::BadConfig("quicklists need at least one list"));
         }
         let page_size = source.page_size();
-        if !page_size.is_power_of_two() || page_size < 2 * size_of::<usize>() {
+        if !page_size.is_power_of_two() || page_size < 2 * size_of::<u64>() {
             return Err(Error::BadConfig(
-                "the page size must be a power of two of at least two words",
+                "the page size must be a power of two of at least 16 bytes",
             ));
         }
         config.validate(page_size)?;
@@ -256,6 +311,11 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         if base % page_size != 0 || span_pages == 0 {
             return Err(Error::BadConfig(
                 "the page source's span must be page aligned and not empty",
+            ));
+        }
+        if span_pages as u64 >= u32::MAX as u64 {
+            return Err(Error::BadConfig(
+                "the page source's span must be under 2^32 - 1 pages",
             ));
         }
         let ncpus = topo.cpus();
@@ -286,6 +346,17 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         // SAFETY: `states` is `owner_pages` zeroed pages (at least `span_pages`
         // bytes) that only this map will use until `drop` frees them.
         let owner = unsafe { OwnerMap::new(states, base, span_pages, page_size.trailing_zeros()) };
+        #[cfg(feature = "std")]
+        let fast = (matches!(cpus, Cpus::Real) && kmem_sys::rseq::fence_register()).then_some(
+            kmem_sys::rseq::StackLayout {
+                areas: percpu.as_ptr() as usize,
+                stride: size_of::<PerCpu<NR>>(),
+                units: ncpus,
+                pages: base,
+                page_size,
+                link: config.link_offset,
+            },
+        );
         Ok(Quicklists {
             percpu,
             ncpus,
@@ -296,6 +367,8 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             page_size,
             percpu_pages,
             owner_pages,
+            #[cfg(feature = "std")]
+            fast,
             source,
         })
     }
@@ -320,6 +393,17 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         self.ncpus
     }
 
+    /// True when `alloc` and `free` run as restartable sequences on the
+    /// calling thread's CPU (no lock, no atomic read-modify-write for a hit),
+    /// false when every operation takes the CPU's lock. See "Locking" in the
+    /// crate documentation.
+    pub fn uses_sequences(&self) -> bool {
+        #[cfg(feature = "std")]
+        return self.fast.is_some();
+        #[cfg(not(feature = "std"))]
+        false
+    }
+
     #[inline(always)]
     fn percpu(&self, cpu: usize) -> &PerCpu<NR> {
         debug_assert!(cpu < self.ncpus);
@@ -341,8 +425,8 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
 
     /// The link word of the page at `page`.
     #[inline(always)]
-    fn link(&self, page: usize) -> *mut usize {
-        (page + self.config.link_offset) as *mut usize
+    fn link(&self, page: usize) -> *mut u64 {
+        (page + self.config.link_offset) as *mut u64
     }
 
     #[inline(always)]
@@ -356,6 +440,104 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         Ok(())
     }
 
+    /// Offset of list `list`'s words in a PerCpu.
+    #[cfg(feature = "std")]
+    #[inline(always)]
+    fn slot(list: usize) -> usize {
+        core::mem::offset_of!(PerCpu<NR>, lists) + list * size_of::<ListWords>()
+    }
+
+    /// Pops list `list` of the calling thread's CPU (of `want` only, if
+    /// given) in a restartable sequence, if it holds more than `floor` pages.
+    #[inline(always)]
+    fn pop_fast(&self, list: usize, floor: usize, want: Option<usize>) -> Fast {
+        #[cfg(feature = "std")]
+        if let Some(l) = &self.fast {
+            let floor = floor.min(u32::MAX as usize) as u32;
+            // SAFETY: `l` describes the PerCpu array (alive until drop) with
+            // `taken` at offset 0 and list words at `slot(list)`, 16-aligned;
+            // the words are only written by these sequences or under the
+            // lock with `taken` set and the CPU fenced (`hold`); every listed
+            // page is a page of the span whose link word holds the top below.
+            return match unsafe { kmem_sys::rseq::stack_pop(l, Self::slot(list), floor, want) } {
+                kmem_sys::rseq::Step::Done { value, cpu } => Fast::Done(value, cpu),
+                kmem_sys::rseq::Step::Empty => Fast::Empty,
+                _ => Fast::Locked,
+            };
+        }
+        let _ = (list, floor, want);
+        Fast::Locked
+    }
+
+    /// Pushes page `p` (index `i`, ours, recorded `CACHED`) onto list `list`
+    /// of the calling thread's CPU in a restartable sequence.
+    #[inline(always)]
+    fn push_fast(&self, list: usize, p: usize, i: usize) -> Fast {
+        #[cfg(feature = "std")]
+        if let Some(l) = &self.fast {
+            // SAFETY: as in `pop_fast`; `p` is a page of the span that the
+            // caller owns (its LIVE-to-CACHED swap succeeded) and that is on
+            // no list, so its link word may be written.
+            return match unsafe { kmem_sys::rseq::stack_push(l, Self::slot(list), p, i as u32) } {
+                kmem_sys::rseq::Step::Done { value, cpu } => Fast::Done(value, cpu),
+                _ => Fast::Locked,
+            };
+        }
+        let _ = (list, p, i);
+        Fast::Locked
+    }
+
+    /// Takes CPU `cpu`'s lists for the calling thread: the lock, then (when
+    /// sequences run) `taken` and a fence, so that no sequence on that CPU
+    /// is in flight or can start until the returned guard is dropped.
+    #[inline]
+    fn hold(&self, cpu: usize) -> Held<'_, NR> {
+        let pc = self.percpu(cpu);
+        pc.lock.lock();
+        #[cfg(feature = "std")]
+        if self.fast.is_some() {
+            pc.taken.store(1, Ordering::SeqCst);
+            kmem_sys::rseq::fence_cpu(cpu);
+        }
+        Held { pc }
+    }
+
+    /// Pops list `w` (held by the caller).
+    #[inline]
+    fn pop_held(&self, w: &ListWords) -> Option<usize> {
+        let top = w.top.load(Ordering::Relaxed);
+        let p = self.owner.addr(top_index(top)?);
+        // SAFETY: `p` tops a list the caller holds: a page of ours whose link
+        // word holds the top below it.
+        let below = unsafe { self.link(p).read() };
+        w.top.store(below, Ordering::Relaxed);
+        if let Some(j) = top_index(below) {
+            // The next allocation will read that page's link word.
+            prefetch(self.link(self.owner.addr(j)));
+        }
+        Some(p)
+    }
+
+    /// Pushes page `p` (index `i`, ours) onto list `w` (held by the caller);
+    /// returns the new depth.
+    #[inline]
+    fn push_held(&self, w: &ListWords, p: usize, i: usize) -> usize {
+        let top = w.top.load(Ordering::Relaxed);
+        // SAFETY: `p` is ours and on no list; its link word lies inside it.
+        unsafe { self.link(p).write(top) };
+        let depth = top_depth(top) + 1;
+        w.top.store(pack_top(i, depth), Ordering::Relaxed);
+        w.pushes
+            .store(w.pushes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        depth
+    }
+
+    /// Pages on CPU `cpu`'s list `list` (a lock-free read).
+    #[inline]
+    fn depth(&self, cpu: usize, list: usize) -> usize {
+        top_depth(self.percpu(cpu).lists[list].top.load(Ordering::Relaxed))
+    }
+
     /// A page in the constructed state of list `list`.
     ///
     /// Takes the first page of this CPU's list `list` if there is one (no
@@ -364,53 +546,44 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// constructor the page is simply zero. Either way the page's link word
     /// (at [`Config::link_offset`]) reads zero.
     ///
-    /// CONTEXT: takes this CPU's lock briefly; a miss calls the source and the
-    /// constructor with no lock of ours held.
+    /// CONTEXT: a restartable sequence on this CPU's list, or this CPU's lock
+    /// taken briefly; a miss calls the source and the constructor with no
+    /// lock of ours held.
     ///
     /// RETURNS: the page; `BadIndex` for a list out of range; the source's
     /// error (`OutOfMemory`) if the list was empty and the source had none.
     #[inline]
     pub fn alloc(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
         Self::check_list(list)?;
-        let cpu = self.this_cpu();
-        let pc = self.percpu(cpu);
-        {
-            let mut g = pc.lists.lock();
-            let q = &mut g.lists[list];
-            if q.head != 0 {
-                let p = q.head;
-                let link = self.link(p);
-                // SAFETY: `p` is on this list, so it is a page of ours whose
-                // link word holds the next page; we hold the list's lock.
-                unsafe {
-                    q.head = link.read();
-                    link.write(0);
+        let p = match self.pop_fast(list, 0, None) {
+            Fast::Done(p, _) => p,
+            Fast::Empty => return self.alloc_slow(ctor),
+            Fast::Locked => {
+                let h = self.hold(self.this_cpu());
+                match self.pop_held(&h.pc.lists[list]) {
+                    Some(p) => p,
+                    None => {
+                        drop(h);
+                        return self.alloc_slow(ctor);
+                    }
                 }
-                // The next allocation will read the new head's link word:
-                // start fetching its line now (page tables come in bursts).
-                if q.head != 0 {
-                    prefetch(self.link(q.head));
-                }
-                q.nr -= 1;
-                g.pages -= 1;
-                pc.pages.store(g.pages, Ordering::Relaxed);
-                pc.hits.add_owned(1);
-                // `p` was validated when it was freed onto the list.
-                if let Ok(i) = self.owner.index(p) {
-                    debug_assert_eq!(self.owner.get(i), CACHED);
-                    self.owner.set(i, LIVE);
-                }
-                // SAFETY: list entries are non-null page addresses.
-                return Ok(PageRef(unsafe { NonNull::new_unchecked(p as *mut u8) }));
             }
-        }
-        self.alloc_slow(pc, ctor)
+        };
+        // SAFETY: `p` came off a list, so it is a page of ours, now ours alone.
+        unsafe { self.link(p).write(0) };
+        // `p` was validated when it was freed onto the list.
+        let i = (p - self.owner.addr(0)) >> self.page_size.trailing_zeros();
+        debug_assert_eq!(self.owner.get(i), CACHED);
+        self.owner.set(i, LIVE);
+        // SAFETY: list entries are non-null page addresses.
+        Ok(PageRef(unsafe { NonNull::new_unchecked(p as *mut u8) }))
     }
 
     /// The miss: a zeroed page from the source, constructed.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, pc: &PerCpu<NR>, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
+    fn alloc_slow(&self, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
+        let pc = self.percpu(self.this_cpu());
         pc.misses.add(1);
         let p = match self.source.alloc_pages_zeroed(1, 1) {
             Ok(p) => p,
@@ -438,7 +611,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             pc.ctor_calls.add(1);
             // The link word is ours: it reads zero on every page handed out,
             // fresh or recycled, so a constructed state cannot depend on it.
-            // SAFETY: inside the page (Config::validate), word aligned.
+            // SAFETY: inside the page (Config::validate), 8-aligned.
             unsafe { self.link(addr).write(0) };
         }
         self.owner.set(i, LIVE);
@@ -456,8 +629,9 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// page, and be recorded as handed out by these quicklists and not freed
     /// since. Nothing is touched otherwise.
     ///
-    /// CONTEXT: takes this CPU's lock briefly; a trim calls the source and the
-    /// destructor with no lock of ours held.
+    /// CONTEXT: one compare-and-swap on the page's record, then a restartable
+    /// sequence on this CPU's list or this CPU's lock taken briefly; a trim
+    /// calls the source and the destructor with no lock of ours held.
     ///
     /// RETURNS: `BadIndex` for a list out of range; `OutOfRange` for a page
     /// outside the source's span; `NotAllocated` for an address that is not a
@@ -468,24 +642,17 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         Self::check_list(list)?;
         let p = page.addr();
         let i = self.owner.index(p)?;
-        let cpu = self.this_cpu();
-        let pc = self.percpu(cpu);
-        let over = {
-            let mut g = pc.lists.lock();
-            self.owner.live_to_cached(i, p)?;
-            let q = &mut g.lists[list];
-            // SAFETY: the page was LIVE, so it is a page of ours the caller
-            // just gave up; the link word lies inside it.
-            unsafe { self.link(p).write(q.head) };
-            q.head = p;
-            q.nr += 1;
-            let over = q.nr > q.trim_above;
-            g.pages += 1;
-            pc.pages.store(g.pages, Ordering::Relaxed);
-            pc.frees.add_owned(1);
-            over
+        // From here the page is ours alone: no other free can pass this.
+        self.owner.live_to_cached(i, p)?;
+        let (depth, cpu) = match self.push_fast(list, p, i) {
+            Fast::Done(depth, cpu) => (depth, cpu),
+            _ => {
+                let cpu = self.this_cpu();
+                let h = self.hold(cpu);
+                (self.push_held(&h.pc.lists[list], p, i), cpu)
+            }
         };
-        if over {
+        if depth > self.percpu(cpu).trim_above[list].load(Ordering::Relaxed) {
             self.trim_on(cpu, list, dtor);
         }
         Ok(())
@@ -495,8 +662,8 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// bound, at most one batch ([`Config::batch`]), never going below
     /// [`Config::min_pages`]; runs `dtor` on each page first.
     ///
-    /// CONTEXT: takes this CPU's lock briefly; reads the source's free count
-    /// and frees to the source with no lock of ours held.
+    /// CONTEXT: restartable sequences or this CPU's lock; reads the source's
+    /// free count and frees to the source with no lock of ours held.
     ///
     /// RETURNS: the number of pages given back; `BadIndex` for a list out of range.
     pub fn trim(&self, list: usize, dtor: Option<Dtor<'_>>) -> Result<usize> {
@@ -522,57 +689,63 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     fn trim_on(&self, cpu: usize, list: usize, dtor: Option<Dtor<'_>>) -> usize {
         let bound = self.bound(cpu);
         let pc = self.percpu(cpu);
-        let (chain, n) = {
-            let mut g = pc.lists.lock();
-            g.bound = bound;
-            let (min, batch) = (self.config.min_pages, self.config.batch);
-            let q = &mut g.lists[list];
-            let n = if q.nr > min && q.nr > bound {
-                (q.nr - bound).min(batch)
-            } else {
-                0
-            };
-            let left = q.nr - n;
-            q.trim_above = bound.min(left.max(min) + batch);
-            if n == 0 {
-                return 0;
+        pc.bound.store(bound, Ordering::Relaxed);
+        let (min, batch) = (self.config.min_pages, self.config.batch);
+        // Never below the bound, never below the minimum (the bound is at
+        // least the minimum; the max keeps that true whatever the policy).
+        let floor = bound.max(min);
+        let (mut chain, mut n) = (0u64, 0usize);
+        // On the CPU itself, pop one page at a time in sequences pinned to
+        // it; off it (or with no sequences), under its lock.
+        let mut locked = false;
+        while n < batch {
+            match self.pop_fast(list, floor, Some(cpu)) {
+                Fast::Done(p, _) => {
+                    self.chain_push(&mut chain, p);
+                    n += 1;
+                }
+                Fast::Empty => break,
+                Fast::Locked => {
+                    locked = true;
+                    break;
+                }
             }
-            let chain = self.cut(q, n);
-            g.pages -= n;
-            pc.pages.store(g.pages, Ordering::Relaxed);
-            (chain, n)
+        }
+        let left = if locked {
+            let h = self.hold(cpu);
+            let w = &h.pc.lists[list];
+            while n < batch && top_depth(w.top.load(Ordering::Relaxed)) > floor {
+                let p = self.pop_held(w).expect("a list deeper than its floor");
+                self.chain_push(&mut chain, p);
+                n += 1;
+            }
+            top_depth(w.top.load(Ordering::Relaxed))
+        } else {
+            self.depth(cpu, list)
         };
+        pc.trim_above[list].store(bound.min(left.max(min) + batch), Ordering::Relaxed);
         self.release_chain(pc, chain, dtor);
         n
     }
 
-    /// Detaches the first `n` (>= 1, <= nr) pages of `q`; returns the first,
-    /// the rest linked behind it and the last's link zero.
-    fn cut(&self, q: &mut QList, n: usize) -> usize {
-        debug_assert!(n >= 1 && n <= q.nr);
-        let first = q.head;
-        let mut last = first;
-        for _ in 1..n {
-            // SAFETY: `last` is one of the list's first n pages (n <= nr), so
-            // its link word holds the next page; the caller holds the lock.
-            last = unsafe { self.link(last).read() };
-        }
-        // SAFETY: as above, for the n-th page.
-        unsafe {
-            q.head = self.link(last).read();
-            self.link(last).write(0);
-        }
-        q.nr -= n;
-        first
+    /// Links page `p` (ours, off every list) in front of a detached chain.
+    #[inline]
+    fn chain_push(&self, chain: &mut u64, p: usize) {
+        // SAFETY: `p` is ours alone; its link word lies inside it.
+        unsafe { self.link(p).write(*chain) };
+        let i = (p - self.owner.addr(0)) >> self.page_size.trailing_zeros();
+        *chain = pack_top(i, 0);
     }
 
-    /// Gives a detached chain back to the source, restoring each page's
-    /// constructed state (link word zero) and running `dtor` on it first.
-    fn release_chain(&self, pc: &PerCpu<NR>, mut p: usize, dtor: Option<Dtor<'_>>) {
+    /// Gives a detached chain (linked through packed tops) back to the
+    /// source, restoring each page's constructed state (link word zero) and
+    /// running `dtor` on it first.
+    fn release_chain(&self, pc: &PerCpu<NR>, mut top: u64, dtor: Option<Dtor<'_>>) {
         let (mut n, mut dtors) = (0u64, 0u64);
-        while p != 0 {
+        while let Some(i) = top_index(top) {
+            let p = self.owner.addr(i);
             // SAFETY: `p` is a page of a chain detached from a list: ours alone.
-            let next = unsafe { self.link(p).read() };
+            top = unsafe { self.link(p).read() };
             // SAFETY: as above.
             unsafe { self.link(p).write(0) };
             if let Some(d) = dtor {
@@ -580,10 +753,8 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
                 d(unsafe { core::slice::from_raw_parts_mut(p as *mut u8, self.page_size) });
                 dtors += 1;
             }
-            if let Ok(i) = self.owner.index(p) {
-                // Before the source can hand the page to anyone else.
-                self.owner.set(i, RELEASED);
-            }
+            // Before the source can hand the page to anyone else.
+            self.owner.set(i, RELEASED);
             // SAFETY: a one-page run this source gave us; nothing refers to it now.
             let r = unsafe {
                 self.source
@@ -591,9 +762,10 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             };
             debug_assert!(r.is_ok(), "the source refused its own page {p:#x}: {r:?}");
             n += 1;
-            p = next;
         }
-        pc.released.add(n);
+        if n > 0 {
+            pc.released.add(n);
+        }
         if dtors > 0 {
             pc.dtor_calls.add(dtors);
         }
@@ -607,17 +779,14 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         let mut total = 0;
         for cpu in 0..self.ncpus {
             let pc = self.percpu(cpu);
+            if pc.lists[list].top.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
             let chain = {
-                let mut g = pc.lists.lock();
-                let q = &mut g.lists[list];
-                let (head, n) = (q.head, q.nr);
-                q.head = 0;
-                q.nr = 0;
-                g.pages -= n;
-                pc.pages.store(g.pages, Ordering::Relaxed);
-                total += n;
-                head
+                let h = self.hold(cpu);
+                h.pc.lists[list].top.swap(0, Ordering::Relaxed)
             };
+            total += top_depth(chain);
             self.release_chain(pc, chain, dtor);
         }
         Ok(total)
@@ -639,10 +808,11 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
 
     /// Pages on CPU `cpu`'s lists (read without locks; `cpu` folded into range).
     pub fn pages_on_cpu(&self, cpu: usize) -> usize {
-        self.percpu(cpu % self.ncpus).pages.load(Ordering::Relaxed)
+        let cpu = cpu % self.ncpus;
+        (0..NR).map(|l| self.depth(cpu, l)).sum()
     }
 
-    /// Pages on CPU `cpu`'s list `list` (takes that CPU's lock).
+    /// Pages on CPU `cpu`'s list `list` (read without locks).
     pub fn list_len(&self, cpu: usize, list: usize) -> Result<usize> {
         Self::check_list(list)?;
         if cpu >= self.ncpus {
@@ -651,7 +821,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
                 limit: self.ncpus as u64,
             });
         }
-        Ok(self.percpu(cpu).lists.lock().lists[list].nr)
+        Ok(self.depth(cpu, list))
     }
 
     /// Pages on all lists of all CPUs (read without locks).
@@ -666,77 +836,92 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         }
     }
 
-    /// The counters, summed over CPUs (read without locks: each is exact, the
-    /// set may be a moment apart while other threads work).
+    /// The counters, summed over CPUs (read without locks: exact when no
+    /// other thread works, a moment apart while they do).
+    ///
+    /// The fast paths count nothing but the pushes: a free is a push, and a
+    /// hit is a push that left a list other than by a trim or a drain
+    /// (`hits = frees - released - pages`).
     pub fn stats(&self) -> Stats {
         let mut s = Stats::default();
         for c in 0..self.ncpus {
             let pc = self.percpu(c);
-            s.pages += pc.pages.load(Ordering::Relaxed);
-            s.hits += pc.hits.get();
+            for w in &pc.lists {
+                s.frees += w.pushes.load(Ordering::Relaxed);
+                s.pages += top_depth(w.top.load(Ordering::Relaxed));
+            }
             s.misses += pc.misses.get();
             s.alloc_failures += pc.failures.get();
-            s.frees += pc.frees.get();
             s.ctor_calls += pc.ctor_calls.get();
             s.dtor_calls += pc.dtor_calls.get();
             s.released += pc.released.get();
         }
+        s.hits = s
+            .frees
+            .saturating_sub(s.released)
+            .saturating_sub(s.pages as u64);
         s.live = (s.hits + s.misses)
-            .wrapping_sub(s.alloc_failures)
-            .wrapping_sub(s.frees);
+            .saturating_sub(s.alloc_failures)
+            .saturating_sub(s.frees);
         s
     }
 
-    /// The per-CPU locks' counters, summed.
+    /// The per-CPU locks' counters, summed (the restartable sequences take
+    /// no lock and count nothing here).
     pub fn lock_stats(&self) -> LockStats {
-        (0..self.ncpus).map(|c| self.percpu(c).lists.stats()).sum()
+        (0..self.ncpus).map(|c| self.percpu(c).lock.stats()).sum()
     }
 
-    /// Verifies the invariants: every list is a chain of exactly `nr` pages of
-    /// the span, each recorded `CACHED`, with no cycle and no page on two lists;
-    /// per-CPU counts add up; the pages recorded `LIVE` are exactly those
-    /// handed out and not freed. Call it while no other thread uses the
-    /// quicklists (the census of the record is not atomic with the lists).
+    /// Verifies the invariants: every list is a chain of exactly its depth in
+    /// pages of the span, each recorded `CACHED`, each link word carrying the
+    /// depth below it, with no page on two lists; the pages recorded `LIVE`
+    /// are exactly those handed out and not freed. Call it while no other
+    /// thread uses the quicklists (the census of the record is not atomic
+    /// with the lists).
     pub fn check(&self) -> core::result::Result<(), &'static str> {
         let mut listed = 0usize;
         for c in 0..self.ncpus {
-            let pc = self.percpu(c);
-            let g = pc.lists.lock();
-            let mut sum = 0;
-            for q in &g.lists {
-                let mut p = q.head;
+            let h = self.hold(c);
+            for (l, w) in h.pc.lists.iter().enumerate() {
+                let top = w.top.load(Ordering::Relaxed);
+                let depth = top_depth(top);
+                if (depth == 0) != top_index(top).is_none() {
+                    return Err("a list's top and depth disagree");
+                }
+                if (w.pushes.load(Ordering::Relaxed) as usize) < depth {
+                    return Err("a list holds more pages than were pushed on it");
+                }
+                let mut t = top;
                 let mut k = 0;
-                while p != 0 {
-                    if k == q.nr {
-                        return Err("a list is longer than its count (or has a cycle)");
+                while let Some(i) = top_index(t) {
+                    if k == depth {
+                        return Err("a list is longer than its depth (or has a cycle)");
                     }
-                    let i = self
-                        .owner
-                        .index(p)
-                        .map_err(|_| "a listed page lies outside the span or inside a page")?;
+                    if i >= self.owner.pages() {
+                        return Err("a listed page lies outside the span");
+                    }
                     if self.owner.get(i) != CACHED {
                         return Err("a listed page is not recorded as cached");
                     }
-                    // SAFETY: `p` is on a list we hold the lock of: a page of
-                    // ours whose link word holds the next page.
-                    p = unsafe { self.link(p).read() };
+                    // SAFETY: page `i` is on a list we hold: a page of ours
+                    // whose link word holds the top below it.
+                    t = unsafe { self.link(self.owner.addr(i)).read() };
                     k += 1;
+                    if top_depth(t) != depth - k {
+                        return Err("a link word's depth is not the depth below it");
+                    }
                 }
-                if k != q.nr {
-                    return Err("a list is shorter than its count");
+                if k != depth {
+                    return Err("a list is shorter than its depth");
                 }
-                sum += k;
+                if h.pc.trim_above[l].load(Ordering::Relaxed) < self.config.min_pages {
+                    return Err("a trim threshold is below the minimum");
+                }
+                listed += depth;
             }
-            if sum != g.pages || pc.pages.load(Ordering::Relaxed) != sum {
-                return Err("a CPU's page count differs from its lists");
-            }
-            if g.bound < self.config.min_pages {
+            if h.pc.bound.load(Ordering::Relaxed) < self.config.min_pages {
                 return Err("a cached bound is below the minimum");
             }
-            if g.lists.iter().any(|q| q.trim_above < self.config.min_pages) {
-                return Err("a trim threshold is below the minimum");
-            }
-            listed += sum;
         }
         let (live, cached) = self.owner.census();
         if cached != listed {
@@ -758,15 +943,9 @@ impl<P: PageSource, const NR: usize> Drop for Quicklists<P, NR> {
     fn drop(&mut self) {
         for c in 0..self.ncpus {
             let pc = self.percpu(c);
-            for l in 0..NR {
-                let chain = {
-                    let mut g = pc.lists.lock();
-                    let q = &mut g.lists[l];
-                    let head = q.head;
-                    q.head = 0;
-                    q.nr = 0;
-                    head
-                };
+            for w in &pc.lists {
+                // `&mut self`: no other thread, no sequence in flight on these.
+                let chain = w.top.swap(0, Ordering::Relaxed);
                 self.release_chain(pc, chain, None);
             }
         }
@@ -785,5 +964,24 @@ impl<P: PageSource, const NR: usize> Drop for Quicklists<P, NR> {
                 .free_pages(self.owner.states_ptr(), self.owner_pages);
         }
         debug_assert!(self.owner.pages() > 0);
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod encoding_tests {
+    use super::*;
+
+    #[test]
+    fn the_top_encoding_is_the_sequences_one() {
+        for (i, d) in [(0usize, 1usize), (5, 3), (u32::MAX as usize - 2, 77)] {
+            let t = pack_top(i, d);
+            assert_eq!(t, kmem_sys::rseq::pack_top(i as u32, d as u32));
+            assert_eq!(top_index(t), Some(i));
+            assert_eq!(top_depth(t), d);
+        }
+        assert_eq!(top_index(kmem_sys::rseq::EMPTY_TOP), None);
+        assert_eq!(core::mem::offset_of!(PerCpu<3>, taken), 0);
+        assert_eq!(Quicklists::<kmem_core::RegionSource, 3>::slot(1) % 16, 0);
+        assert_eq!(size_of::<PerCpu<3>>() % 128, 0);
     }
 }

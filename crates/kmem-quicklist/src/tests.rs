@@ -860,12 +860,34 @@ mod stress {
 
     #[test]
     fn threads_free_on_other_cpus_and_migrate() {
+        stress(
+            Cpus::Simulated,
+            Topology::single(4).unwrap(),
+            false,
+            3000,
+            8 << 20,
+        );
+    }
+
+    /// The same on the machine's CPUs: restartable sequences where this
+    /// machine has them (the threads move as the scheduler likes), while
+    /// another thread keeps draining and trimming every CPU's lists, which
+    /// takes them over (lock, `taken`, fence) under the sequences' feet.
+    #[test]
+    fn real_cpus_with_a_thread_taking_lists_over() {
+        stress(Cpus::Real, Topology::from_system(), true, 20_000, 128 << 20);
+    }
+
+    /// Four threads, `rounds` steps each, over a region of `bytes` (pages
+    /// handed to a thread that has finished pile up in its mailbox: large
+    /// enough for that).
+    fn stress(cpus: Cpus, topo: Topology, remote: bool, rounds: usize, bytes: usize) {
         const THREADS: usize = 4;
-        const ROUNDS: usize = 3000;
-        let src = RegionSource::new(8 << 20).unwrap();
-        let topo = Topology::single(THREADS).unwrap();
+        let src = RegionSource::new(bytes).unwrap();
         let cfg = cfg(Policy::PerNodeFree16PerCpu, 8, 4);
-        let ql: Quicklists<_, 2> = Quicklists::new(&src, &topo, Cpus::Simulated, cfg).unwrap();
+        let ql: Quicklists<_, 2> = Quicklists::new(&src, &topo, cpus, cfg).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let taken_over = AtomicUsize::new(0);
         let mailboxes: Vec<Mutex<Vec<(crate::PageRef, usize, u64)>>> =
             (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
         let dtors = AtomicUsize::new(0);
@@ -874,9 +896,30 @@ mod stress {
             dtors.fetch_add(1, Ordering::Relaxed);
         };
         std::thread::scope(|s| {
+            if remote {
+                let (ql, done, dtor, taken_over) = (&ql, &done, &dtor, &taken_over);
+                s.spawn(move || {
+                    let mut k = 0usize;
+                    while !done.load(Ordering::Relaxed) {
+                        let cpu = k % ql.cpus();
+                        let list = k % 2;
+                        let d: Option<crate::Dtor<'_>> = if list == 1 { Some(dtor) } else { None };
+                        let n = ql.trim_cpu(cpu, list, d).unwrap();
+                        let m = if k % 2 == 1 {
+                            ql.drain(1, Some(dtor)).unwrap()
+                        } else {
+                            ql.drain(0, None).unwrap()
+                        };
+                        taken_over.fetch_add(n + m + 1, Ordering::Relaxed);
+                        k += 1;
+                        std::thread::yield_now();
+                    }
+                });
+            }
+            let mut workers = Vec::new();
             for t in 0..THREADS {
                 let (ql, mailboxes, dtor) = (&ql, &mailboxes, &dtor);
-                s.spawn(move || {
+                workers.push(s.spawn(move || {
                     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
                     let mut next = || {
                         rng ^= rng << 13;
@@ -893,7 +936,7 @@ mod stress {
                         let d: Option<crate::Dtor<'_>> = if list == 1 { Some(dtor) } else { None };
                         ql.free(list, p, d).unwrap();
                     };
-                    for round in 0..ROUNDS {
+                    for round in 0..rounds {
                         let r = next();
                         if r % 97 == 0 {
                             bind_simulated_cpu((r >> 8) as usize % THREADS); // migrate
@@ -933,9 +976,20 @@ mod stress {
                     for (p, list, cookie) in mine {
                         finish(p, list, cookie);
                     }
-                });
+                }));
+            }
+            let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+            // Stop the remote thread before a worker's panic is passed on.
+            done.store(true, Ordering::Relaxed);
+            for r in results {
+                if let Err(e) = r {
+                    std::panic::resume_unwind(e);
+                }
             }
         });
+        if remote {
+            assert!(taken_over.load(Ordering::Relaxed) > 0);
+        }
         // Pages still in mailboxes (sent after their owner's last look).
         for mb in &mailboxes {
             for (p, list, _) in mb.lock().unwrap().drain(..) {
@@ -948,8 +1002,10 @@ mod stress {
         assert_eq!(s.live, 0);
         assert_eq!(s.hits + s.misses, s.frees);
         assert_eq!(s.dtor_calls as usize, dtors.load(Ordering::Relaxed));
-        assert!(s.hits > s.misses, "{s:?}");
-        for c in 0..THREADS {
+        if !remote {
+            assert!(s.hits > s.misses, "{s:?}");
+        }
+        for c in 0..ql.cpus() {
             assert!(
                 ql.pages_on_cpu(c) <= 2 * ql.bound(c),
                 "{c}: {}",
@@ -964,11 +1020,21 @@ mod stress {
 
     #[test]
     fn racing_double_frees_succeed_once() {
+        racing_double_frees(Cpus::Simulated, Topology::single(2).unwrap());
+    }
+
+    /// The same where the frees run as restartable sequences (if this machine
+    /// has them): the record's compare-and-swap still lets one through.
+    #[test]
+    fn racing_double_frees_succeed_once_on_real_cpus() {
+        racing_double_frees(Cpus::Real, Topology::from_system());
+    }
+
+    fn racing_double_frees(cpus: Cpus, topo: Topology) {
         let src = RegionSource::new(4 << 20).unwrap();
-        let topo = Topology::single(2).unwrap();
         // A minimum above what is freed: no trim, every page stays listed.
         let c = cfg(Policy::default(), 1000, 16);
-        let ql: Quicklists<_> = Quicklists::new(&src, &topo, Cpus::Simulated, c).unwrap();
+        let ql: Quicklists<_> = Quicklists::new(&src, &topo, cpus, c).unwrap();
         for _ in 0..20 {
             bind_simulated_cpu(0);
             let pages: Vec<_> = (0..64).map(|_| ql.alloc(0, None).unwrap()).collect();

@@ -44,7 +44,7 @@ const CPU_ID_FIELD: isize = 4;
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[inline(always)]
-fn thread_pointer() -> usize {
+pub(crate) fn thread_pointer() -> usize {
     let tp: usize;
     // SAFETY: reading the thread pointer register has no side effects; on
     // x86-64 glibc stores the TCB's own address at %fs:0.
@@ -93,6 +93,21 @@ fn lookup_rseq() -> isize {
         return UNAVAILABLE;
     }
     off
+}
+
+/// The address of the calling thread's `struct rseq`, if glibc registered one
+/// (and `KMEM_NO_RSEQ` is unset).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+pub(crate) fn rseq_area() -> Option<usize> {
+    let mut off = RSEQ_OFFSET.load(Ordering::Relaxed);
+    if off == UNRESOLVED {
+        off = resolve_rseq();
+    }
+    if off == UNAVAILABLE {
+        return None;
+    }
+    Some(thread_pointer().wrapping_add_signed(off))
 }
 
 /// The rseq `cpu_id` of the calling thread, if glibc registered an area for it.

@@ -7,6 +7,7 @@
 //!   Region        reserve / commit / decommit / purge / release address space
 //!   geometry      page size, cache-line size, L2 size and associativity
 //!   cpu           the current CPU: glibc's rseq area, else sched_getcpu()
+//!   rseq          per-CPU page stacks in restartable sequences, and their fence
 //!   topology      CPUs, packages and NUMA nodes of this machine, from /sys
 //!   clock         monotonic nanoseconds, process CPU times, peak RSS
 //! ```
@@ -26,6 +27,7 @@ pub mod geometry;
 pub mod machine;
 pub mod process;
 mod region;
+pub mod rseq;
 pub mod topology;
 
 pub use cpu::{cpu_id_method, current_cpu, CpuIdMethod};
