@@ -644,6 +644,43 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         let i = self.owner.index(p)?;
         // From here the page is ours alone: no other free can pass this.
         self.owner.live_to_cached(i, p)?;
+        self.push(list, p, i, dtor);
+        Ok(())
+    }
+
+    /// As [`free`](Self::free) without the compare-and-swap that refuses a
+    /// double free: for callers that own their pages by construction (a
+    /// kernel freeing the page tables of an address space it is tearing
+    /// down), as Linux's `quicklist_free` trusts its caller. The list index
+    /// and the span are still checked (`BadIndex`, `OutOfRange`,
+    /// `NotAllocated` for an address inside a page); the page's record is
+    /// then set `CACHED` with a plain store, so a later checked `free` of it
+    /// still reads `DoubleFree`. Debug builds assert the record said `LIVE`.
+    ///
+    /// # Safety
+    /// `page` must have been handed out by [`alloc`](Self::alloc) of these
+    /// quicklists and not freed since, no other thread may free it at the
+    /// same time, and it must be in list `list`'s constructed state.
+    #[inline]
+    pub unsafe fn free_unchecked(
+        &self,
+        list: usize,
+        page: PageRef,
+        dtor: Option<Dtor<'_>>,
+    ) -> Result<()> {
+        Self::check_list(list)?;
+        let p = page.addr();
+        let i = self.owner.index(p)?;
+        debug_assert_eq!(self.owner.get(i), LIVE, "free_unchecked of {p:#x}");
+        self.owner.set(i, CACHED);
+        self.push(list, p, i, dtor);
+        Ok(())
+    }
+
+    /// Pushes page `p` (index `i`, ours, recorded `CACHED`) onto this CPU's
+    /// list `list`, then trims the list if it went above its threshold.
+    #[inline(always)]
+    fn push(&self, list: usize, p: usize, i: usize, dtor: Option<Dtor<'_>>) {
         let (depth, cpu) = match self.push_fast(list, p, i) {
             Fast::Done(depth, cpu) => (depth, cpu),
             _ => {
@@ -655,7 +692,6 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         if depth > self.percpu(cpu).trim_above[list].load(Ordering::Relaxed) {
             self.trim_on(cpu, list, dtor);
         }
-        Ok(())
     }
 
     /// Gives back to the source the pages of this CPU's list `list` above its

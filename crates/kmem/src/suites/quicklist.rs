@@ -124,6 +124,10 @@ struct QuickPgtables<'a, P: PageSource> {
     ql: Quicklists<&'a P, 2>,
     template: &'a KernelTemplate,
     pgds: &'a PgdList,
+    /// Free with `free` (the ownership record's compare-and-swap refuses a
+    /// double free) or with `free_unchecked` (the caller owns its page
+    /// tables, as the kernel does and as the direct path assumes).
+    checked: bool,
 }
 
 impl<'a, P: PageSource> QuickPgtables<'a, P> {
@@ -133,13 +137,29 @@ impl<'a, P: PageSource> QuickPgtables<'a, P> {
         pgds: &'a PgdList,
         topo: &Topology,
         cpus: Cpus,
+        checked: bool,
     ) -> Self {
         QuickPgtables {
             ql: Quicklists::new(source, topo, cpus, Config::default())
                 .expect("quicklists over the suite's source"),
             template,
             pgds,
+            checked,
         }
+    }
+
+    /// Frees `p` onto `list` the way this instance was built to.
+    #[inline]
+    fn free(&self, list: usize, p: NonNull<u8>, dtor: Option<kmem_quicklist::Dtor<'_>>) {
+        let page = PageRef::from_ptr(p);
+        let r = if self.checked {
+            self.ql.free(list, page, dtor)
+        } else {
+            // SAFETY: the suite frees each page it allocated from these
+            // quicklists exactly once, from the thread that holds it.
+            unsafe { self.ql.free_unchecked(list, page, dtor) }
+        };
+        debug_assert!(r.is_ok(), "{r:?}");
     }
 
     /// `pgd_ctor`: the kernel half from the template, and onto the pgd list
@@ -168,8 +188,7 @@ impl<P: PageSource> Pgtables for QuickPgtables<'_, P> {
     }
     #[inline]
     fn pte_free(&self, p: NonNull<u8>) {
-        let r = self.ql.free(QUICK_PT, PageRef::from_ptr(p), None);
-        debug_assert!(r.is_ok(), "{r:?}");
+        self.free(QUICK_PT, p, None);
     }
     #[inline]
     fn pgd_alloc(&self) -> NonNull<u8> {
@@ -182,8 +201,7 @@ impl<P: PageSource> Pgtables for QuickPgtables<'_, P> {
     #[inline]
     fn pgd_free(&self, p: NonNull<u8>) {
         let dtor = |p: &mut [u8]| self.pgd_dtor(p);
-        let r = self.ql.free(QUICK_PGD, PageRef::from_ptr(p), Some(&dtor));
-        debug_assert!(r.is_ok(), "{r:?}");
+        self.free(QUICK_PGD, p, Some(&dtor));
     }
 }
 
@@ -329,6 +347,7 @@ struct CostRow {
     kind: Kind,
     direct_ns: f64,
     quick_ns: f64,
+    unchecked_ns: f64,
 }
 
 /// The cost table over one page source. `suffix` names the source in the
@@ -344,7 +363,8 @@ fn cost_table<P: PageSource>(
     let template = KernelTemplate::new();
     let pgds = PgdList::new(src).expect("the source has a span");
     let direct = DirectPgtables::new(src, &template, &pgds);
-    let quick = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real);
+    let quick = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real, true);
+    let trusting = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real, false);
 
     let rounds = ctx.scale.pick(3, 15, 31);
     let iters_hot = ctx.scale.pick(200, 5000, 20000);
@@ -373,28 +393,47 @@ fn cost_table<P: PageSource>(
         let mut cs = [
             Contender::new("direct", || sample(&direct)),
             Contender::new("quicklist", || sample(&quick)),
+            Contender::new("quicklist_unchecked", || sample(&trusting)),
         ];
         let med = interleave(rounds, &mut cs);
-        let (d, q) = (med[0].1, med[1].1);
+        let (d, q, u) = (med[0].1, med[1].1, med[2].1);
         out.measure(&case, "direct", "ns_per_alloc_free", d, "ns");
         out.measure(&case, "quicklist", "ns_per_alloc_free", q, "ns");
         out.measure(&case, "quicklist", "speedup_vs_direct", d / q, "x");
+        out.measure(&case, "quicklist_unchecked", "ns_per_alloc_free", u, "ns");
+        out.measure(
+            &case,
+            "quicklist_unchecked",
+            "speedup_vs_direct",
+            d / u,
+            "x",
+        );
         rows.push(CostRow {
             case,
             source,
             kind,
             direct_ns: d,
             quick_ns: q,
+            unchecked_ns: u,
         });
     }
     let s = quick.ql.stats();
+    let t = trusting.ql.stats();
     out.notes.push(format!(
-        "cost table over {source}: {} hits and {} misses on the quicklists ({} pgd constructions); \
-         {} pgds on the pgd list at the end (the ones cached on the lists)",
+        "cost table over {source}: {} + {} hits and {} + {} misses on the quicklists (checked + \
+         unchecked frees; {} pgd constructions); {} pgds on the pgd list at the end (the ones \
+         cached on the lists); alloc and free as restartable sequences: {}",
         s.hits,
+        t.hits,
         s.misses,
-        s.ctor_calls,
-        pgds.len()
+        t.misses,
+        s.ctor_calls + t.ctor_calls,
+        pgds.len(),
+        if quick.ql.uses_sequences() {
+            "yes"
+        } else {
+            "no (per-CPU locks)"
+        }
     ));
     rows
 }
@@ -665,6 +704,8 @@ impl Suite for QuicklistSuite {
                 "without quicklists",
                 "with quicklists",
                 "speedup",
+                "unchecked free",
+                "speedup",
                 "seed without",
                 "seed with",
                 "seed speedup",
@@ -678,6 +719,8 @@ impl Suite for QuicklistSuite {
                 fmt_num(r.direct_ns),
                 fmt_num(r.quick_ns),
                 fmt_ratio(r.direct_ns / r.quick_ns),
+                fmt_num(r.unchecked_ns),
+                fmt_ratio(r.direct_ns / r.unchecked_ns),
                 fmt_num(sb),
                 fmt_num(sa),
                 fmt_ratio(sb / sa),
@@ -693,7 +736,10 @@ impl Suite for QuicklistSuite {
              kernel compile on a 2007 x86-64. Rows without a suffix run over kmem-pages \
              (its per-CPU cache returns the page just freed, hot); `/cold` rows over a \
              region larger than L2 walked next-fit (cold pages, as a kernel's page-table \
-             pages usually are)."
+             pages usually are). `with quicklists` frees with `Quicklists::free`, whose \
+             compare-and-swap on the page's record refuses a double free even between \
+             racing threads; `unchecked free` with `free_unchecked`, which trusts the \
+             caller as Linux's quicklist_free and the direct path's pgd_free do."
                 .into(),
         );
 
