@@ -175,20 +175,28 @@ pub fn compile_workload(name: &str) -> Result<PathBuf, String> {
     };
     let header = workloads_dir().join("common.h");
     if !exe.exists() || newer(&src, &exe) || newer(&header, &exe) {
+        // Into a private name, then renamed over the old one: another thread
+        // or process may be running (or compiling) the same workload now,
+        // and must never see a half-written executable.
+        static SERIAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = out_dir.join(format!(".{name}.{}.{n}", std::process::id()));
         let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
         let out = Command::new(&cc)
             .args(["-O2", "-g", "-pthread", "-o"])
-            .arg(&exe)
+            .arg(&tmp)
             .arg(&src)
             .output()
             .map_err(|e| format!("running {cc}: {e} (install gcc)"))?;
         if !out.status.success() {
+            let _ = std::fs::remove_file(&tmp);
             return Err(format!(
                 "compiling {}: {}",
                 src.display(),
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
+        std::fs::rename(&tmp, &exe).map_err(|e| format!("installing {}: {e}", exe.display()))?;
     }
     Ok(exe)
 }
