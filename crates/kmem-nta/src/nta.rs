@@ -157,6 +157,52 @@ pub(crate) fn semi_tag(addr: usize, k: usize, secret: usize) -> usize {
     k ^ addr.rotate_left(23) ^ secret ^ SEMI_SALT
 }
 
+/// How far ahead a semi-free entry's jump pointer reaches: the entry
+/// [`SKIP`] places later in the same pushed run.
+pub(crate) const SKIP: usize = 8;
+
+/// Semi-free entries of at least this many bytes carry a jump pointer in
+/// their third word.
+const SKIP_BYTES: usize = 3 * core::mem::size_of::<usize>();
+
+/// The third word of a semi-free entry of `bytes` bytes: null, or the entry
+/// [`SKIP`] places later in its run, for the drainer to prefetch.
+#[inline(always)]
+fn skip_word(e: *mut Semi, bytes: usize) -> Option<*mut *mut Semi> {
+    // The third word lies inside the allocation only when it holds 24 bytes.
+    (bytes >= SKIP_BYTES).then(|| e.cast::<*mut Semi>().wrapping_add(2))
+}
+
+/// Asks for the line at `p` with intent to write (the drainer rewrites the
+/// entry's words). A hint only: it never faults, whatever `p` is.
+#[inline(always)]
+fn prefetch_write(p: *const Semi) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch has no architectural effect and never faults.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Reads entry `e`'s jump pointer and prefetches its target.
+///
+/// # Safety
+/// `e` is a semi-free entry of `bytes` bytes, written by `free_batch` or
+/// `free_chunks` (which set the jump pointer of every entry that has one).
+#[inline(always)]
+unsafe fn prefetch_ahead(e: *mut Semi, bytes: usize) {
+    if let Some(w) = skip_word(e, bytes) {
+        // SAFETY: the word lies inside the entry (skip_word), written by
+        // whoever queued it.
+        let t = unsafe { *w };
+        if !t.is_null() {
+            prefetch_write(t);
+        }
+    }
+}
+
 /// The chunk count a semi-free entry's second word encodes.
 #[inline(always)]
 pub(crate) fn semi_len(addr: usize, word: usize, secret: usize) -> usize {
@@ -906,6 +952,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             unsafe {
                 let next = (*e).next;
                 let k = semi_len(e as usize, (*e).chunks, self.secret());
+                prefetch_ahead(e, k << self.geo.chunk_shift);
                 let (node, idx) = self.node_of(e as usize);
                 match self.validate(node, idx, k, e as usize) {
                     Ok(k) => self.release(heap, node, idx, k),
@@ -1148,6 +1195,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // SAFETY: the chunk is ours to give up; it holds at least 16 bytes.
         unsafe {
             (*e).chunks = semi_tag(addr, k, self.secret());
+            if let Some(w) = skip_word(e, k << self.geo.chunk_shift) {
+                *w = ptr::null_mut();
+            }
             self.semi_push(owner, e, e);
         }
     }
@@ -1540,6 +1590,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 unsafe {
                     let next = (*e).next;
                     let kk = semi_len(e as usize, (*e).chunks, self.secret());
+                    prefetch_ahead(e, kk << self.geo.chunk_shift);
                     let (node, idx) = self.node_of(e as usize);
                     if let Err(x) = self.validate(node, idx, kk, e as usize) {
                         bad_free(x);
@@ -1611,6 +1662,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let mut tried = false;
         // A run of consecutive entries with the same remote owner.
         let mut run: (usize, *mut Semi, *mut Semi) = (usize::MAX, ptr::null_mut(), ptr::null_mut());
+        // The run's last SKIP entries, whose jump pointers the next ones
+        // fill in (the owner's drain walks the run with SKIP lines in flight
+        // instead of one miss at a time), and the run's length.
+        let mut ring = [ptr::null_mut::<Semi>(); SKIP];
+        let mut len = 0usize;
+        let bytes = k << self.geo.chunk_shift;
         while !head.is_null() {
             // SAFETY: entries are live allocations we give up.
             unsafe {
@@ -1643,7 +1700,18 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                         self.semi_push(run.0, run.1, run.2);
                     }
                     run = (owner, e, e);
+                    len = 0;
                 }
+                if let Some(w) = skip_word(e, bytes) {
+                    *w = ptr::null_mut();
+                    let slot = &mut ring[len % SKIP];
+                    if len >= SKIP {
+                        // The entry SKIP places back, in this run.
+                        *skip_word(*slot, bytes).unwrap_unchecked() = e;
+                    }
+                    *slot = e;
+                }
+                len += 1;
             }
         }
         if run.0 != usize::MAX {
