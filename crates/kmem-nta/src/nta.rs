@@ -798,6 +798,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     return;
                 }
             }
+            // Back to the source, which may hand the memory out in any shape:
+            // a large run whose pointer rounds down to this address, with the
+            // page here unwritten, would read a freed node's seal as its own
+            // double free. Only pooled nodes (still whole, still ours) keep it.
+            (*node).check.store(0, Ordering::Release);
             let _ = self
                 .source
                 .free_pages(NonNull::new_unchecked(node.cast()), pages);
@@ -1223,8 +1228,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     return Ok((node, true));
                 }
             } else if c == seal_freed(node as usize, secret) {
-                // SAFETY: as above (a released node keeps its header bytes
-                // until the source reuses them; the seal says it has not).
+                // SAFETY: as above (a pooled node keeps its header bytes and
+                // this seal; a node given back to the source loses the seal
+                // first, since the source may reuse any of its bytes).
                 if unsafe { (*node).kind } == KIND_SMALL {
                     return Err(Error::DoubleFree { addr: a });
                 }
@@ -2021,6 +2027,7 @@ impl<P: PageSource, C: CpuSource> Drop for Nta<P, C> {
         for &a in &pool.nodes[..pool.n] {
             // SAFETY: pooled nodes are runs of ours, used by nobody.
             unsafe {
+                (*(a as *mut Node)).check.store(0, Ordering::Relaxed);
                 let _ = self
                     .source
                     .free_pages(NonNull::new_unchecked(a as *mut u8), node_pages);

@@ -675,3 +675,51 @@ fn remote_batches_of_16_byte_chunks_write_nothing_past_them() {
     }
     nta.check().unwrap();
 }
+
+#[test]
+fn a_large_run_over_a_released_node_frees_cleanly() {
+    // Nodes past the pool go back to the source. Their memory is then the
+    // source's to hand out in any shape: here a page that nobody writes (the
+    // released node's old header stays in it) and, right after, a large run
+    // whose pointer rounds down to that old header. Freeing the large run
+    // must not read the stale header as a freed node (a false DoubleFree:
+    // `gcc` under kmem-malloc died of it).
+    let mut b = buf(8 * (crate::nta::NODE_POOL + 12) + 16);
+    let src = source(&mut b);
+    let c = Config {
+        reserve_nodes: 0,
+        ..cfg()
+    };
+    let nta = Nta::with_config(&src, c, Cpus::Fixed(0)).unwrap();
+    let big = l(nta.max_small());
+    let mut nodes: Vec<NonNull<u8>> = (0..crate::nta::NODE_POOL + 8)
+        .map(|_| nta.alloc(big).unwrap())
+        .collect();
+    nodes.sort_by_key(|p| core::cmp::Reverse(p.as_ptr() as usize));
+    // The highest fill the pool; the lowest 8 go back to the source.
+    for p in &nodes {
+        // SAFETY: live, freed once.
+        unsafe { nta.free(*p).unwrap() };
+    }
+    let lowest = nodes.last().unwrap().as_ptr() as usize & !((32 << 10) - 1);
+    let page = src.alloc_pages(1, 1).unwrap();
+    assert_eq!(
+        page.as_ptr() as usize,
+        lowest,
+        "first fit: the released node"
+    );
+    let large = nta.alloc(l(40_000)).unwrap();
+    let x = large.as_ptr() as usize;
+    assert_eq!(
+        x & !((32 << 10) - 1),
+        lowest,
+        "the run's pointer rounds to it"
+    );
+    // SAFETY: live, freed once.
+    unsafe { nta.free(large) }.expect("a live large run frees");
+    // SAFETY: freed above: a second free is an error.
+    assert!(unsafe { nta.free(large) }.is_err());
+    nta.check().unwrap();
+    // SAFETY: the page taken above.
+    unsafe { src.free_pages(page, 1).unwrap() };
+}
