@@ -90,6 +90,39 @@ pub struct FrontCache {
     heads: [*mut Semi; FRONT_CLASSES + 1],
     counts: [u32; FRONT_CLASSES + 1],
     bytes: usize,
+    /// Refills of each class so far (saturating at [`FILL_STEPS`]).
+    fills: [u8; FRONT_CLASSES + 1],
+}
+
+/// Bytes a class's first refill carves; each later refill doubles it, up
+/// to half the class's bound: after [`FILL_STEPS`] refills the budget,
+/// 32 KiB, covers half of any class.
+const FILL_START: usize = 1 << 10;
+const FILL_STEPS: u8 = 5;
+
+/// Chunks the next refill of class `k` asks for, after `fills` refills: a
+/// KiB's worth at first (at least one chunk), doubling, never more than
+/// half the class.
+///
+/// A refill writes into every chunk it caches (the link and the key), so
+/// what it carves becomes resident. A thread that allocates one 4 KiB
+/// buffer and nothing else of its size should not make eight of them
+/// resident; one that keeps allocating reaches the full batch within six
+/// refills.
+const fn fill_count(k: usize, fills: u8) -> usize {
+    let full = (LIMITS[k] / 2) as usize;
+    let s = if fills > FILL_STEPS {
+        FILL_STEPS
+    } else {
+        fills
+    };
+    let n = (FILL_START << s) / (k * FRONT_CHUNK);
+    let n = if n < full { n } else { full };
+    if n == 0 {
+        1
+    } else {
+        n
+    }
 }
 
 impl Default for FrontCache {
@@ -105,6 +138,7 @@ impl FrontCache {
             heads: [ptr::null_mut(); FRONT_CLASSES + 1],
             counts: [0; FRONT_CLASSES + 1],
             bytes: 0,
+            fills: [0; FRONT_CLASSES + 1],
         }
     }
 
@@ -180,7 +214,10 @@ impl FrontCache {
         if nta.geometry().chunk() != FRONT_CHUNK || k == 0 || k > FRONT_CLASSES {
             return ptr::null_mut();
         }
-        let want = (LIMITS[k] / 2).max(1) as usize;
+        let want = fill_count(k, self.fills[k]);
+        if self.fills[k] < FILL_STEPS {
+            self.fills[k] += 1;
+        }
         let mut got: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
         let (heads, counts, bytes) = (&mut self.heads, &mut self.counts, &mut self.bytes);
@@ -299,6 +336,23 @@ mod tests {
             .map(|k| LIMITS[k] as usize * k * FRONT_CHUNK)
             .sum();
         assert!(worst > FRONT_BYTES, "the byte cap is what binds");
+    }
+
+    #[test]
+    fn refills_start_at_a_kib_and_double_to_half_the_class() {
+        let ramp = |k: usize| {
+            (0..7)
+                .map(|f| fill_count(k, f))
+                .collect::<std::vec::Vec<_>>()
+        };
+        // 64-byte chunks: 16 doubling to half of 256.
+        assert_eq!(ramp(1), [16, 32, 64, 128, 128, 128, 128]);
+        // 1 KiB: 1 doubling to 16 (half of 32), then no more.
+        assert_eq!(ramp(16), [1, 2, 4, 8, 16, 16, 16]);
+        // 4 KiB: one at a time until the budget covers more, up to 8.
+        assert_eq!(ramp(64), [1, 1, 1, 2, 4, 8, 8]);
+        // Every class gets at least one.
+        assert!((1..=FRONT_CLASSES).all(|k| fill_count(k, 0) >= 1));
     }
 
     #[test]
