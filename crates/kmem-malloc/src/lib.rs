@@ -6,7 +6,7 @@
 //!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
 //!                       pop / push, no atomic, no lock; refilled and
 //!                       flushed in batches under one nta heap lock
-//!   size < 32 KiB       kmem-nta: the calling CPU's heap, whole 64-byte
+//!   size < 64 KiB       kmem-nta: the calling CPU's heap, whole 64-byte
 //!     (any, when the      chunks, bitmaps, frees from other CPUs queued on
 //!      cache misses)      the owner's semi-free list
 //!   size < 256 KiB      kmem-nta's large path: a page run of its own (plus a
