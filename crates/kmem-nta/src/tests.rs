@@ -303,6 +303,19 @@ fn aligned_and_large() {
     assert_eq!(nta.stats().bytes_held, 0);
 }
 
+/// One allocation and free on simulated CPU 0, which finishes the frees
+/// queued for heap 0.
+fn finish_queued_on_cpu0<P: PageSource>(nta: &Nta<P>) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(0);
+            let p = nta.alloc(l(64)).unwrap();
+            // SAFETY: live.
+            unsafe { nta.dealloc(p, l(64)) };
+        });
+    });
+}
+
 #[test]
 fn remote_frees_go_through_the_semi_free_list() {
     let mut b = buf(128);
@@ -339,14 +352,7 @@ fn remote_frees_go_through_the_semi_free_list() {
     assert_eq!(s.bytes_held, 100 * 256, "queued chunks are still held");
     nta.check().unwrap();
     // The owner finishes them on its next allocation.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            kmem_core::bind_simulated_cpu(0);
-            let p = nta.alloc(l(64)).unwrap();
-            // SAFETY: live.
-            unsafe { nta.dealloc(p, l(64)) };
-        });
-    });
+    finish_queued_on_cpu0(&nta);
     let s = nta.stats();
     assert_eq!(s.remote_pending, 0);
     assert_eq!(s.remote_frees, 100);
@@ -626,14 +632,7 @@ fn remote_batches_carry_jump_pointers_inside_their_run() {
         }
     }
     // The owner drains them all.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            kmem_core::bind_simulated_cpu(0);
-            let p = nta.alloc(l(64)).unwrap();
-            // SAFETY: live.
-            unsafe { nta.dealloc(p, l(64)) };
-        });
-    });
+    finish_queued_on_cpu0(&nta);
     let s = nta.stats();
     assert_eq!((s.remote_pending, s.bytes_held), (0, 0));
     nta.check().unwrap();
