@@ -139,10 +139,6 @@ pub fn rseq_cpu_id() -> Option<u32> {
     }
 }
 
-/// Offset of `rseq_cs` inside `struct rseq` (after `cpu_id_start`, `cpu_id`).
-#[cfg(target_arch = "x86_64")]
-const RSEQ_CS_FIELD: usize = 8;
-
 /// Adds `n` to the calling CPU's counter slot, `*(base + cpu * stride) += n`,
 /// as a restartable sequence: a plain `add` (no `lock` prefix) that the
 /// kernel restarts if the thread is preempted, migrated or signalled before
@@ -187,16 +183,7 @@ pub unsafe fn rseq_percpu_add(base: *mut u8, stride: usize, units: usize, n: u64
         // cpu_id again.
         unsafe {
             core::arch::asm!(
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "66:",
-                ".long 0, 0",
-                ".quad 67f, (68f - 67f), 69f",
-                ".popsection",
-                "65:",
-                "lea {tmp}, [rip + 66b]",
-                "mov qword ptr [{rseq} + {cs}], {tmp}",
-                "67:",
+                rseq_enter!(),
                 "mov {cpu:e}, dword ptr [{rseq} + 4]",
                 "cmp {cpu:e}, {units:e}",
                 "jae 70f",
@@ -205,19 +192,16 @@ pub unsafe fn rseq_percpu_add(base: *mut u8, stride: usize, units: usize, n: u64
                 "68:",
                 "mov {done:e}, 1",
                 "jmp 71f",
-                ".long 0x53053053",
-                "69:",
-                "jmp 65b",
+                rseq_abort!(),
                 "70:",
                 "xor {done:e}, {done:e}",
                 "71:",
                 rseq = in(reg) rseq,
-                cs = const RSEQ_CS_FIELD,
                 units = in(reg) units,
                 stride = in(reg) stride,
                 base = in(reg) base,
                 n = in(reg) n,
-                tmp = out(reg) _,
+                t = out(reg) _,
                 cpu = out(reg) _,
                 done = out(reg) done,
                 options(nostack),

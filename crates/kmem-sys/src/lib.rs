@@ -21,6 +21,41 @@
 
 #![warn(missing_docs)]
 
+/// The opening of an x86-64 restartable sequence, for `asm!` templates
+/// ([`cpu`]'s per-CPU counters, [`rseq`]'s stacks): the critical section's
+/// descriptor (version 0, flags 0, start at label 67, length to label 68,
+/// abort at label 69), 32-byte aligned in `__rseq_cs` as the ABI requires,
+/// then label 65, which arms the section by storing the descriptor's address
+/// in the thread's `rseq_cs` field (offset 8 of the `struct rseq` at operand
+/// `{rseq}`) through the scratch operand `{t}`. The section's first
+/// instruction follows, at label 67.
+macro_rules! rseq_enter {
+    () => {
+        concat!(
+            ".pushsection __rseq_cs, \"aw\"\n",
+            ".balign 32\n",
+            "66:\n",
+            ".long 0, 0\n",
+            ".quad 67f, (68f - 67f), 69f\n",
+            ".popsection\n",
+            "65:\n",
+            "lea {t}, [rip + 66b]\n",
+            "mov qword ptr [{rseq} + 8], {t}\n",
+            "67:",
+        )
+    };
+}
+
+/// The abort handler of a section opened with `rseq_enter!`, placed where
+/// control never falls into it: glibc's x86-64 signature (`RSEQ_SIG`) just
+/// before label 69, which jumps back to label 65 to re-arm (the kernel
+/// clears `rseq_cs` when it aborts a section) and start over.
+macro_rules! rseq_abort {
+    () => {
+        concat!(".long 0x53053053\n", "69:\n", "jmp 65b")
+    };
+}
+
 pub mod clock;
 pub mod cpu;
 pub mod geometry;
