@@ -103,7 +103,7 @@ impl fmt::Display for Error {
 
 impl core::error::Error for Error {}
 
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 impl From<kmem_sys::SysError> for Error {
     fn from(e: kmem_sys::SysError) -> Error {
         match e {

@@ -12,10 +12,13 @@
 //! ```
 //!
 //! The crate allocates nothing: every structure lives in memory the caller
-//! provides, so it runs in kernels and firmware. The `std` feature (default)
-//! adds what needs the operating system through kmem-sys: the real CPU id and
-//! topology, wait-time accounting in locks, yielding instead of spinning, and a
-//! page source over reserved address space.
+//! provides, so it runs in kernels and firmware. The `os` feature adds what
+//! needs the operating system through kmem-sys, still without std: the real
+//! CPU id, wait-time accounting in locks, yielding instead of spinning, and a
+//! page source over reserved address space (what a `no_std` preload library
+//! such as kmem-malloc is built from). The `std` feature (default) adds `os`,
+//! the machine's topology from `/sys`, simulated CPUs (thread-local) and
+//! `Arc` page sources.
 
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
@@ -36,7 +39,7 @@ pub use bitmap::Bitmap;
 pub use error::{Error, Result};
 pub use list::{Link, List};
 pub use lock::{Lock, LockGuard, RawCountingLock};
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 pub use page_source::RegionSource;
 pub use page_source::{FixedSource, PageSource};
 pub use stats::{CachePadded, Counter, LockStats};

@@ -138,9 +138,9 @@ impl SpinRaw {
 /// Gives the CPU away while waiting for a lock.
 #[inline]
 fn relax() {
-    #[cfg(all(feature = "std", not(loom)))]
-    std::thread::yield_now();
-    #[cfg(not(all(feature = "std", not(loom))))]
+    #[cfg(all(feature = "os", not(loom)))]
+    kmem_sys::cpu::yield_now();
+    #[cfg(not(all(feature = "os", not(loom))))]
     crate::sync::spin_loop();
 }
 
@@ -226,12 +226,12 @@ impl RawCountingLock {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) {
-        #[cfg(feature = "std")]
+        #[cfg(feature = "os")]
         let t0 = kmem_sys::clock::now_ns();
         self.inner.lock_slow();
         bump(&self.acquisitions, 1);
         bump(&self.contended, 1);
-        #[cfg(feature = "std")]
+        #[cfg(feature = "os")]
         bump(&self.wait_ns, kmem_sys::clock::now_ns().saturating_sub(t0));
     }
 

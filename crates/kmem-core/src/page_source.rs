@@ -7,7 +7,7 @@
 //! ```text
 //!   PageSource (trait)       alloc_pages(n, align) / free_pages(ptr, n)
 //!     FixedSource            a caller's buffer (no_std, firmware, tests)
-//!     RegionSource           reserved address space from kmem-sys (std)
+//!     RegionSource           reserved address space from kmem-sys (os)
 //!     kmem_pages::PageAllocator   buckets, colours, per-CPU cache (the default)
 //! ```
 //!
@@ -542,15 +542,15 @@ unsafe impl PageSource for FixedSource<'_> {
     }
 }
 
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 pub use region_source::RegionSource;
 
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 mod region_source {
     use super::*;
     use kmem_sys::Region;
 
-    /// A [`PageSource`] over address space reserved from the OS (std).
+    /// A [`PageSource`] over address space reserved from the OS (feature `os`).
     ///
     /// The whole range is reserved at creation and made accessible; the kernel
     /// backs a page only when it is first touched. A freed run of at least

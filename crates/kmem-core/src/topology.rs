@@ -185,7 +185,7 @@ pub trait CpuSource: Send + Sync {
 #[derive(Clone, Copy, Debug)]
 pub enum Cpus {
     /// The operating system's answer (rseq, else `sched_getcpu`).
-    #[cfg(feature = "std")]
+    #[cfg(feature = "os")]
     Real,
     /// The number bound to the calling thread with [`bind_simulated_cpu`]
     /// (threads that never bound one get 0, 1, 2... in order of first use).
@@ -202,7 +202,7 @@ impl Cpus {
     #[inline(always)]
     pub fn current(&self) -> usize {
         match *self {
-            #[cfg(feature = "std")]
+            #[cfg(feature = "os")]
             Cpus::Real => kmem_sys::current_cpu(),
             #[cfg(feature = "std")]
             Cpus::Simulated => simulated::current(),

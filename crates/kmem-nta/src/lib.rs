@@ -74,19 +74,21 @@
 //! a mark keyed by the allocator's secret in its second word, so freeing it
 //! again is caught too ([`Nta::lookup_unlocked`], [`FrontCache::push`]).
 
-#![cfg_attr(not(feature = "std"), no_std)]
+#![cfg_attr(not(any(feature = "std", test)), no_std)]
 #![warn(missing_docs)]
 
 pub mod front;
 pub mod node;
 mod nta;
 
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 pub mod global;
 
 pub use front::{front_class, FrontCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX};
 #[cfg(feature = "std")]
-pub use global::{KmemNta, LazyRegion};
+pub use global::KmemNta;
+#[cfg(feature = "os")]
+pub use global::LazyRegion;
 pub use node::{Geometry, MAX_NODE_CHUNKS};
 pub use nta::{Config, Nta, Stats, MAX_HEAPS};
 

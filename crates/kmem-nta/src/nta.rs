@@ -54,7 +54,7 @@ impl Config {
 
     /// This machine: chunks of its cache line, one heap per CPU the process
     /// may run on (at most [`MAX_HEAPS`]).
-    #[cfg(feature = "std")]
+    #[cfg(feature = "os")]
     pub fn for_this_machine() -> Config {
         let line = kmem_sys::cache_info().line_size.clamp(16, 4096);
         Config {
@@ -381,31 +381,22 @@ struct NodePool {
 #[cold]
 #[inline(never)]
 pub(crate) fn bad_free(e: Error) -> ! {
-    #[cfg(feature = "std")]
-    {
-        use std::io::Write;
-        let mut buf = [0u8; 160];
-        let mut w = &mut buf[..];
-        let _ = writeln!(w, "kmem-nta: bad free: {e}");
-        let left = w.len();
-        let n = buf.len() - left;
-        let _ = std::io::stderr().write_all(&buf[..n]);
-        std::process::abort()
-    }
-    #[cfg(not(feature = "std"))]
+    #[cfg(feature = "os")]
+    kmem_sys::abort_with(format_args!("kmem-nta: bad free: {e}"));
+    #[cfg(not(feature = "os"))]
     panic!("kmem-nta: bad free: {}", e)
 }
 
 impl<P: PageSource> Nta<P, Cpus> {
-    /// An allocator over `source` with [`Config::for_this_machine`] (std) or
-    /// [`Config::new`] (no_std), choosing heaps by the real CPU (std) or
-    /// always heap 0 (no_std).
+    /// An allocator over `source` with [`Config::for_this_machine`] (`os`) or
+    /// [`Config::new`] (bare no_std), choosing heaps by the real CPU (`os`)
+    /// or always heap 0 (bare no_std).
     pub fn new(source: P) -> Result<Nta<P, Cpus>> {
-        #[cfg(feature = "std")]
+        #[cfg(feature = "os")]
         {
             Nta::with_config(source, Config::for_this_machine(), Cpus::Real)
         }
-        #[cfg(not(feature = "std"))]
+        #[cfg(not(feature = "os"))]
         {
             Nta::with_config(source, Config::new(), Cpus::Fixed(0))
         }
@@ -832,7 +823,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     fn init_secret(&self) {
         if self.secret() == 0 {
             let mut s = crate::node::mix(self as *const Self as usize ^ 0x006e_7461);
-            #[cfg(feature = "std")]
+            #[cfg(feature = "os")]
             {
                 s ^= crate::node::mix(kmem_sys::clock::now_ns() as usize);
             }
@@ -2009,9 +2000,9 @@ fn backoff(round: u32) {
             kmem_core::sync::spin_loop();
         }
     } else {
-        #[cfg(feature = "std")]
-        std::thread::yield_now();
-        #[cfg(not(feature = "std"))]
+        #[cfg(feature = "os")]
+        kmem_sys::cpu::yield_now();
+        #[cfg(not(feature = "os"))]
         kmem_core::sync::spin_loop();
     }
 }

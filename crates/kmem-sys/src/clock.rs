@@ -1,7 +1,7 @@
 //! Clocks for the benchmarks: monotonic time, process and thread CPU time, peak
 //! resident memory.
 
-use std::time::Duration;
+use core::time::Duration;
 
 fn clock_ns(id: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {

@@ -12,7 +12,7 @@
 //! after the read: the answer is a hint for choosing a per-CPU structure, never
 //! a guarantee, and every per-CPU structure in kmem is locked for that reason.
 
-use std::sync::atomic::{AtomicIsize, Ordering};
+use core::sync::atomic::{AtomicIsize, Ordering};
 
 /// How [`current_cpu`] learns the CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,11 +281,38 @@ pub fn pin_to_cpu(cpu: usize) -> bool {
     unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
 }
 
-/// Number of CPUs this process may run on now.
+/// Gives the CPU to another runnable thread (`sched_yield`), as a lock
+/// waiter does after spinning a while.
+#[inline]
+pub fn yield_now() {
+    // SAFETY: sched_yield has no preconditions.
+    unsafe { libc::sched_yield() };
+}
+
+/// Number of CPUs this process may run on now (with `std`, as
+/// `available_parallelism`, which also honours cgroup CPU quotas; without,
+/// the CPUs of the thread's affinity mask).
 pub fn online_cpus() -> usize {
-    std::thread::available_parallelism()
+    #[cfg(feature = "std")]
+    return std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(1)
+        .unwrap_or(1);
+    #[cfg(not(feature = "std"))]
+    {
+        // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+        // SAFETY: pid 0 is the calling thread; `set` is a writable cpu_set_t
+        // of the size passed.
+        let ok = unsafe {
+            libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+        };
+        if ok {
+            // SAFETY: `set` is an initialised cpu_set_t.
+            (unsafe { libc::CPU_COUNT(&set) } as usize).max(1)
+        } else {
+            1
+        }
+    }
 }
 
 #[cfg(test)]

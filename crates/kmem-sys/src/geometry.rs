@@ -3,11 +3,16 @@
 //! The page size comes from `sysconf` once; the cache geometry from
 //! `/sys/devices/system/cpu/cpu0/cache/index*/` (the parser is a pure function
 //! over any directory, so it is tested on fixture trees). Missing or malformed
-//! files fall back to 64-byte lines and a 1 MiB, 16-way L2.
+//! files fall back to 64-byte lines and a 1 MiB, 16-way L2. Without `std`
+//! the geometry comes from glibc's `sysconf(_SC_LEVEL1_DCACHE_LINESIZE)` and
+//! `_SC_LEVEL2_CACHE_*` (read from CPUID), with the same fallbacks.
 
+use core::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(feature = "std")]
 use std::fs;
+#[cfg(feature = "std")]
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(feature = "std")]
 use std::sync::OnceLock;
 
 static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
@@ -71,11 +76,37 @@ impl CacheInfo {
 }
 
 /// The cache geometry of CPU 0 of this machine (read once).
+#[cfg(feature = "std")]
 pub fn cache_info() -> CacheInfo {
     static INFO: OnceLock<CacheInfo> = OnceLock::new();
     *INFO.get_or_init(|| parse_cache_dir(Path::new("/sys/devices/system/cpu/cpu0/cache")))
 }
 
+/// The cache geometry of this machine, from `sysconf` (no files, no
+/// allocation: safe inside an allocator's initialisation).
+#[cfg(not(feature = "std"))]
+pub fn cache_info() -> CacheInfo {
+    let conf = |name| {
+        // SAFETY: sysconf has no preconditions.
+        let v = unsafe { libc::sysconf(name) };
+        (v > 0).then_some(v as usize)
+    };
+    let mut info = CacheInfo::FALLBACK;
+    let line = conf(libc::_SC_LEVEL1_DCACHE_LINESIZE)
+        .filter(|l| l.is_power_of_two() && (16..=1024).contains(l));
+    let l2 = conf(libc::_SC_LEVEL2_CACHE_SIZE).zip(conf(libc::_SC_LEVEL2_CACHE_ASSOC));
+    if let Some(line) = line {
+        info.line_size = line;
+    }
+    if let Some((size, ways)) = l2 {
+        info.l2_size = size;
+        info.l2_ways = ways;
+    }
+    info.from_system = line.is_some() && l2.is_some();
+    info
+}
+
+#[cfg(feature = "std")]
 fn read_trim(path: &Path) -> Option<String> {
     fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
 }
@@ -92,6 +123,7 @@ pub fn parse_size(s: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mul)
 }
 
+#[cfg(feature = "std")]
 /// Reads cache geometry from a directory laid out as
 /// `/sys/devices/system/cpu/cpu0/cache` (`index*/{level,type,size,ways_of_associativity,coherency_line_size}`).
 /// Anything missing or malformed falls back to [`CacheInfo::FALLBACK`] values.

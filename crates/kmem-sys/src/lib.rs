@@ -19,6 +19,19 @@
 //! Only Linux is supported today (the rseq read is x86-64 and aarch64; other
 //! architectures fall back to `sched_getcpu()`).
 
+//! Without the default `std` feature the crate is `#![no_std]` and keeps what
+//! an allocator needs at run time (regions, page size, cache line, the current
+//! CPU, restartable sequences, clocks, the abort path), all over libc system
+//! calls: that is what `kmem-malloc`'s preload library is built from. The
+//! `/sys` readers (topology, cache geometry from files), machine and process
+//! descriptions need `std`.
+//!
+//! The `panic-abort` feature gives a `no_std` final artifact (a `cdylib` or a
+//! kernel image) a panic handler that writes one line to stderr and aborts;
+//! when `std` is linked its handler is the one used and the feature does
+//! nothing.
+
+#![cfg_attr(not(any(feature = "std", test)), no_std)]
 #![warn(missing_docs)]
 
 /// The opening of an x86-64 restartable sequence, for `asm!` templates
@@ -59,13 +72,19 @@ macro_rules! rseq_abort {
 pub mod clock;
 pub mod cpu;
 pub mod geometry;
+#[cfg(feature = "std")]
 pub mod machine;
+#[cfg(feature = "std")]
 pub mod process;
 mod region;
 pub mod rseq;
+pub mod stderr;
+#[cfg(feature = "std")]
 pub mod topology;
 
 pub use cpu::{cpu_id_method, current_cpu, CpuIdMethod};
 pub use geometry::{cache_info, page_size, CacheInfo};
 pub use region::{Region, SysError};
+pub use stderr::abort_with;
+#[cfg(feature = "std")]
 pub use topology::{read_topology, CpuPlace, SysTopology};

@@ -59,7 +59,7 @@ impl fmt::Display for SysError {
     }
 }
 
-impl std::error::Error for SysError {}
+impl core::error::Error for SysError {}
 
 /// A reserved range of address space; released when dropped.
 ///

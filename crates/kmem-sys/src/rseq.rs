@@ -34,7 +34,7 @@
 //! Only x86-64 has the sequences; elsewhere every call answers
 //! [`Step::Unavailable`] and callers use their locks.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, Ordering};
 
 /// Where a family of per-CPU stacks lies (see the module documentation).
 /// The sequences read these fields by offset: keep the order.

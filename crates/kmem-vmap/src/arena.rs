@@ -62,12 +62,12 @@ pub fn default_lazy_max(cpus: usize) -> u64 {
     u64::from(fls) * (32 << 20)
 }
 
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 fn online_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    kmem_sys::cpu::online_cpus()
 }
 
-#[cfg(not(feature = "std"))]
+#[cfg(not(feature = "os"))]
 fn online_cpus() -> usize {
     1
 }
