@@ -56,6 +56,7 @@
 //!
 //! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,engine=pow2`.
 
+#![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]
 
 mod large;
@@ -160,23 +161,65 @@ struct Thread {
     front: UnsafeCell<FrontCache>,
 }
 
-std::thread_local! {
-    // No destructor (FrontCache is plain data), so no registration with
-    // __cxa_thread_atexit_impl: the pthread key below flushes it.
-    static THREAD: Thread = const {
-        Thread {
-            mode: Cell::new(T_NEW),
-            front: UnsafeCell::new(FrontCache::new()),
-        }
-    };
-}
+// The thread's `Thread` lives in the library's own TLS block, initial-exec
+// model: one `%fs`-relative add, where `thread_local!` in a shared object
+// calls `__tls_get_addr` on every malloc (and needs std). The block is
+// `.tbss`, all zero at thread start: `T_NEW` is 0 and `FrontCache::new()` is
+// all zero bytes (null heads, zero counts), which `zeroed_thread_is_new`
+// checks. No destructor (FrontCache is plain data), so no registration with
+// `__cxa_thread_atexit_impl`: the pthread key below flushes it.
+//
+// The symbol is global (the code that reads it may sit in another codegen
+// unit) but hidden, so it is not exported from the library.
+//
+// Initial-exec TLS is what preloaded or linked libraries get (their blocks
+// are placed at startup); a `dlopen` of this library after startup fails
+// with "cannot allocate memory in static TLS block" when glibc's spare
+// static TLS (rtld.optional_static_tls, 512 bytes by default) is smaller
+// than the block: jemalloc and mimalloc have the same rule.
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 6",
+    ".globl kmem_malloc_thread",
+    ".hidden kmem_malloc_thread",
+    ".type kmem_malloc_thread,@object",
+    ".size kmem_malloc_thread, {size}",
+    "kmem_malloc_thread:",
+    ".zero {size}",
+    ".popsection",
+    size = const core::mem::size_of::<Thread>(),
+    options(att_syntax),
+);
+
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!(
+    "kmem-malloc's thread block is written for x86-64 (initial-exec TLS in asm); \
+     other targets need their own `thread()`"
+);
+
+const _: () = assert!(core::mem::align_of::<Thread>() <= 64);
 
 #[inline(always)]
 fn thread() -> &'static Thread {
-    // SAFETY: the TLS slot lives as long as the thread, and a thread's calls
-    // never outlive it; `THREAD` has no destructor, so it is never torn down
-    // under us.
-    THREAD.with(|t| unsafe { &*(t as *const Thread) })
+    let p: *const Thread;
+    // SAFETY: `kmem_malloc_thread` is this library's TLS symbol (defined
+    // above, size and alignment of Thread); its GOT slot holds its offset
+    // from the thread pointer (R_X86_64_TPOFF64, resolved at load), and
+    // %fs:0 holds the thread pointer itself (x86-64 TLS ABI). The asm only
+    // reads memory.
+    unsafe {
+        core::arch::asm!(
+            "movq kmem_malloc_thread@GOTTPOFF(%rip), {p}",
+            "addq %fs:0, {p}",
+            p = out(reg) p,
+            options(att_syntax, pure, readonly, nostack, preserves_flags),
+        );
+    }
+    // SAFETY: the block lives as long as the thread and a thread's calls
+    // never outlive it; zero bytes are a valid `Thread` in state T_NEW (see
+    // above), and it is only used through Cell and UnsafeCell by this thread.
+    unsafe { &*p }
 }
 
 // ---- initialisation ------------------------------------------------------

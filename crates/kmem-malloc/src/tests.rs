@@ -154,3 +154,41 @@ fn blocks_freed_on_another_thread() {
     flush_thread_cache();
     check().unwrap();
 }
+
+/// The thread block starts as zero bytes (`.tbss`): those must read as a
+/// thread that has not started, with an empty front cache.
+#[test]
+fn zeroed_thread_is_new() {
+    // SAFETY: Thread is Cell<u8> and UnsafeCell<FrontCache>, whose fields are
+    // integers and raw pointers: zero bytes are a valid value of each.
+    let t: Thread = unsafe { core::mem::zeroed() };
+    assert_eq!(t.mode.get(), T_NEW);
+    // SAFETY: `t` is ours alone.
+    let f = unsafe { &*t.front.get() };
+    assert_eq!(f.bytes(), 0);
+    for k in 0..=FRONT_CLASSES {
+        assert_eq!(f.count(k), 0, "class {k}");
+    }
+    let mut f = FrontCache::new();
+    assert!(f.pop(1).is_null());
+}
+
+/// Each thread has its own block, set up by its first call (std's thread
+/// start already allocates, so the closure finds it started).
+#[test]
+fn each_thread_has_its_own_block() {
+    let mine = thread() as *const Thread as usize;
+    // SAFETY: plain C calls.
+    unsafe { free(malloc(100)) };
+    let (theirs, mode) = std::thread::spawn(|| {
+        // SAFETY: plain C calls.
+        unsafe { free(malloc(100)) };
+        let t = thread();
+        (t as *const Thread as usize, t.mode.get())
+    })
+    .join()
+    .unwrap();
+    assert_ne!(mine, theirs);
+    assert_ne!(mode, T_NEW);
+    assert_ne!(thread().mode.get(), T_NEW);
+}
