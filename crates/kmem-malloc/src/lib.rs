@@ -192,10 +192,24 @@ core::arch::global_asm!(
     options(att_syntax),
 );
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",%nobits",
+    ".p2align 6",
+    ".globl kmem_malloc_thread",
+    ".hidden kmem_malloc_thread",
+    ".type kmem_malloc_thread,%object",
+    ".size kmem_malloc_thread, {size}",
+    "kmem_malloc_thread:",
+    ".zero {size}",
+    ".popsection",
+    size = const core::mem::size_of::<Thread>(),
+);
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!(
-    "kmem-malloc's thread block is written for x86-64 (initial-exec TLS in asm); \
-     other targets need their own `thread()`"
+    "kmem-malloc's thread block is written for x86-64 and AArch64 (initial-exec \
+     TLS in asm); other targets need their own `thread()`"
 );
 
 const _: () = assert!(core::mem::align_of::<Thread>() <= 64);
@@ -208,12 +222,27 @@ fn thread() -> &'static Thread {
     // from the thread pointer (R_X86_64_TPOFF64, resolved at load), and
     // %fs:0 holds the thread pointer itself (x86-64 TLS ABI). The asm only
     // reads memory.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         core::arch::asm!(
             "movq kmem_malloc_thread@GOTTPOFF(%rip), {p}",
             "addq %fs:0, {p}",
             p = out(reg) p,
             options(att_syntax, pure, readonly, nostack, preserves_flags),
+        );
+    }
+    // SAFETY: as above for AArch64: the GOT slot (R_AARCH64_TLS_TPREL64)
+    // holds the symbol's offset from the thread pointer in TPIDR_EL0.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        core::arch::asm!(
+            "mrs {p}, tpidr_el0",
+            "adrp {t}, :gottprel:kmem_malloc_thread",
+            "ldr {t}, [{t}, :gottprel_lo12:kmem_malloc_thread]",
+            "add {p}, {p}, {t}",
+            p = out(reg) p,
+            t = out(reg) _,
+            options(pure, readonly, nostack, preserves_flags),
         );
     }
     // SAFETY: the block lives as long as the thread and a thread's calls
