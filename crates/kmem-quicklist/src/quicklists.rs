@@ -552,23 +552,38 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     ///
     /// RETURNS: the page; `BadIndex` for a list out of range; the source's
     /// error (`OutOfMemory`) if the list was empty and the source had none.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
         Self::check_list(list)?;
-        let p = match self.pop_fast(list, 0, None) {
-            Fast::Done(p, _) => p,
-            Fast::Empty => return self.alloc_slow(ctor),
-            Fast::Locked => {
-                let h = self.hold(self.this_cpu());
-                match self.pop_held(&h.pc.lists[list]) {
-                    Some(p) => p,
-                    None => {
-                        drop(h);
-                        return self.alloc_slow(ctor);
-                    }
-                }
+        match self.pop_fast(list, 0, None) {
+            Fast::Done(p, _) => Ok(self.hand_out(p)),
+            Fast::Empty => self.alloc_slow(ctor),
+            Fast::Locked => self.alloc_locked(list, ctor),
+        }
+    }
+
+    /// `alloc` without sequences (or with the CPU's lists held): under the
+    /// CPU's lock. Out of line, so that the inlined fast path stays small.
+    #[cold]
+    #[inline(never)]
+    fn alloc_locked(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
+        let h = self.hold(self.this_cpu());
+        match self.pop_held(&h.pc.lists[list]) {
+            Some(p) => {
+                drop(h);
+                Ok(self.hand_out(p))
             }
-        };
+            None => {
+                drop(h);
+                self.alloc_slow(ctor)
+            }
+        }
+    }
+
+    /// Page `p`, just taken off a list, to its caller: the link word zeroed
+    /// again, the record `LIVE`.
+    #[inline(always)]
+    fn hand_out(&self, p: usize) -> PageRef {
         // SAFETY: `p` came off a list, so it is a page of ours, now ours alone.
         unsafe { self.link(p).write(0) };
         // `p` was validated when it was freed onto the list.
@@ -576,7 +591,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         debug_assert_eq!(self.owner.get(i), CACHED);
         self.owner.set(i, LIVE);
         // SAFETY: list entries are non-null page addresses.
-        Ok(PageRef(unsafe { NonNull::new_unchecked(p as *mut u8) }))
+        PageRef(unsafe { NonNull::new_unchecked(p as *mut u8) })
     }
 
     /// The miss: a zeroed page from the source, constructed.
@@ -637,7 +652,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// outside the source's span; `NotAllocated` for an address that is not a
     /// page start or a page these quicklists never handed out; `DoubleFree`
     /// for a page already on a list or already given back to the source.
-    #[inline]
+    #[inline(always)]
     pub fn free(&self, list: usize, page: PageRef, dtor: Option<Dtor<'_>>) -> Result<()> {
         Self::check_list(list)?;
         let p = page.addr();
@@ -681,14 +696,24 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// list `list`, then trims the list if it went above its threshold.
     #[inline(always)]
     fn push(&self, list: usize, p: usize, i: usize, dtor: Option<Dtor<'_>>) {
-        let (depth, cpu) = match self.push_fast(list, p, i) {
-            Fast::Done(depth, cpu) => (depth, cpu),
-            _ => {
-                let cpu = self.this_cpu();
-                let h = self.hold(cpu);
-                (self.push_held(&h.pc.lists[list], p, i), cpu)
+        match self.push_fast(list, p, i) {
+            Fast::Done(depth, cpu)
+                if depth <= self.percpu(cpu).trim_above[list].load(Ordering::Relaxed) => {}
+            Fast::Done(_, cpu) => {
+                self.trim_on(cpu, list, dtor);
             }
-        };
+            _ => self.push_locked(list, p, i, dtor),
+        }
+    }
+
+    /// `push` without sequences: under the CPU's lock, then the trim check.
+    #[cold]
+    #[inline(never)]
+    fn push_locked(&self, list: usize, p: usize, i: usize, dtor: Option<Dtor<'_>>) {
+        let cpu = self.this_cpu();
+        let h = self.hold(cpu);
+        let depth = self.push_held(&h.pc.lists[list], p, i);
+        drop(h);
         if depth > self.percpu(cpu).trim_above[list].load(Ordering::Relaxed) {
             self.trim_on(cpu, list, dtor);
         }
