@@ -96,8 +96,8 @@ fn lookup_rseq() -> isize {
 }
 
 /// The address of the calling thread's `struct rseq`, if glibc registered one
-/// (and `KMEM_NO_RSEQ` is unset).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// (and `KMEM_NO_RSEQ` is unset). Only the x86-64 sequences use it.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn rseq_area() -> Option<usize> {
     let mut off = RSEQ_OFFSET.load(Ordering::Relaxed);

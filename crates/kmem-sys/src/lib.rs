@@ -42,6 +42,7 @@
 /// in the thread's `rseq_cs` field (offset 8 of the `struct rseq` at operand
 /// `{rseq}`) through the scratch operand `{t}`. The section's first
 /// instruction follows, at label 67.
+#[cfg(target_arch = "x86_64")]
 macro_rules! rseq_enter {
     () => {
         concat!(
@@ -63,6 +64,7 @@ macro_rules! rseq_enter {
 /// control never falls into it: glibc's x86-64 signature (`RSEQ_SIG`) just
 /// before label 69, which jumps back to label 65 to re-arm (the kernel
 /// clears `rseq_cs` when it aborts a section) and start over.
+#[cfg(target_arch = "x86_64")]
 macro_rules! rseq_abort {
     () => {
         concat!(".long 0x53053053\n", "69:\n", "jmp 65b")
