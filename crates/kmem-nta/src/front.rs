@@ -6,6 +6,7 @@
 //!   refill(k)     one heap lock: LIMIT[k]/2 chunks carved from one free run,
 //!                 and the heap's queued remote frees of any size with room
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
+//!   every 64th refill: classes with no refill or flush in the last 64 go back
 //!   flush_all     everything back (thread exit)
 //! ```
 //!
@@ -21,6 +22,15 @@
 //! most [`FRONT_BYTES`] in all. Cached chunks stay allocated in their node's
 //! bitmap, so they neither coalesce nor count as free: the bound is what
 //! keeps the seed's packing.
+//!
+//! **Idle classes go back.** A program that works in phases (build a table
+//! of small records, then process 4 KiB buffers) would otherwise keep the
+//! last phase's chunks parked for good, and with them the pages they sit on.
+//! Every [`IDLE_SCAN`]th refill the cache gives back, whole, each class that
+//! had no refill and no flush in the last `IDLE_SCAN` refills, and that
+//! class's refills ramp up from a KiB again. A class in steady use that
+//! never misses looks idle too; its price is one flush and one refill per
+//! `IDLE_SCAN` refills of other classes.
 //!
 //! **Double frees.** A cached chunk's second word holds a key derived from
 //! its address and the allocator's secret; every path that hands a chunk out
@@ -92,7 +102,15 @@ pub struct FrontCache {
     bytes: usize,
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
     fills: [u8; FRONT_CLASSES + 1],
+    /// Refills of the whole cache (wrapping): the clock of idleness.
+    refills: u16,
+    /// `refills` at each class's last refill or flush.
+    active: [u16; FRONT_CLASSES + 1],
 }
+
+/// Refills between two looks for idle classes, and the idleness (in
+/// refills of the cache) that sends a class back.
+pub const IDLE_SCAN: u16 = 64;
 
 /// Bytes a class's first refill carves; each later refill doubles it, up
 /// to half the class's bound: after [`FILL_STEPS`] refills the budget,
@@ -139,6 +157,8 @@ impl FrontCache {
             counts: [0; FRONT_CLASSES + 1],
             bytes: 0,
             fills: [0; FRONT_CLASSES + 1],
+            refills: 0,
+            active: [0; FRONT_CLASSES + 1],
         }
     }
 
@@ -214,6 +234,13 @@ impl FrontCache {
         if nta.geometry().chunk() != FRONT_CHUNK || k == 0 || k > FRONT_CLASSES {
             return ptr::null_mut();
         }
+        self.refills = self.refills.wrapping_add(1);
+        self.active[k] = self.refills;
+        if self.refills % IDLE_SCAN == 0 {
+            // SAFETY: every chunk in the cache belongs to `nta` (the
+            // cache's contract with its owner).
+            unsafe { self.return_idle(nta) };
+        }
         let want = fill_count(k, self.fills[k]);
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
@@ -285,6 +312,7 @@ impl FrontCache {
     #[cold]
     #[inline(never)]
     unsafe fn flush<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
+        self.active[k] = self.refills;
         let n = (self.counts[k] / 2).max(1).min(self.counts[k]);
         if n == 0 {
             return;
@@ -303,6 +331,28 @@ impl FrontCache {
         }
         self.counts[k] -= n;
         self.bytes -= (n as usize * k) << SHIFT;
+    }
+
+    /// Gives back, whole, every class with chunks and no refill or flush in
+    /// the last [`IDLE_SCAN`] refills; their refills start small again.
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn return_idle<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
+        for k in 1..=FRONT_CLASSES {
+            let head = self.heads[k];
+            if head.is_null() || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
+                continue;
+            }
+            self.heads[k] = ptr::null_mut();
+            self.bytes -= (self.counts[k] as usize * k) << SHIFT;
+            self.counts[k] = 0;
+            self.fills[k] = 0;
+            // SAFETY: the whole class chain, nta's chunks.
+            unsafe { nta.free_batch(head, k) };
+        }
     }
 
     /// Gives every cached chunk back to `nta` (at thread exit).

@@ -722,3 +722,42 @@ fn a_large_run_over_a_released_node_frees_cleanly() {
     // SAFETY: the page taken above.
     unsafe { src.free_pages(page, 1).unwrap() };
 }
+
+#[test]
+fn idle_classes_go_back_and_busy_ones_stay() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let mut front = crate::FrontCache::new();
+    // Class 2 gets a batch parked (one refill, the chunk pushed back).
+    let p = front.refill(&nta, 2);
+    assert!(!p.is_null());
+    // SAFETY: p is a live 2-chunk allocation of nta's.
+    unsafe { front.push(&nta, p, 2) };
+    let parked = front.count(2);
+    assert!(parked >= 1);
+    // Class 5 misses again and again: every chunk it hands out goes
+    // straight back to nta, so the class keeps missing once its batch is
+    // used up.
+    let mut refills = 1u32;
+    while refills < 2 * crate::front::IDLE_SCAN as u32 {
+        let q = match front.pop(5) {
+            q if !q.is_null() => q,
+            _ => {
+                refills += 1;
+                front.refill(&nta, 5)
+            }
+        };
+        assert!(!q.is_null());
+        // SAFETY: a live 5-chunk allocation of nta's, freed once.
+        unsafe { nta.free_small(q as usize, 5) };
+        if refills < crate::front::IDLE_SCAN as u32 {
+            assert_eq!(front.count(2), parked, "class 2 is not idle yet");
+        }
+    }
+    assert_eq!(front.count(2), 0, "class 2 went back");
+    nta.check().unwrap();
+    // SAFETY: the cache holds only nta's chunks.
+    unsafe { front.flush_all(&nta) };
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
