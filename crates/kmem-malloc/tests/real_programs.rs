@@ -88,6 +88,40 @@ fn assert_same(what: &str, g: &Output, k: &Output) {
     );
 }
 
+/// The library offers a program the malloc family and nothing else: no
+/// Rust runtime symbol (a `rust_eh_personality` of ours would be found by
+/// the Rust code of the program it is preloaded into), no std.
+#[test]
+fn exports_only_the_malloc_family() {
+    let o = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib())
+        .output()
+        .expect("run nm (binutils)");
+    assert!(o.status.success());
+    let mut names: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect();
+    names.sort();
+    let want = [
+        "aligned_alloc",
+        "calloc",
+        "free",
+        "malloc",
+        "malloc_stats",
+        "malloc_trim",
+        "malloc_usable_size",
+        "memalign",
+        "posix_memalign",
+        "pvalloc",
+        "realloc",
+        "reallocarray",
+        "valloc",
+    ];
+    assert_eq!(names, want);
+}
+
 #[test]
 fn python_dicts_and_sorts() {
     let script = r#"

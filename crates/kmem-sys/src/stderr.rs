@@ -95,13 +95,47 @@ fn on_panic(info: &core::panic::PanicInfo<'_>) -> ! {
 /// tables. Nothing in a `no_std` kmem build unwinds (every crate is built
 /// with `panic = "abort"`); if a foreign exception ever tried to unwind
 /// through kmem's frames, stopping is the only sound answer.
+///
+/// The symbol is defined in assembly so that it can be hidden: a
+/// `#[no_mangle]` function would be exported from a `cdylib`, and a
+/// preloaded library must not offer its `rust_eh_personality` to the Rust
+/// code of the program it runs in.
 #[cfg(all(feature = "panic-abort", not(feature = "std"), not(test)))]
-#[no_mangle]
-extern "C" fn rust_eh_personality() {
+extern "C" fn no_unwinding() -> ! {
     abort_with(format_args!(
         "kmem: an exception tried to unwind through kmem's frames"
     ))
 }
+
+#[cfg(all(
+    feature = "panic-abort",
+    not(feature = "std"),
+    not(test),
+    target_arch = "x86_64"
+))]
+core::arch::global_asm!(
+    ".globl rust_eh_personality",
+    ".hidden rust_eh_personality",
+    ".type rust_eh_personality,@function",
+    "rust_eh_personality:",
+    "jmp {f}",
+    f = sym no_unwinding,
+);
+
+#[cfg(all(
+    feature = "panic-abort",
+    not(feature = "std"),
+    not(test),
+    target_arch = "aarch64"
+))]
+core::arch::global_asm!(
+    ".globl rust_eh_personality",
+    ".hidden rust_eh_personality",
+    ".type rust_eh_personality,%function",
+    "rust_eh_personality:",
+    "b {f}",
+    f = sym no_unwinding,
+);
 
 #[cfg(test)]
 mod tests {
