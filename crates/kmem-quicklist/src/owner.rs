@@ -86,15 +86,15 @@ impl OwnerMap {
     /// for an address inside a page rather than at its start.
     #[inline]
     pub(crate) fn index(&self, addr: usize) -> Result<usize> {
+        // Below the base, `off` wraps to above the span: one compare for both.
         let off = addr.wrapping_sub(self.base);
-        let i = off >> self.shift;
-        if addr < self.base || i >= self.pages {
+        if off >= self.pages << self.shift {
             return Err(Error::OutOfRange { addr: addr as u64 });
         }
         if off & ((1usize << self.shift) - 1) != 0 {
             return Err(Error::NotAllocated { addr: addr as u64 });
         }
-        Ok(i)
+        Ok(off >> self.shift)
     }
 
     #[inline(always)]

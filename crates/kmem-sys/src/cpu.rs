@@ -100,14 +100,23 @@ fn lookup_rseq() -> isize {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn rseq_area() -> Option<usize> {
+    // One compare for both markers (UNRESOLVED < UNAVAILABLE, the two
+    // smallest isize values): a real offset is never either.
+    let off = RSEQ_OFFSET.load(Ordering::Relaxed);
+    if off <= UNAVAILABLE {
+        return rseq_area_slow();
+    }
+    Some(thread_pointer().wrapping_add_signed(off))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[cold]
+fn rseq_area_slow() -> Option<usize> {
     let mut off = RSEQ_OFFSET.load(Ordering::Relaxed);
     if off == UNRESOLVED {
         off = resolve_rseq();
     }
-    if off == UNAVAILABLE {
-        return None;
-    }
-    Some(thread_pointer().wrapping_add_signed(off))
+    (off != UNAVAILABLE).then(|| thread_pointer().wrapping_add_signed(off))
 }
 
 /// The rseq `cpu_id` of the calling thread, if glibc registered an area for it.
