@@ -831,7 +831,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             let mut s = crate::node::mix(self as *const Self as usize ^ 0x006e_7461);
             #[cfg(feature = "os")]
             {
-                s ^= crate::node::mix(kmem_sys::clock::now_ns() as usize);
+                let r = kmem_sys::auxv::random().unwrap_or_else(kmem_sys::clock::now_ns);
+                s ^= crate::node::mix(r as usize);
             }
             s |= 1;
             let _ = self

@@ -310,10 +310,18 @@ pub fn online_cpus() -> usize {
     {
         // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
         let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+        // The system call itself rather than glibc's wrapper, whose code
+        // would otherwise be mapped into every process under kmem-malloc
+        // (see `auxv`); it returns the bytes of the mask it wrote.
         // SAFETY: pid 0 is the calling thread; `set` is a writable cpu_set_t
-        // of the size passed.
+        // of the size passed, zeroed beyond what the kernel writes.
         let ok = unsafe {
-            libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            libc::syscall(
+                libc::SYS_sched_getaffinity,
+                0,
+                core::mem::size_of::<libc::cpu_set_t>(),
+                &mut set as *mut libc::cpu_set_t,
+            ) > 0
         };
         if ok {
             // SAFETY: `set` is an initialised cpu_set_t.

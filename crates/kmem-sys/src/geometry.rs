@@ -29,13 +29,16 @@ pub fn page_size() -> usize {
 
 #[cold]
 fn page_size_slow() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let p = if p > 0 && (p as usize).is_power_of_two() {
-        p as usize
-    } else {
-        4096
-    };
+    // The auxiliary vector first (see `auxv`); sysconf only if it is missing.
+    let p = crate::auxv::page_size().unwrap_or_else(|| {
+        // SAFETY: sysconf has no preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if p > 0 && (p as usize).is_power_of_two() {
+            p as usize
+        } else {
+            4096
+        }
+    });
     PAGE_SIZE.store(p, Ordering::Relaxed);
     p
 }

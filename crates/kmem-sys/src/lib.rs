@@ -71,6 +71,7 @@ macro_rules! rseq_abort {
     };
 }
 
+pub mod auxv;
 pub mod clock;
 pub mod cpu;
 pub mod geometry;
