@@ -64,7 +64,7 @@ pub fn launched_max_rss(stdout: &[u8]) -> Option<u64> {
 }
 
 /// The peers Debian packages, where they install, and the package to ask for.
-const PEERS: &[(&str, &str, &str)] = &[
+pub const PEERS: &[(&str, &str, &str)] = &[
     ("jemalloc", "libjemalloc.so.2", "libjemalloc2"),
     ("mimalloc", "libmimalloc.so.2", "libmimalloc2.0"),
     (

@@ -126,9 +126,14 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
 
     let mut time_ratio_glibc: Vec<f64> = Vec::new();
     let mut rss_ratio_glibc: Vec<f64> = Vec::new();
+    // kmem's ratios to each peer, per workload: (peer, time, RSS).
+    let mut kmem_to_peer: Vec<(&'static str, Vec<f64>, Vec<f64>)> = crate::preload::PEERS
+        .iter()
+        .map(|&(p, _, _)| (p, Vec::new(), Vec::new()))
+        .collect();
     let mut t = Table::new(
             format!("Whole programs, median of {runs} interleaved runs (time in s, peak RSS in MiB; ratios < 1 are better)"),
-            &["workload", "allocator", "time", "RSS", "time/glibc", "time/mimalloc", "RSS/glibc"],
+            &["workload", "allocator", "time", "RSS", "time/glibc", "RSS/glibc", "time/mimalloc", "RSS/mimalloc", "time/jemalloc", "RSS/jemalloc"],
         );
     // Each program runs under a small launcher that reports its own peak
     // RSS (see `launched_max_rss`).
@@ -186,7 +191,13 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         let med_t: Vec<f64> = times.iter().map(|v| median(v)).collect();
         let med_r: Vec<f64> = rss.iter().map(|v| median(v)).collect();
         let g = 0;
-        let mi = allocs.iter().position(|a| a.name == "mimalloc");
+        let peer = |name: &str| {
+            allocs
+                .iter()
+                .position(|a| a.name == name)
+                .filter(|&p| failed[p].is_none())
+        };
+        let (mi, je) = (peer("mimalloc"), peer("jemalloc"));
         for (i, a) in allocs.iter().enumerate() {
             if let Some(f) = &failed[i] {
                 out.notes
@@ -204,16 +215,32 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             let tg = med_t[i] / med_t[g];
             let rg = med_r[i] / med_r[g];
             let tm = mi.map_or(f64::NAN, |m| med_t[i] / med_t[m]);
+            let rm = mi.map_or(f64::NAN, |m| med_r[i] / med_r[m]);
+            let tj = je.map_or(f64::NAN, |j| med_t[i] / med_t[j]);
+            let rj = je.map_or(f64::NAN, |j| med_r[i] / med_r[j]);
             out.measure(w.case, a.name.as_str(), "wall_s", med_t[i], "s");
             out.measure(w.case, a.name.as_str(), "peak_rss_mib", med_r[i], "MiB");
             out.measure(w.case, a.name.as_str(), "time_ratio_to_glibc", tg, "x");
             out.measure(w.case, a.name.as_str(), "rss_ratio_to_glibc", rg, "x");
-            if tm.is_finite() {
-                out.measure(w.case, a.name.as_str(), "time_ratio_to_mimalloc", tm, "x");
+            for (metric, v) in [
+                ("time_ratio_to_mimalloc", tm),
+                ("rss_ratio_to_mimalloc", rm),
+                ("time_ratio_to_jemalloc", tj),
+                ("rss_ratio_to_jemalloc", rj),
+            ] {
+                if v.is_finite() {
+                    out.measure(w.case, a.name.as_str(), metric, v, "x");
+                }
             }
             if a.name == "kmem" {
                 time_ratio_glibc.push(tg);
                 rss_ratio_glibc.push(rg);
+                for (p, ts, rs) in kmem_to_peer.iter_mut() {
+                    if let Some(j) = peer(p) {
+                        ts.push(med_t[i] / med_t[j]);
+                        rs.push(med_r[i] / med_r[j]);
+                    }
+                }
             }
             t.row(vec![
                 w.case.into(),
@@ -221,8 +248,11 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 format!("{:.3}", med_t[i]),
                 fmt_num(med_r[i]),
                 fmt_ratio(tg),
-                fmt_ratio(tm),
                 fmt_ratio(rg),
+                fmt_ratio(tm),
+                fmt_ratio(rm),
+                fmt_ratio(tj),
+                fmt_ratio(rj),
             ]);
         }
     }
@@ -232,11 +262,19 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         out.measure("geomean", "kmem", "time_ratio_to_glibc", gt, "x");
         out.measure("geomean", "kmem", "rss_ratio_to_glibc", gr, "x");
         let mut s = Table::new(
-            "kmem against glibc, geometric mean over the workloads",
-            &["metric", "kmem/glibc"],
+            "kmem against glibc and the peers, geometric mean over the workloads",
+            &["against", "time", "peak RSS"],
         );
-        s.row(vec!["wall time".into(), fmt_ratio(gt)]);
-        s.row(vec!["peak RSS".into(), fmt_ratio(gr)]);
+        s.row(vec!["glibc".into(), fmt_ratio(gt), fmt_ratio(gr)]);
+        for (p, ts, rs) in &kmem_to_peer {
+            // Only over every workload: a peer that failed one is not comparable.
+            if !ts.is_empty() && ts.len() == time_ratio_glibc.len() {
+                let (pt, pr) = (geomean(ts), geomean(rs));
+                out.measure("geomean", "kmem", format!("time_ratio_to_{p}"), pt, "x");
+                out.measure("geomean", "kmem", format!("rss_ratio_to_{p}"), pr, "x");
+                s.row(vec![(*p).into(), fmt_ratio(pt), fmt_ratio(pr)]);
+            }
+        }
         out.tables.push(s);
     }
 }
