@@ -538,7 +538,16 @@ fn free_in(what: &str, p: *mut u8) {
         match unsafe { NTA.lookup_unlocked(a) } {
             Ok(k) => {
                 let t = thread();
-                if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
+                let mut mode = t.mode.get();
+                if mode == T_NEW {
+                    // A thread whose first call is `free` (a consumer of
+                    // what others allocate) gets its front cache too:
+                    // without it, each of its frees took a heap lock (or
+                    // queued one block on another CPU's semi-free list).
+                    thread_start(t);
+                    mode = t.mode.get();
+                }
+                if mode == T_FAST && k <= FRONT_CLASSES {
                     // SAFETY: a live allocation of k chunks that the caller
                     // gives up; this thread's cache holds only NTA's chunks.
                     unsafe { (*t.front.get()).push(&NTA, p, k) };
