@@ -6,6 +6,7 @@
 //!   refill(k)     one heap lock: LIMIT[k]/2 chunks carved from one free run,
 //!                 and the heap's queued remote frees of any size with room
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
+//!                 (all of it, at 32 entries, if this thread never refilled k)
 //!   every 64th refill: classes with no refill or flush in the last 64 go back
 //!   flush_all     everything back (thread exit)
 //! ```
@@ -19,7 +20,11 @@
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
 //! **Bounds.** A class keeps about 32 KiB (16 to 256 entries), a cache at
-//! most [`FRONT_BYTES`] in all. Cached chunks stay allocated in their node's
+//! most [`FRONT_BYTES`] in all. A class the thread has not refilled since it
+//! last went idle keeps at most [`FREE_ONLY`] entries and hands them back
+//! all at once: a thread that frees what others allocate (the consumer of a
+//! queue) gets its frees batched under one lock without holding a stock it
+//! would never allocate from. Cached chunks stay allocated in their node's
 //! bitmap, so they neither coalesce nor count as free: the bound is what
 //! keeps the seed's packing.
 //!
@@ -76,6 +81,27 @@ pub(crate) const LIMITS: [u32; FRONT_CLASSES + 1] = {
     let mut k = 1;
     while k <= FRONT_CLASSES {
         t[k] = limit(k);
+        k += 1;
+    }
+    t
+};
+
+/// Entries a class keeps while this thread only frees it (no refill since
+/// the class last went idle): a batch to hand back under one lock, not a
+/// stock to allocate from.
+pub const FREE_ONLY: u32 = 32;
+
+/// The count at which a push looks closer: the class's bound, or
+/// [`FREE_ONLY`] if that is lower.
+const WATCH: [u32; FRONT_CLASSES + 1] = {
+    let mut t = [0u32; FRONT_CLASSES + 1];
+    let mut k = 1;
+    while k <= FRONT_CLASSES {
+        t[k] = if LIMITS[k] < FREE_ONLY {
+            LIMITS[k]
+        } else {
+            FREE_ONLY
+        };
         k += 1;
     }
     t
@@ -209,7 +235,8 @@ impl FrontCache {
         if unsafe { (*e).chunks } == key {
             bad_free(Error::DoubleFree { addr: p as u64 });
         }
-        if self.counts[k] >= LIMITS[k] || self.bytes >= FRONT_BYTES {
+        let c = self.counts[k];
+        if c >= WATCH[k] && (c >= LIMITS[k] || self.fills[k] == 0) || self.bytes >= FRONT_BYTES {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
             unsafe { self.flush(nta, k) };
         }
@@ -305,7 +332,9 @@ impl FrontCache {
         got.cast()
     }
 
-    /// Gives half of class k (at least one) back to `nta`.
+    /// Gives half of class k (at least one) back to `nta`, or all of it if
+    /// this thread has not refilled the class since it last went idle (it
+    /// frees what other threads allocate, and would never use the half).
     ///
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
@@ -313,7 +342,11 @@ impl FrontCache {
     #[inline(never)]
     unsafe fn flush<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
         self.active[k] = self.refills;
-        let n = (self.counts[k] / 2).max(1).min(self.counts[k]);
+        let n = if self.fills[k] == 0 {
+            self.counts[k]
+        } else {
+            (self.counts[k] / 2).max(1).min(self.counts[k])
+        };
         if n == 0 {
             return;
         }

@@ -761,3 +761,55 @@ fn idle_classes_go_back_and_busy_ones_stay() {
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
 }
+
+#[test]
+fn a_class_this_thread_only_frees_goes_back_in_batches() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let free_only = crate::front::FREE_ONLY as usize;
+    // Blocks of class 1 that another thread allocated (straight from nta).
+    let v: Vec<_> = (0..3 * free_only + 5)
+        .map(|_| nta.alloc(l(64)).unwrap())
+        .collect();
+    // A consumer's cache: it never refilled class 1, so it keeps at most
+    // one batch and hands every full batch back whole.
+    let mut consumer = crate::FrontCache::new();
+    for (i, p) in v.iter().enumerate() {
+        // SAFETY: live 1-chunk allocations of nta's, each freed once.
+        unsafe { consumer.push(&nta, p.as_ptr(), 1) };
+        // The push that finds a full batch hands it back, then caches itself.
+        let expect = if i < free_only {
+            i + 1
+        } else {
+            (i - free_only) % free_only + 1
+        };
+        assert_eq!(consumer.count(1), expect, "after {} frees", i + 1);
+    }
+    assert_eq!(consumer.count(1), 5);
+    nta.check().unwrap();
+    // A thread that allocates the class keeps its usual stock: after a
+    // refill, a full class gives back only half.
+    let mut owner = crate::FrontCache::new();
+    let q = owner.refill(&nta, 1);
+    assert!(!q.is_null());
+    let stocked = owner.count(1);
+    let w: Vec<_> = (0..256).map(|_| nta.alloc(l(64)).unwrap()).collect();
+    for p in &w {
+        // SAFETY: as above.
+        unsafe { owner.push(&nta, p.as_ptr(), 1) };
+    }
+    assert!(
+        owner.count(1) > free_only,
+        "{} kept after a refill",
+        owner.count(1)
+    );
+    assert!(owner.count(1) >= stocked);
+    // SAFETY: q is live; both caches hold only nta's chunks.
+    unsafe {
+        nta.free_small(q as usize, 1);
+        consumer.flush_all(&nta);
+        owner.flush_all(&nta);
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
