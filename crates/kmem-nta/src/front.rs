@@ -20,13 +20,13 @@
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
 //! **Bounds.** A class keeps about 32 KiB (16 to 256 entries), a cache at
-//! most [`FRONT_BYTES`] in all. A class the thread has not refilled since it
-//! last went idle keeps at most [`FREE_ONLY`] entries and hands them back
-//! all at once: a thread that frees what others allocate (the consumer of a
-//! queue) gets its frees batched under one lock without holding a stock it
-//! would never allocate from. Cached chunks stay allocated in their node's
-//! bitmap, so they neither coalesce nor count as free: the bound is what
-//! keeps the seed's packing.
+//! most [`FRONT_BYTES`] in all. A class the thread has never refilled
+//! keeps at most [`FREE_ONLY`] entries and hands them back all at once: a
+//! thread that frees what others allocate (the consumer of a queue) gets
+//! its frees batched under one lock without holding a stock it would never
+//! allocate from. Cached chunks stay allocated in their node's bitmap, so
+//! they neither coalesce nor count as free: the bound is what keeps the
+//! seed's packing.
 //!
 //! **Idle classes go back.** A program that works in phases (build a table
 //! of small records, then process 4 KiB buffers) would otherwise keep the
@@ -86,9 +86,9 @@ pub(crate) const LIMITS: [u32; FRONT_CLASSES + 1] = {
     t
 };
 
-/// Entries a class keeps while this thread only frees it (no refill since
-/// the class last went idle): a batch to hand back under one lock, not a
-/// stock to allocate from.
+/// Entries a class keeps while this thread only frees it (it never refilled
+/// the class): a batch to hand back under one lock, not a stock to allocate
+/// from.
 pub const FREE_ONLY: u32 = 32;
 
 /// The count at which a push looks closer: the class's bound, or
@@ -126,6 +126,9 @@ pub struct FrontCache {
     heads: [*mut Semi; FRONT_CLASSES + 1],
     counts: [u32; FRONT_CLASSES + 1],
     bytes: usize,
+    /// Bit `k - 1` set once this thread has refilled class `k`: a class it
+    /// never refilled, it only frees.
+    refilled: u64,
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
     fills: [u8; FRONT_CLASSES + 1],
     /// Refills of the whole cache (wrapping): the clock of idleness.
@@ -183,6 +186,7 @@ impl FrontCache {
             counts: [0; FRONT_CLASSES + 1],
             bytes: 0,
             fills: [0; FRONT_CLASSES + 1],
+            refilled: 0,
             refills: 0,
             active: [0; FRONT_CLASSES + 1],
         }
@@ -236,7 +240,7 @@ impl FrontCache {
             bad_free(Error::DoubleFree { addr: p as u64 });
         }
         let c = self.counts[k];
-        if c >= WATCH[k] && (c >= LIMITS[k] || self.fills[k] == 0) || self.bytes >= FRONT_BYTES {
+        if c >= WATCH[k] && (c >= LIMITS[k] || self.only_frees(k)) || self.bytes >= FRONT_BYTES {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
             unsafe { self.flush(nta, k) };
         }
@@ -268,6 +272,7 @@ impl FrontCache {
             // cache's contract with its owner).
             unsafe { self.return_idle(nta) };
         }
+        self.refilled |= 1 << (k - 1);
         let want = fill_count(k, self.fills[k]);
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
@@ -332,9 +337,16 @@ impl FrontCache {
         got.cast()
     }
 
+    /// True while this thread has never refilled class `k` (1..=64): it
+    /// frees what other threads allocate.
+    #[inline(always)]
+    fn only_frees(&self, k: usize) -> bool {
+        self.refilled & (1 << (k - 1)) == 0
+    }
+
     /// Gives half of class k (at least one) back to `nta`, or all of it if
-    /// this thread has not refilled the class since it last went idle (it
-    /// frees what other threads allocate, and would never use the half).
+    /// this thread never refilled the class (it frees what other threads
+    /// allocate, and would never use the half).
     ///
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
@@ -342,7 +354,7 @@ impl FrontCache {
     #[inline(never)]
     unsafe fn flush<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
         self.active[k] = self.refills;
-        let n = if self.fills[k] == 0 {
+        let n = if self.only_frees(k) {
             self.counts[k]
         } else {
             (self.counts[k] / 2).max(1).min(self.counts[k])
