@@ -7,7 +7,8 @@
 //!                 and the heap's queued remote frees of any size with room
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
 //!                 (all of it, at 32 entries, if this thread never refilled k)
-//!   every 64th refill: classes with no refill or flush in the last 64 go back
+//!   every 64th refill (or free-only hand-back): classes with no refill or
+//!                 flush in the last 64 go back
 //!   flush_all     everything back (thread exit)
 //! ```
 //!
@@ -35,7 +36,8 @@
 //! had no refill and no flush in the last `IDLE_SCAN` refills, and that
 //! class's refills ramp up from a KiB again. A class in steady use that
 //! never misses looks idle too; its price is one flush and one refill per
-//! `IDLE_SCAN` refills of other classes.
+//! `IDLE_SCAN` refills of other classes. A thread that only frees never
+//! refills, so its free-only hand-backs advance the same clock.
 //!
 //! **Double frees.** A cached chunk's second word holds a key derived from
 //! its address and the allocator's secret; every path that hands a chunk out
@@ -131,7 +133,8 @@ pub struct FrontCache {
     refilled: u64,
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
     fills: [u8; FRONT_CLASSES + 1],
-    /// Refills of the whole cache (wrapping): the clock of idleness.
+    /// Refills of the whole cache and hand-backs of free-only classes
+    /// (wrapping): the clock of idleness.
     refills: u16,
     /// `refills` at each class's last refill or flush.
     active: [u16; FRONT_CLASSES + 1],
@@ -265,13 +268,9 @@ impl FrontCache {
         if nta.geometry().chunk() != FRONT_CHUNK || k == 0 || k > FRONT_CLASSES {
             return ptr::null_mut();
         }
-        self.refills = self.refills.wrapping_add(1);
-        self.active[k] = self.refills;
-        if self.refills % IDLE_SCAN == 0 {
-            // SAFETY: every chunk in the cache belongs to `nta` (the
-            // cache's contract with its owner).
-            unsafe { self.return_idle(nta) };
-        }
+        // SAFETY: every chunk in the cache belongs to `nta` (the cache's
+        // contract with its owner).
+        unsafe { self.tick(nta, k) };
         self.refilled |= 1 << (k - 1);
         let want = fill_count(k, self.fills[k]);
         if self.fills[k] < FILL_STEPS {
@@ -353,10 +352,15 @@ impl FrontCache {
     #[cold]
     #[inline(never)]
     unsafe fn flush<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
-        self.active[k] = self.refills;
         let n = if self.only_frees(k) {
+            // A thread that only frees never refills: its whole-class
+            // hand-backs keep the clock instead, so that the other classes
+            // it parked go back once idle.
+            // SAFETY: forwarded contract.
+            unsafe { self.tick(nta, k) };
             self.counts[k]
         } else {
+            self.active[k] = self.refills;
             (self.counts[k] / 2).max(1).min(self.counts[k])
         };
         if n == 0 {
@@ -376,6 +380,22 @@ impl FrontCache {
         }
         self.counts[k] -= n;
         self.bytes -= (n as usize * k) << SHIFT;
+    }
+
+    /// One event of class `k` on the clock of idleness (a refill, or a
+    /// free-only class's hand-back); every [`IDLE_SCAN`]th event, the idle
+    /// classes go back (never `k`, which is active now).
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    #[inline]
+    unsafe fn tick<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
+        self.refills = self.refills.wrapping_add(1);
+        self.active[k] = self.refills;
+        if self.refills % IDLE_SCAN == 0 {
+            // SAFETY: forwarded contract.
+            unsafe { self.return_idle(nta) };
+        }
     }
 
     /// Gives back, whole, every class with chunks and no refill or flush in

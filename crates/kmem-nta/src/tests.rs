@@ -813,3 +813,31 @@ fn a_class_this_thread_only_frees_goes_back_in_batches() {
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
 }
+
+#[test]
+fn a_thread_that_only_frees_gives_back_its_idle_classes() {
+    let mut b = buf(128);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let free_only = crate::front::FREE_ONLY as usize;
+    let scan = crate::front::IDLE_SCAN as usize;
+    let mut consumer = crate::FrontCache::new();
+    // One block of class 3, then a long run of class 1, all freed by a
+    // thread that never allocates.
+    let odd = nta.alloc(l(3 * 64)).unwrap();
+    // SAFETY: a live 3-chunk allocation of nta's, freed once.
+    unsafe { consumer.push(&nta, odd.as_ptr(), 3) };
+    assert_eq!(consumer.count(3), 1);
+    for _ in 0..2 * scan {
+        let v: Vec<_> = (0..free_only).map(|_| nta.alloc(l(64)).unwrap()).collect();
+        for p in v {
+            // SAFETY: live 1-chunk allocations, each freed once.
+            unsafe { consumer.push(&nta, p.as_ptr(), 1) };
+        }
+    }
+    // Class 1's hand-backs kept the clock: class 3, idle all along, went back.
+    assert_eq!(consumer.count(3), 0, "an idle class stays parked");
+    // SAFETY: the cache holds only nta's chunks.
+    unsafe { consumer.flush_all(&nta) };
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
