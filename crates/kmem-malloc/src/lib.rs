@@ -538,22 +538,13 @@ fn free_in(what: &str, p: *mut u8) {
         match unsafe { NTA.lookup_unlocked(a) } {
             Ok(k) => {
                 let t = thread();
-                let mut mode = t.mode.get();
-                if mode == T_NEW {
-                    // A thread whose first call is `free` (a consumer of
-                    // what others allocate) gets its front cache too:
-                    // without it, each of its frees took a heap lock (or
-                    // queued one block on another CPU's semi-free list).
-                    thread_start(t);
-                    mode = t.mode.get();
-                }
-                if mode == T_FAST && k <= FRONT_CLASSES {
+                if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
                     // SAFETY: a live allocation of k chunks that the caller
                     // gives up; this thread's cache holds only NTA's chunks.
                     unsafe { (*t.front.get()).push(&NTA, p, k) };
                 } else {
                     // SAFETY: as above.
-                    unsafe { NTA.free_small(a, k) };
+                    unsafe { free_uncached(t, p, k) };
                 }
             }
             Err(e @ Error::DoubleFree { .. }) => die(what, p, &e),
@@ -578,6 +569,28 @@ fn free_in(what: &str, p: *mut u8) {
     } else {
         die(what, p, &"not allocated by kmem")
     }
+}
+
+/// `free` of nta's `k`-chunk block `p` off the front cache's path: a
+/// medium block, a thread without a cache, or a thread's first call. A
+/// thread whose first call is `free` (a consumer of what others allocate)
+/// starts here and gets its cache too: without it, each of its frees took a
+/// heap lock, or queued one block on another CPU's semi-free list.
+///
+/// # Safety
+/// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
+#[inline(never)]
+unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
+    if t.mode.get() == T_NEW {
+        thread_start(t);
+        if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
+            // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
+            unsafe { (*t.front.get()).push(&NTA, p, k) };
+            return;
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { NTA.free_small(p as usize, k) };
 }
 
 /// The usable size of the live allocation `p`, or one line and abort.
