@@ -62,17 +62,22 @@
 //!
 //! # Bad input
 //!
-//! `free` checks before it touches anything: a list index out of range
-//! (`BadIndex`), an address outside the source's span (`OutOfRange`), an
+//! A page is handed out as a [`PageRef`], which is not `Copy`: `free` takes
+//! it by value, so safe code can neither free a page twice nor free one that
+//! another thread still holds. Addresses that leave as bare pointers (stored
+//! in a page table, say) come back through the `unsafe`
+//! [`PageRef::from_raw`], whose contract is only that no two frees of one
+//! page race. `free` checks before it touches anything: a list index out of
+//! range (`BadIndex`), an address outside the source's span (`OutOfRange`), an
 //! address inside a page or a page never handed out by these quicklists
 //! (`NotAllocated`), a page already on a list or already given back
-//! (`DoubleFree`). The check is one compare-and-swap on the page's state byte,
-//! so two threads racing to free one page cannot both succeed: it is the one
-//! atomic read-modify-write left on the hot paths, and what keeps `free` safe
-//! to call with any `PageRef`. Limits: a page
-//! given back to the source and since handed to someone else, then freed here,
-//! reads as `DoubleFree`; a page freed to the wrong list (a pgd onto the pte
-//! list) is not detected (the record does not say which list a page is for).
+//! (`DoubleFree`). The error ([`FreeError`]) hands the `PageRef` back. The
+//! check is a load and a store of the page's state byte; the ownership the
+//! type carries is what makes that enough, so the hot paths have no atomic
+//! read-modify-write at all. Limits: a page given back to the source and
+//! since handed to someone else, then freed here, reads as `DoubleFree`; a
+//! page freed to the wrong list (a pgd onto the pte list) is not detected
+//! (the record does not say which list a page is for).
 //!
 //! # Locking
 //!
@@ -84,8 +89,8 @@
 //!   this CPU's list in a sequence that reads the CPU number, works on that
 //!   CPU's words and commits with one store; the kernel restarts it if the
 //!   thread is preempted or migrated first (`kmem_sys::rseq`). A hit is then
-//!   a handful of plain loads and stores, and a free one compare-and-swap
-//!   (the record's, below) where the lock cost two more.
+//!   a handful of plain loads and stores, and so is a free, where the lock
+//!   cost two atomic read-modify-writes.
 //! - **The CPU's lock**: everything else (a drain, a check, a trim of another
 //!   CPU, a thread without rseq, any other [`Cpus`](kmem_core::Cpus)) takes
 //!   the CPU's lock; where sequences run it then sets the CPU's `taken` word
@@ -125,7 +130,7 @@ mod policy;
 mod quicklists;
 
 pub use policy::{Config, Policy, DEFAULT_BATCH, DEFAULT_MIN_PAGES, FRACTION_OF_NODE_MEM};
-pub use quicklists::{Ctor, Dtor, Meminfo, PageRef, Quicklists, Stats};
+pub use quicklists::{Ctor, Dtor, FreeError, Meminfo, PageRef, Quicklists, Stats};
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! The per-page ownership record: one state byte per page of the source's span.
 //!
 //! ```text
-//!            alloc (miss: from the source)          free (CAS, checked)
+//!            alloc (miss: from the source)          free (checked)
 //!   FREE ----------------------------------> LIVE ----------------------> CACHED
 //!   RELEASED ------------------------------^   ^----------------------------'
 //!      ^                                           alloc (hit: a store)     |
@@ -13,10 +13,11 @@
 //! user, or metadata). `LIVE`: handed out, not yet freed. `CACHED`: on a list.
 //! `RELEASED`: was ours, given back to the source.
 //!
-//! Only a free has to check the state (a compare-and-swap from `LIVE`, so two
-//! threads racing to free one page cannot both succeed); every other move is
-//! made by the one thread that owns the page at that moment and is a plain
-//! store. A byte per page costs 1/4096 of memory with 4 KiB pages and lets
+//! Only a free has to check the state (a load, then a store of `CACHED`:
+//! the caller gives up the page's only handle, a `PageRef`, so no other free
+//! of it runs at the same time); every other move is made by the one thread
+//! that owns the page at that moment and is a plain store too. A byte per
+//! page costs 1/4096 of memory with 4 KiB pages and lets
 //! neighbouring pages change state without a read-modify-write.
 
 use core::ptr::NonNull;
@@ -119,16 +120,17 @@ impl OwnerMap {
     }
 
     /// A free: `LIVE` to `CACHED`, or the error that the state names, with
-    /// nothing changed.
+    /// nothing changed. A load and a store: the caller holds the page's only
+    /// handle, so no other free of it runs at the same time (`PageRef`).
     #[inline(always)]
     pub(crate) fn live_to_cached(&self, i: usize, addr: usize) -> Result<()> {
-        match self
-            .state(i)
-            .compare_exchange(LIVE, CACHED, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => Ok(()),
-            Err(CACHED) | Err(RELEASED) => Err(Error::DoubleFree { addr: addr as u64 }),
-            Err(_) => Err(Error::NotAllocated { addr: addr as u64 }),
+        match self.get(i) {
+            LIVE => {
+                self.set(i, CACHED);
+                Ok(())
+            }
+            CACHED | RELEASED => Err(Error::DoubleFree { addr: addr as u64 }),
+            _ => Err(Error::NotAllocated { addr: addr as u64 }),
         }
     }
 

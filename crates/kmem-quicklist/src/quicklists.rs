@@ -10,45 +10,83 @@ use kmem_core::{Counter, Cpus, Error, LockStats, PageSource, RawCountingLock, Re
 use crate::owner::{OwnerMap, CACHED, FREE, LIVE, RELEASED};
 use crate::policy::Config;
 
-/// A page handed out by [`Quicklists::alloc`]: its address, nothing more.
+/// A page handed out by [`Quicklists::alloc`], owned by whoever holds this.
 ///
-/// It is `Copy` like the address it is. Holding one grants no access by
-/// itself (reading or writing the page is the caller's `unsafe` business, as
-/// with any pointer), and [`Quicklists::free`] checks every `PageRef` it is
-/// given against its ownership record before it touches the page, so a made-up
-/// or stale one is refused with an error rather than trusted.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// It is not `Copy` or `Clone`: there is one `PageRef` per page handed out,
+/// and [`Quicklists::free`] takes it by value, so safe code cannot free a
+/// page twice, nor free it while another thread still holds it:
+///
+/// ```compile_fail,E0382
+/// # use kmem_core::{Cpus, RegionSource, Topology};
+/// # use kmem_quicklist::{Config, Quicklists};
+/// # let src = RegionSource::new(1 << 20).unwrap();
+/// # let topo = Topology::single(1).unwrap();
+/// # let ql: Quicklists<_, 1> = Quicklists::new(&src, &topo, Cpus::Fixed(0), Config::default()).unwrap();
+/// let page = ql.alloc(0, None).unwrap();
+/// ql.free(0, page, None).unwrap();
+/// ql.free(0, page, None).unwrap(); // error[E0382]: use of moved value
+/// ```
+///
+/// Holding one grants no access to the page by itself (reading or writing it
+/// is the caller's `unsafe` business, as with any pointer). A page whose
+/// address went elsewhere (stored in a page table, say) leaves with
+/// [`into_raw`](Self::into_raw) and comes back with
+/// [`from_raw`](Self::from_raw); [`free`](Quicklists::free) still checks the
+/// address against its ownership record before it touches the page, so an
+/// address outside the source, inside a page, never handed out, or already
+/// freed is refused with an error. Dropping a `PageRef` leaks its page (it
+/// stays recorded as handed out).
+#[must_use = "dropping a PageRef leaks its page; give it back with Quicklists::free"]
+#[derive(PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PageRef(NonNull<u8>);
 
-// SAFETY: a PageRef is an address; it carries no access rights and no
-// thread-bound state, and frees are checked wherever they come from.
+// SAFETY: a PageRef is the unique handle of a page that nothing else uses
+// while it is held (the allocator touches a page only while it is on a list,
+// with no PageRef out); moving it to another thread moves that ownership.
 unsafe impl Send for PageRef {}
-// SAFETY: as above: sharing an address shares nothing else.
+// SAFETY: a shared &PageRef reads only the address.
 unsafe impl Sync for PageRef {}
 
 impl PageRef {
-    /// A `PageRef` for a page address (for pages that went through a raw
-    /// pointer, e.g. stored in a page table). `free` validates it.
+    /// A `PageRef` for a page address that left as [`into_raw`](Self::into_raw)
+    /// (or any address: [`Quicklists::free`] checks it against its ownership
+    /// record and refuses one that is not a page it handed out and has not
+    /// taken back since).
+    ///
+    /// # Safety
+    /// If the page at `ptr` is handed out and not yet freed, the caller must
+    /// own it: the `PageRef` it was handed out as was given up
+    /// ([`into_raw`](Self::into_raw)) for this one, and no other `PageRef`
+    /// for it is in use. No two frees of one page may race: every free of
+    /// this address happens before or after the free of the returned
+    /// `PageRef` (a free that follows an earlier one reads `DoubleFree`).
     #[inline]
-    pub fn from_ptr(ptr: NonNull<u8>) -> PageRef {
+    pub unsafe fn from_raw(ptr: NonNull<u8>) -> PageRef {
         PageRef(ptr)
+    }
+
+    /// Gives up the handle for the bare address (to store it in a page table,
+    /// say); [`from_raw`](Self::from_raw) makes a `PageRef` of it again.
+    #[inline]
+    pub fn into_raw(self) -> NonNull<u8> {
+        self.0
     }
 
     /// The page's first byte.
     #[inline]
-    pub fn as_ptr(self) -> *mut u8 {
+    pub fn as_ptr(&self) -> *mut u8 {
         self.0.as_ptr()
     }
 
     /// The page's first byte, non-null.
     #[inline]
-    pub fn as_non_null(self) -> NonNull<u8> {
+    pub fn as_non_null(&self) -> NonNull<u8> {
         self.0
     }
 
     /// The page's address.
     #[inline]
-    pub fn addr(self) -> usize {
+    pub fn addr(&self) -> usize {
         self.0.as_ptr() as usize
     }
 }
@@ -230,6 +268,44 @@ pub struct Meminfo {
 impl fmt::Display for Meminfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Quicklists:     {:>8} kB", self.kb)
+    }
+}
+
+/// A free that was refused: why, and the page handle back.
+///
+/// A live page refused for a list index out of range is still the caller's
+/// (free it again onto the right list); for the other errors the handle
+/// names no page the caller may use. Converts into [`Error`] for `?`.
+#[derive(PartialEq, Eq)]
+pub struct FreeError {
+    /// Why the free was refused.
+    pub error: Error,
+    /// The handle that was passed in.
+    pub page: PageRef,
+}
+
+impl fmt::Debug for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FreeError({:?}, {:?})", self.error, self.page)
+    }
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "free of page {:#x} refused: {}",
+            self.page.addr(),
+            self.error
+        )
+    }
+}
+
+impl core::error::Error for FreeError {}
+
+impl From<FreeError> for Error {
+    fn from(e: FreeError) -> Error {
+        e.error
     }
 }
 
@@ -642,54 +718,44 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     ///
     /// The page is checked first: it must lie in the source's span, start a
     /// page, and be recorded as handed out by these quicklists and not freed
-    /// since. Nothing is touched otherwise.
+    /// since. Nothing is touched otherwise, and the error hands the `PageRef`
+    /// back (a live page refused for a bad list index is still the caller's).
+    /// The check is a load and a store of the page's record, no atomic
+    /// read-modify-write: a `PageRef` is the page's only handle, so no other
+    /// free of it can run at the same time (see [`PageRef::from_raw`]).
     ///
-    /// CONTEXT: one compare-and-swap on the page's record, then a restartable
-    /// sequence on this CPU's list or this CPU's lock taken briefly; a trim
-    /// calls the source and the destructor with no lock of ours held.
+    /// CONTEXT: a restartable sequence on this CPU's list, or this CPU's lock
+    /// taken briefly; a trim calls the source and the destructor with no lock
+    /// of ours held.
     ///
     /// RETURNS: `BadIndex` for a list out of range; `OutOfRange` for a page
     /// outside the source's span; `NotAllocated` for an address that is not a
     /// page start or a page these quicklists never handed out; `DoubleFree`
     /// for a page already on a list or already given back to the source.
     #[inline(always)]
-    pub fn free(&self, list: usize, page: PageRef, dtor: Option<Dtor<'_>>) -> Result<()> {
-        Self::check_list(list)?;
-        let p = page.addr();
-        let i = self.owner.index(p)?;
-        // From here the page is ours alone: no other free can pass this.
-        self.owner.live_to_cached(i, p)?;
-        self.push(list, p, i, dtor);
-        Ok(())
-    }
-
-    /// As [`free`](Self::free) without the compare-and-swap that refuses a
-    /// double free: for callers that own their pages by construction (a
-    /// kernel freeing the page tables of an address space it is tearing
-    /// down), as Linux's `quicklist_free` trusts its caller. The list index
-    /// and the span are still checked (`BadIndex`, `OutOfRange`,
-    /// `NotAllocated` for an address inside a page); the page's record is
-    /// then set `CACHED` with a plain store, so a later checked `free` of it
-    /// still reads `DoubleFree`. Debug builds assert the record said `LIVE`.
-    ///
-    /// # Safety
-    /// `page` must have been handed out by [`alloc`](Self::alloc) of these
-    /// quicklists and not freed since, no other thread may free it at the
-    /// same time, and it must be in list `list`'s constructed state.
-    #[inline]
-    pub unsafe fn free_unchecked(
+    pub fn free(
         &self,
         list: usize,
         page: PageRef,
         dtor: Option<Dtor<'_>>,
-    ) -> Result<()> {
-        Self::check_list(list)?;
+    ) -> core::result::Result<(), FreeError> {
         let p = page.addr();
-        let i = self.owner.index(p)?;
-        debug_assert_eq!(self.owner.get(i), LIVE, "free_unchecked of {p:#x}");
-        self.owner.set(i, CACHED);
+        let i = match self.check_free(list, p) {
+            Ok(i) => i,
+            Err(error) => return Err(FreeError { error, page }),
+        };
         self.push(list, p, i, dtor);
         Ok(())
+    }
+
+    /// The checks of a free of `p` onto `list`; on success the page's record
+    /// says `CACHED` and its index is returned.
+    #[inline(always)]
+    fn check_free(&self, list: usize, p: usize) -> Result<usize> {
+        Self::check_list(list)?;
+        let i = self.owner.index(p)?;
+        self.owner.live_to_cached(i, p)?;
+        Ok(i)
     }
 
     /// Pushes page `p` (index `i`, ours, recorded `CACHED`) onto this CPU's

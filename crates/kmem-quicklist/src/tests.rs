@@ -12,7 +12,7 @@ use std::vec::Vec;
 
 use kmem_core::{bind_simulated_cpu, Cpus, Error, FixedSource, PageSource, Topology};
 
-use crate::{Config, Policy, Quicklists};
+use crate::{Config, FreeError, PageRef, Policy, Quicklists};
 
 const PAGE: usize = 4096;
 
@@ -28,7 +28,19 @@ fn source(buf: &mut [u64]) -> FixedSource<'_> {
     FixedSource::new(bytes, PAGE).unwrap()
 }
 
-fn words(p: crate::PageRef) -> &'static mut [u64] {
+/// A handle for a raw address, to hand `free` bad input.
+fn raw(p: NonNull<u8>) -> PageRef {
+    // SAFETY: the tests free each address on one thread at a time, and only
+    // pages that are not live or that they hold.
+    unsafe { PageRef::from_raw(p) }
+}
+
+/// The error of a refused free.
+fn refused(r: Result<(), FreeError>) -> Error {
+    r.unwrap_err().error
+}
+
+fn words(p: &PageRef) -> &'static mut [u64] {
     // SAFETY: tests only look at pages they hold, PAGE bytes long.
     unsafe { core::slice::from_raw_parts_mut(p.as_ptr().cast::<u64>(), PAGE / 8) }
 }
@@ -63,6 +75,7 @@ fn ctor_runs_on_miss_only_and_pages_come_back_constructed() {
     assert_eq!(ctors.get(), 2);
     assert_eq!(ql.stats().misses, 2);
     ql.check().unwrap();
+    let (a_at, c_at) = (a.addr(), c.addr());
     ql.free(0, a, None).unwrap();
     ql.free(0, c, None).unwrap();
     assert_eq!(ql.list_len(1, 0), Ok(2));
@@ -71,9 +84,9 @@ fn ctor_runs_on_miss_only_and_pages_come_back_constructed() {
     // Hits: LIFO, no constructor, constructed contents intact, link word zero.
     let x = ql.alloc(0, Some(&ctor)).unwrap();
     let y = ql.alloc(0, Some(&ctor)).unwrap();
-    assert_eq!((x, y), (c, a));
+    assert_eq!((x.addr(), y.addr()), (c_at, a_at));
     assert_eq!(ctors.get(), 2);
-    for p in [x, y] {
+    for p in [&x, &y] {
         let w = words(p);
         assert!(w[..PAGE / 16].iter().all(|&v| v == 0));
         assert!(w[PAGE / 16..].iter().all(|&v| v == 0xabab_abab_abab_abab));
@@ -127,9 +140,9 @@ fn zeroed_without_ctor_even_from_dirty_source_pages() {
         Quicklists::new(&src, &topo, Cpus::Fixed(0), Config::default()).unwrap();
     let mut pages = Vec::new();
     while let Ok(p) = ql.alloc(0, None) {
-        assert!(words(p).iter().all(|&v| v == 0));
-        words(p)[7] = 1; // used, then cleared before the free (the contract)
-        words(p)[7] = 0;
+        assert!(words(&p).iter().all(|&v| v == 0));
+        words(&p)[7] = 1; // used, then cleared before the free (the contract)
+        words(&p)[7] = 0;
         pages.push(p);
     }
     assert!(pages.len() >= 20);
@@ -143,7 +156,7 @@ fn zeroed_without_ctor_even_from_dirty_source_pages() {
     // Recycled pages are zero too, link word included.
     for _ in 0..10 {
         let p = ql.alloc(0, None).unwrap();
-        assert!(words(p).iter().all(|&v| v == 0));
+        assert!(words(&p).iter().all(|&v| v == 0));
         pages.push(p);
     }
     for p in pages {
@@ -168,13 +181,14 @@ fn link_offset_moves_the_link_word() {
     };
     let a = ql.alloc(0, Some(&ctor)).unwrap();
     let d = ql.alloc(0, Some(&ctor)).unwrap();
-    assert_eq!(words(a)[8], 0);
+    assert_eq!(words(&a)[8], 0);
+    let d_at = d.addr();
     ql.free(0, a, None).unwrap();
     ql.free(0, d, None).unwrap();
     let x = ql.alloc(0, Some(&ctor)).unwrap();
-    assert_eq!(x, d);
-    assert!(words(x)[..8].iter().all(|&v| v == 0xeeee_eeee_eeee_eeee));
-    assert_eq!(words(x)[8], 0);
+    assert_eq!(x.addr(), d_at);
+    assert!(words(&x)[..8].iter().all(|&v| v == 0xeeee_eeee_eeee_eeee));
+    assert_eq!(words(&x)[8], 0);
     ql.free(0, x, None).unwrap();
     ql.check().unwrap();
 }
@@ -349,10 +363,10 @@ fn bad_input_is_refused_and_changes_nothing() {
         ql.alloc(2, None),
         Err(Error::BadIndex { index: 2, limit: 2 })
     );
-    assert_eq!(
-        ql.free(5, a, None),
-        Err(Error::BadIndex { index: 5, limit: 2 })
-    );
+    // A bad list index refuses a live page and hands it back.
+    let e = ql.free(5, a, None).unwrap_err();
+    assert_eq!(e.error, Error::BadIndex { index: 5, limit: 2 });
+    let a = e.page;
     assert!(matches!(ql.trim(2, None), Err(Error::BadIndex { .. })));
     assert!(matches!(ql.drain(9, None), Err(Error::BadIndex { .. })));
     assert!(matches!(ql.list_len(2, 0), Err(Error::BadIndex { .. })));
@@ -362,40 +376,34 @@ fn bad_input_is_refused_and_changes_nothing() {
     ));
     // A page of another source: outside the span.
     assert!(matches!(
-        ql.free(0, crate::PageRef::from_ptr(foreign), None),
-        Err(Error::OutOfRange { .. })
+        refused(ql.free(0, raw(foreign), None)),
+        Error::OutOfRange { .. }
     ));
     // A page of this source that the quicklists never handed out.
-    let direct_ref = crate::PageRef::from_ptr(direct);
     assert!(matches!(
-        ql.free(0, direct_ref, None),
-        Err(Error::NotAllocated { .. })
+        refused(ql.free(0, raw(direct), None)),
+        Error::NotAllocated { .. }
     ));
     // An address inside a page.
     // SAFETY: still inside the page `a`.
     let inside = unsafe { NonNull::new_unchecked(a.as_ptr().add(8)) };
     assert!(matches!(
-        ql.free(0, crate::PageRef::from_ptr(inside), None),
-        Err(Error::NotAllocated { .. })
+        refused(ql.free(0, raw(inside), None)),
+        Error::NotAllocated { .. }
     ));
     assert_eq!((ql.stats(), src.free_page_count()), before);
     ql.check().unwrap();
 
-    // Double free: on a list, and after it went back to the source.
+    // Double free (through a raw address, the only way to hold a second
+    // handle): on a list, and after it went back to the source.
+    let a_raw = a.as_non_null();
     ql.free(0, a, None).unwrap();
     let before = (ql.stats(), src.free_page_count(), ql.list_len(0, 0));
-    assert_eq!(
-        ql.free(0, a, None),
-        Err(Error::DoubleFree {
-            addr: a.addr() as u64
-        })
-    );
-    assert_eq!(
-        ql.free(1, a, None),
-        Err(Error::DoubleFree {
-            addr: a.addr() as u64
-        })
-    );
+    let double = Error::DoubleFree {
+        addr: a_raw.as_ptr() as u64,
+    };
+    assert_eq!(refused(ql.free(0, raw(a_raw), None)), double);
+    assert_eq!(refused(ql.free(1, raw(a_raw), None)), double);
     assert_eq!(
         (ql.stats(), src.free_page_count(), ql.list_len(0, 0)),
         before
@@ -403,19 +411,17 @@ fn bad_input_is_refused_and_changes_nothing() {
     ql.check().unwrap();
     assert_eq!(ql.drain(0, None), Ok(1));
     let before = (ql.stats(), src.free_page_count());
-    assert!(matches!(ql.free(0, a, None), Err(Error::DoubleFree { .. })));
+    assert_eq!(refused(ql.free(0, raw(a_raw), None)), double);
     assert_eq!((ql.stats(), src.free_page_count()), before);
     ql.check().unwrap();
 
     // Another Quicklists on the same source does not accept our pages.
     let ql2: Quicklists<_, 2> =
         Quicklists::new(&src, &topo, Cpus::Fixed(0), Config::default()).unwrap();
-    assert!(matches!(
-        ql2.free(1, kept, None),
-        Err(Error::NotAllocated { .. })
-    ));
+    let e = ql2.free(1, kept, None).unwrap_err();
+    assert!(matches!(e.error, Error::NotAllocated { .. }));
     ql2.check().unwrap();
-    ql.free(1, kept, None).unwrap();
+    ql.free(1, e.page, None).unwrap();
     ql.check().unwrap();
     // SAFETY: pages taken directly above.
     unsafe {
@@ -597,7 +603,7 @@ mod model {
         p[PAGE / 2..].fill(0xc3);
     }
 
-    fn constructed(p: crate::PageRef, list: usize) -> bool {
+    fn constructed(p: &PageRef, list: usize) -> bool {
         let w = words(p);
         let upper = if list == 1 { 0xc3c3_c3c3_c3c3_c3c3 } else { 0 };
         w[..PAGE / 16].iter().all(|&v| v == 0) && w[PAGE / 16..].iter().all(|&v| v == upper)
@@ -605,8 +611,9 @@ mod model {
 
     struct Model {
         lists: [[Vec<usize>; LISTS]; CPUS],
-        live: Vec<(crate::PageRef, usize)>,
-        freed: Vec<crate::PageRef>,
+        live: Vec<(PageRef, usize)>,
+        /// Addresses of pages given back to the source.
+        freed: Vec<usize>,
         bound: [usize; CPUS],
         trim_above: [[usize; LISTS]; CPUS],
         stats: crate::Stats,
@@ -637,9 +644,7 @@ mod model {
             self.trim_above[cpu][list] = bound.min((q.len() - n).max(MIN) + BATCH);
             for _ in 0..n {
                 let p = q.pop().unwrap();
-                self.freed.push(crate::PageRef::from_ptr(
-                    NonNull::new(p as *mut u8).unwrap(),
-                ));
+                self.freed.push(p);
             }
             self.stats.released += n as u64;
             if list == 1 {
@@ -654,7 +659,7 @@ mod model {
         let src = source(&mut b);
         let mut b2 = buffer(2);
         let other = source(&mut b2);
-        let foreign = crate::PageRef::from_ptr(other.alloc_pages(1, 1).unwrap());
+        let foreign = other.alloc_pages(1, 1).unwrap();
         let topo = Topology::uniform(CPUS, 1, nodes).unwrap();
         let ql: Quicklists<_, LISTS> =
             Quicklists::new(&src, &topo, Cpus::Simulated, cfg(policy, MIN, BATCH)).unwrap();
@@ -702,7 +707,7 @@ mod model {
                             let p = r.unwrap();
                             assert_eq!(p.addr(), top, "a hit takes the most recent page");
                             m.stats.hits += 1;
-                            assert!(constructed(p, list));
+                            assert!(constructed(&p, list));
                             m.live.push((p, list));
                         }
                         None => {
@@ -712,12 +717,12 @@ mod model {
                                 m.stats.alloc_failures += 1;
                             } else {
                                 let p = r.unwrap();
-                                assert!(constructed(p, list));
-                                assert!(m.live.iter().all(|&(q, _)| q != p));
+                                assert!(constructed(&p, list));
+                                assert!(m.live.iter().all(|(q, _)| *q != p));
                                 if list == 1 {
                                     m.stats.ctor_calls += 1;
                                 }
-                                m.freed.retain(|&q| q != p);
+                                m.freed.retain(|&q| q != p.addr());
                                 m.live.push((p, list));
                             }
                         }
@@ -734,13 +739,14 @@ mod model {
                     };
                     let (p, list) = m.live.swap_remove(at);
                     // Use the page, then bring it back to its constructed state.
-                    words(p)[3] = 0xdead;
-                    words(p)[3] = 0;
+                    words(&p)[3] = 0xdead;
+                    words(&p)[3] = 0;
                     bind_simulated_cpu(cpu);
+                    let at = p.addr();
                     ql.free(list, p, if list == 1 { Some(&dtor) } else { None })
                         .unwrap();
                     m.stats.frees += 1;
-                    m.lists[cpu][list].push(p.addr());
+                    m.lists[cpu][list].push(at);
                     if m.lists[cpu][list].len() > m.trim_above[cpu][list] {
                         m.trim(cpu, list, policy, nodes);
                     }
@@ -759,9 +765,7 @@ mod model {
                     let mut k = 0;
                     for cpu in 0..CPUS {
                         for a in m.lists[cpu][list].drain(..) {
-                            m.freed.push(crate::PageRef::from_ptr(
-                                NonNull::new(a as *mut u8).unwrap(),
-                            ));
+                            m.freed.push(a);
                             k += 1;
                         }
                     }
@@ -773,36 +777,36 @@ mod model {
                 }
                 Op::DoubleFree { pick } => {
                     let listed: Vec<usize> = m.lists.iter().flatten().flatten().copied().collect();
-                    let mut cands: Vec<crate::PageRef> = m.freed.clone();
-                    cands.extend(
-                        listed.iter().map(|&a| {
-                            crate::PageRef::from_ptr(NonNull::new(a as *mut u8).unwrap())
-                        }),
-                    );
+                    let mut cands: Vec<usize> = m.freed.clone();
+                    cands.extend(listed);
                     if cands.is_empty() {
                         continue;
                     }
-                    let p = cands[pick % cands.len()];
+                    let a = cands[pick % cands.len()];
                     assert_eq!(
-                        ql.free(pick % LISTS, p, None),
-                        Err(Error::DoubleFree {
-                            addr: p.addr() as u64
-                        })
+                        refused(ql.free(
+                            pick % LISTS,
+                            raw(NonNull::new(a as *mut u8).unwrap()),
+                            None
+                        )),
+                        Error::DoubleFree { addr: a as u64 }
                     );
                 }
                 Op::Foreign => {
                     assert!(matches!(
-                        ql.free(0, foreign, None),
-                        Err(Error::OutOfRange { .. })
+                        refused(ql.free(0, raw(foreign), None)),
+                        Error::OutOfRange { .. }
                     ));
                 }
                 Op::BadList { list } => {
                     assert!(matches!(ql.alloc(list, None), Err(Error::BadIndex { .. })));
-                    if let Some(&(p, _)) = m.live.first() {
-                        assert!(matches!(
-                            ql.free(list, p, None),
-                            Err(Error::BadIndex { .. })
-                        ));
+                    if let Some((p, l)) = m.live.pop() {
+                        // Refused, and the live page comes back with the error.
+                        let at = p.addr();
+                        let e = ql.free(list, p, None).unwrap_err();
+                        assert!(matches!(e.error, Error::BadIndex { .. }));
+                        assert_eq!(e.page.addr(), at);
+                        m.live.push((e.page, l));
                     }
                 }
             }
@@ -888,7 +892,7 @@ mod stress {
         let ql: Quicklists<_, 2> = Quicklists::new(&src, &topo, cpus, cfg).unwrap();
         let done = std::sync::atomic::AtomicBool::new(false);
         let taken_over = AtomicUsize::new(0);
-        let mailboxes: Vec<Mutex<Vec<(crate::PageRef, usize, u64)>>> =
+        let mailboxes: Vec<Mutex<Vec<(PageRef, usize, u64)>>> =
             (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
         let dtors = AtomicUsize::new(0);
         let dtor = |p: &mut [u8]| {
@@ -928,9 +932,9 @@ mod stress {
                         rng
                     };
                     bind_simulated_cpu(t);
-                    let mut mine: Vec<(crate::PageRef, usize, u64)> = Vec::new();
-                    let finish = |p: crate::PageRef, list: usize, cookie: u64| {
-                        let w = words(p);
+                    let mut mine: Vec<(PageRef, usize, u64)> = Vec::new();
+                    let finish = |p: PageRef, list: usize, cookie: u64| {
+                        let w = words(&p);
                         assert_eq!(w[1], cookie, "a page changed hands without its owner");
                         w[1] = 0; // back to the constructed state
                         let d: Option<crate::Dtor<'_>> = if list == 1 { Some(dtor) } else { None };
@@ -946,7 +950,7 @@ mod stress {
                             let c: Option<crate::Ctor<'_>> =
                                 if list == 1 { Some(&ctor) } else { None };
                             let p = ql.alloc(list, c).unwrap();
-                            let w = words(p);
+                            let w = words(&p);
                             assert_eq!(w[0], 0, "link word zero on a handed-out page");
                             assert_eq!(w[1], 0, "a handed-out page is in its constructed state");
                             if list == 1 {
@@ -993,7 +997,7 @@ mod stress {
         // Pages still in mailboxes (sent after their owner's last look).
         for mb in &mailboxes {
             for (p, list, _) in mb.lock().unwrap().drain(..) {
-                words(p)[1] = 0;
+                words(&p)[1] = 0;
                 ql.free(list, p, None).unwrap();
             }
         }
@@ -1019,18 +1023,23 @@ mod stress {
     }
 
     #[test]
-    fn racing_double_frees_succeed_once() {
-        racing_double_frees(Cpus::Simulated, Topology::single(2).unwrap());
+    fn a_double_free_on_another_cpu_is_refused() {
+        double_free_elsewhere(Cpus::Simulated, Topology::single(2).unwrap());
     }
 
     /// The same where the frees run as restartable sequences (if this machine
-    /// has them): the record's compare-and-swap still lets one through.
+    /// has them).
     #[test]
-    fn racing_double_frees_succeed_once_on_real_cpus() {
-        racing_double_frees(Cpus::Real, Topology::from_system());
+    fn a_double_free_on_another_cpu_is_refused_on_real_cpus() {
+        double_free_elsewhere(Cpus::Real, Topology::from_system());
     }
 
-    fn racing_double_frees(cpus: Cpus, topo: Topology) {
+    /// One thread frees pages on CPU 0; after it, another frees the same
+    /// addresses again on CPU 1 (a second handle can only come from
+    /// `PageRef::from_raw`, whose contract is that the two frees do not race,
+    /// as here: the first thread is joined). Every second free is refused
+    /// and changes nothing.
+    fn double_free_elsewhere(cpus: Cpus, topo: Topology) {
         let src = RegionSource::new(4 << 20).unwrap();
         // A minimum above what is freed: no trim, every page stays listed.
         let c = cfg(Policy::default(), 1000, 16);
@@ -1038,27 +1047,29 @@ mod stress {
         for _ in 0..20 {
             bind_simulated_cpu(0);
             let pages: Vec<_> = (0..64).map(|_| ql.alloc(0, None).unwrap()).collect();
-            let oks = AtomicUsize::new(0);
-            let doubles = AtomicUsize::new(0);
+            let addrs: Vec<usize> = pages.iter().map(|p| p.addr()).collect();
             std::thread::scope(|s| {
-                for cpu in 0..2 {
-                    let (ql, pages, oks, doubles) = (&ql, &pages, &oks, &doubles);
-                    s.spawn(move || {
-                        bind_simulated_cpu(cpu);
-                        for &p in pages {
-                            match ql.free(0, p, None) {
-                                Ok(()) => oks.fetch_add(1, Ordering::Relaxed),
-                                Err(Error::DoubleFree { .. }) => {
-                                    doubles.fetch_add(1, Ordering::Relaxed)
-                                }
-                                Err(e) => panic!("{e}"),
-                            };
-                        }
-                    });
-                }
+                let ql = &ql;
+                s.spawn(move || {
+                    bind_simulated_cpu(0);
+                    for p in pages {
+                        ql.free(0, p, None).unwrap();
+                    }
+                });
             });
-            assert_eq!(oks.load(Ordering::Relaxed), 64);
-            assert_eq!(doubles.load(Ordering::Relaxed), 64);
+            let before = (ql.stats(), src.free_page_count());
+            std::thread::scope(|s| {
+                let (ql, addrs) = (&ql, &addrs);
+                s.spawn(move || {
+                    bind_simulated_cpu(1);
+                    for &a in addrs {
+                        let p = raw(NonNull::new(a as *mut u8).unwrap());
+                        let e = ql.free(0, p, None).unwrap_err();
+                        assert_eq!(e.error, Error::DoubleFree { addr: a as u64 });
+                    }
+                });
+            });
+            assert_eq!((ql.stats(), src.free_page_count()), before);
             ql.check().unwrap();
             assert_eq!(ql.drain(0, None), Ok(64));
         }

@@ -124,10 +124,6 @@ struct QuickPgtables<'a, P: PageSource> {
     ql: Quicklists<&'a P, 2>,
     template: &'a KernelTemplate,
     pgds: &'a PgdList,
-    /// Free with `free` (the ownership record's compare-and-swap refuses a
-    /// double free) or with `free_unchecked` (the caller owns its page
-    /// tables, as the kernel does and as the direct path assumes).
-    checked: bool,
 }
 
 impl<'a, P: PageSource> QuickPgtables<'a, P> {
@@ -137,28 +133,23 @@ impl<'a, P: PageSource> QuickPgtables<'a, P> {
         pgds: &'a PgdList,
         topo: &Topology,
         cpus: Cpus,
-        checked: bool,
     ) -> Self {
         QuickPgtables {
             ql: Quicklists::new(source, topo, cpus, Config::default())
                 .expect("quicklists over the suite's source"),
             template,
             pgds,
-            checked,
         }
     }
 
-    /// Frees `p` onto `list` the way this instance was built to.
+    /// Frees `p` onto `list`: the address comes back from the "page table"
+    /// (the suite's array) as a handle again.
     #[inline]
     fn free(&self, list: usize, p: NonNull<u8>, dtor: Option<kmem_quicklist::Dtor<'_>>) {
-        let page = PageRef::from_ptr(p);
-        let r = if self.checked {
-            self.ql.free(list, page, dtor)
-        } else {
-            // SAFETY: the suite frees each page it allocated from these
-            // quicklists exactly once, from the thread that holds it.
-            unsafe { self.ql.free_unchecked(list, page, dtor) }
-        };
+        // SAFETY: the suite frees each page it allocated from these
+        // quicklists exactly once, from the thread that holds it.
+        let page = unsafe { PageRef::from_raw(p) };
+        let r = self.ql.free(list, page, dtor);
         debug_assert!(r.is_ok(), "{r:?}");
     }
 
@@ -184,7 +175,7 @@ impl<P: PageSource> Pgtables for QuickPgtables<'_, P> {
         self.ql
             .alloc(QUICK_PT, None)
             .expect("page source exhausted")
-            .as_non_null()
+            .into_raw()
     }
     #[inline]
     fn pte_free(&self, p: NonNull<u8>) {
@@ -196,7 +187,7 @@ impl<P: PageSource> Pgtables for QuickPgtables<'_, P> {
         self.ql
             .alloc(QUICK_PGD, Some(&ctor))
             .expect("page source exhausted")
-            .as_non_null()
+            .into_raw()
     }
     #[inline]
     fn pgd_free(&self, p: NonNull<u8>) {
@@ -268,7 +259,7 @@ struct Timer {
 /// in each, sweep `work` (the process runs), clear the entries, free the
 /// pages. Returns the average ns of one allocation plus one free: the two
 /// batches of calls are timed, the rest is not.
-fn cost_sample(pt: &dyn Pgtables, kind: Kind, iters: usize, work: &mut [u64], tm: Timer) -> f64 {
+fn cost_sample<T: Pgtables>(pt: &T, kind: Kind, iters: usize, work: &mut [u64], tm: Timer) -> f64 {
     let mut pages = [NonNull::<u8>::dangling(); K];
     let mut timed = 0u64;
     for it in 0..iters {
@@ -286,7 +277,7 @@ fn cost_sample(pt: &dyn Pgtables, kind: Kind, iters: usize, work: &mut [u64], tm
 
 /// As [`cost_sample`] with nothing between allocation and free: the whole
 /// loop is timed at once (the two stores per page of "use" included).
-fn cost_sample_tight(pt: &dyn Pgtables, kind: Kind, iters: usize, tm: Timer) -> f64 {
+fn cost_sample_tight<T: Pgtables>(pt: &T, kind: Kind, iters: usize, tm: Timer) -> f64 {
     let mut pages = [NonNull::<u8>::dangling(); K];
     let t0 = tsc::ticks();
     for it in 0..iters {
@@ -299,7 +290,7 @@ fn cost_sample_tight(pt: &dyn Pgtables, kind: Kind, iters: usize, tm: Timer) -> 
 }
 
 #[inline(always)]
-fn alloc_batch(pt: &dyn Pgtables, kind: Kind, pages: &mut [NonNull<u8>; K]) {
+fn alloc_batch<T: Pgtables>(pt: &T, kind: Kind, pages: &mut [NonNull<u8>; K]) {
     for p in pages.iter_mut() {
         *p = match kind {
             Kind::Pte => pt.pte_alloc(),
@@ -309,7 +300,7 @@ fn alloc_batch(pt: &dyn Pgtables, kind: Kind, pages: &mut [NonNull<u8>; K]) {
 }
 
 #[inline(always)]
-fn free_batch(pt: &dyn Pgtables, kind: Kind, pages: &[NonNull<u8>; K]) {
+fn free_batch<T: Pgtables>(pt: &T, kind: Kind, pages: &[NonNull<u8>; K]) {
     for p in pages {
         match kind {
             Kind::Pte => pt.pte_free(*p),
@@ -347,7 +338,6 @@ struct CostRow {
     kind: Kind,
     direct_ns: f64,
     quick_ns: f64,
-    unchecked_ns: f64,
 }
 
 /// The cost table over one page source. `suffix` names the source in the
@@ -363,8 +353,7 @@ fn cost_table<P: PageSource>(
     let template = KernelTemplate::new();
     let pgds = PgdList::new(src).expect("the source has a span");
     let direct = DirectPgtables::new(src, &template, &pgds);
-    let quick = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real, true);
-    let trusting = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real, false);
+    let quick = QuickPgtables::new(src, &template, &pgds, &topo, Cpus::Real);
 
     let rounds = ctx.scale.pick(3, 15, 31);
     let iters_hot = ctx.scale.pick(200, 5000, 20000);
@@ -383,51 +372,50 @@ fn cost_table<P: PageSource>(
     ] {
         let case = format!("{case}{suffix}");
         ctx.progress.step(&case);
-        let sample = |pt: &dyn Pgtables| {
-            if with_work {
-                cost_sample(pt, kind, iters_work, &mut work.borrow_mut(), tm)
-            } else {
-                cost_sample_tight(pt, kind, iters_hot, tm)
+        // Generic, not `&dyn`: each contender's calls are direct (as the
+        // kernel's are), so no indirect call is timed with them.
+        fn sample<T: Pgtables>(
+            pt: &T,
+            kind: Kind,
+            iters: usize,
+            work: Option<&RefCell<Vec<u64>>>,
+            tm: Timer,
+        ) -> f64 {
+            match work {
+                Some(w) => cost_sample(pt, kind, iters, &mut w.borrow_mut(), tm),
+                None => cost_sample_tight(pt, kind, iters, tm),
             }
+        }
+        let (iters, w) = if with_work {
+            (iters_work, Some(&work))
+        } else {
+            (iters_hot, None)
         };
         let mut cs = [
-            Contender::new("direct", || sample(&direct)),
-            Contender::new("quicklist", || sample(&quick)),
-            Contender::new("quicklist_unchecked", || sample(&trusting)),
+            Contender::new("direct", || sample(&direct, kind, iters, w, tm)),
+            Contender::new("quicklist", || sample(&quick, kind, iters, w, tm)),
         ];
         let med = interleave(rounds, &mut cs);
-        let (d, q, u) = (med[0].1, med[1].1, med[2].1);
+        let (d, q) = (med[0].1, med[1].1);
         out.measure(&case, "direct", "ns_per_alloc_free", d, "ns");
         out.measure(&case, "quicklist", "ns_per_alloc_free", q, "ns");
         out.measure(&case, "quicklist", "speedup_vs_direct", d / q, "x");
-        out.measure(&case, "quicklist_unchecked", "ns_per_alloc_free", u, "ns");
-        out.measure(
-            &case,
-            "quicklist_unchecked",
-            "speedup_vs_direct",
-            d / u,
-            "x",
-        );
         rows.push(CostRow {
             case,
             source,
             kind,
             direct_ns: d,
             quick_ns: q,
-            unchecked_ns: u,
         });
     }
     let s = quick.ql.stats();
-    let t = trusting.ql.stats();
     out.notes.push(format!(
-        "cost table over {source}: {} + {} hits and {} + {} misses on the quicklists (checked + \
-         unchecked frees; {} pgd constructions); {} pgds on the pgd list at the end (the ones \
-         cached on the lists); alloc and free as restartable sequences: {}",
+        "cost table over {source}: {} hits and {} misses on the quicklists ({} pgd \
+         constructions); {} pgds on the pgd list at the end (the ones cached on the lists); \
+         alloc and free as restartable sequences: {}",
         s.hits,
-        t.hits,
         s.misses,
-        t.misses,
-        s.ctor_calls + t.ctor_calls,
+        s.ctor_calls,
         pgds.len(),
         if quick.ql.uses_sequences() {
             "yes"
@@ -460,12 +448,15 @@ impl ForkSim<'_> {
         self.ql
             .alloc(0, None)
             .expect("page source exhausted")
-            .as_non_null()
+            .into_raw()
     }
 
     fn pt_free(&self, p: NonNull<u8>) {
+        // SAFETY: the simulation frees each page-table page it allocated once,
+        // on the one thread that runs it.
+        let page = unsafe { PageRef::from_raw(p) };
         self.ql
-            .free(0, PageRef::from_ptr(p), None)
+            .free(0, page, None)
             .expect("the simulation frees what it allocated");
     }
 
@@ -704,8 +695,6 @@ impl Suite for QuicklistSuite {
                 "without quicklists",
                 "with quicklists",
                 "speedup",
-                "unchecked free",
-                "speedup",
                 "seed without",
                 "seed with",
                 "seed speedup",
@@ -719,8 +708,6 @@ impl Suite for QuicklistSuite {
                 fmt_num(r.direct_ns),
                 fmt_num(r.quick_ns),
                 fmt_ratio(r.direct_ns / r.quick_ns),
-                fmt_num(r.unchecked_ns),
-                fmt_ratio(r.direct_ns / r.unchecked_ns),
                 fmt_num(sb),
                 fmt_num(sa),
                 fmt_ratio(sb / sa),
@@ -736,10 +723,9 @@ impl Suite for QuicklistSuite {
              kernel compile on a 2007 x86-64. Rows without a suffix run over kmem-pages \
              (its per-CPU cache returns the page just freed, hot); `/cold` rows over a \
              region larger than L2 walked next-fit (cold pages, as a kernel's page-table \
-             pages usually are). `with quicklists` frees with `Quicklists::free`, whose \
-             compare-and-swap on the page's record refuses a double free even between \
-             racing threads; `unchecked free` with `free_unchecked`, which trusts the \
-             caller as Linux's quicklist_free and the direct path's pgd_free do."
+             pages usually are). `with quicklists` frees with `Quicklists::free`, which \
+             checks the page against its ownership record (a foreign page, a page inside \
+             another, a double free through a raw address: refused with an error)."
                 .into(),
         );
 
