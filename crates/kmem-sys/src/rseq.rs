@@ -49,7 +49,7 @@ pub struct StackLayout {
     pub units: usize,
     /// Address of page index 0.
     pub pages: usize,
-    /// Bytes per page.
+    /// Bytes per page: a power of two (a pop shifts by its log2).
     pub page_size: usize,
     /// Offset of the link word inside a page (8-aligned).
     pub link: usize,
@@ -160,7 +160,7 @@ pub unsafe fn stack_pop(
                 "jbe 75f",
                 "mov {t:e}, {h:e}",
                 "dec {t}",
-                "imul {t}, qword ptr [{l} + 32]",
+                "shl {t}, cl",
                 "add {t}, qword ptr [{l} + 24]",
                 "mov {h}, qword ptr [{l} + 40]",
                 "mov {h}, qword ptr [{t} + {h}]",
@@ -170,7 +170,7 @@ pub unsafe fn stack_pop(
                 "test {a:e}, {a:e}",
                 "jz 76f",
                 "dec {a}",
-                "imul {a}, qword ptr [{l} + 32]",
+                "shl {a}, cl",
                 "add {a}, qword ptr [{l} + 24]",
                 "add {a}, qword ptr [{l} + 40]",
                 "prefetcht0 byte ptr [{a}]",
@@ -192,6 +192,7 @@ pub unsafe fn stack_pop(
                 slot = in(reg) slot,
                 floor = in(reg) floor as u64,
                 want = in(reg) want,
+                in("rcx") layout.page_size.trailing_zeros() as u64,
                 cpu = out(reg) cpu,
                 a = out(reg) _,
                 h = out(reg) _,
