@@ -1,5 +1,7 @@
 //! Large allocations: ranges of a [`VmapArena`] over address space reserved
-//! once, at initialisation.
+//! once, at initialisation; the arena itself (its tree's pages) is built by
+//! the first large request, so a process that never makes one pays nothing
+//! resident for it.
 //!
 //! ```text
 //!   reserve  LARGE_RESERVE bytes (halved while the OS refuses), PROT_READ|WRITE,
@@ -38,7 +40,8 @@ pub(crate) struct Large {
 }
 
 struct State {
-    arena: VmapArena<RegionSource>,
+    /// Built by the first allocation; `None` until then (nothing is live).
+    arena: Option<VmapArena<RegionSource>>,
     /// Bytes freed since the last purge less those allocated again in the
     /// span they lie in (an estimate of the free, still backed bytes), and
     /// that span.
@@ -73,26 +76,36 @@ pub(crate) fn reserve_rw(mut bytes: usize) -> Result<Region> {
 }
 
 impl Large {
-    /// Reserves the space ([`reserve_rw`]) and builds the arena. Allocates
+    /// Reserves the space ([`reserve_rw`]); the arena is built on the first
+    /// allocation ([`arena`](Self::arena)). Allocates
     /// nothing from any heap.
     pub(crate) fn new() -> Result<Large> {
         let region = reserve_rw(LARGE_RESERVE)?;
-        // Tree nodes: 64 MiB of address space is far more than any arena of
-        // this size needs (a node per free or busy range).
-        let nodes = RegionSource::with_purge_threshold(64 << 20, 1)?;
-        let base = region.base().as_ptr() as u64;
-        let arena = VmapArena::with_lazy_max(nodes, base, base + region.len() as u64, 0)?;
         Ok(Large {
             page: kmem_sys::page_size(),
             region,
             state: Lock::new(State {
-                arena,
+                arena: None,
                 dirty: 0,
                 dirty_lo: usize::MAX,
                 dirty_hi: 0,
                 purges: 0,
             }),
         })
+    }
+
+    /// The arena, built over the reservation the first time.
+    fn arena<'s>(&self, s: &'s mut State) -> Result<&'s mut VmapArena<RegionSource>> {
+        if s.arena.is_none() {
+            // Tree nodes: 64 MiB of address space is far more than any
+            // arena of this size needs (a node per free or busy range).
+            let nodes = RegionSource::with_purge_threshold(64 << 20, 1)?;
+            let base = self.region.base().as_ptr() as u64;
+            let end = base + self.region.len() as u64;
+            s.arena = Some(VmapArena::with_lazy_max(nodes, base, end, 0)?);
+        }
+        // Just built if it was not.
+        s.arena.as_mut().ok_or(Error::OutOfMemory { size: 0 })
     }
 
     /// Whether `p` lies in the reservation.
@@ -109,7 +122,10 @@ impl Large {
             .ok_or(Error::Overflow)?;
         let align = align.max(self.page);
         let mut s = self.state.lock();
-        let a = match s.arena.alloc(need as u64, align as u64) {
+        let a = match self
+            .arena(&mut s)
+            .and_then(|t| t.alloc(need as u64, align as u64))
+        {
             Ok(a) => a,
             Err(_) => return Err(Error::OutOfMemory { size: size as u64 }),
         } as usize;
@@ -132,7 +148,8 @@ impl Large {
         }
         let base = self.region.base().as_ptr() as usize;
         let (lo, hi) = (s.dirty_lo, s.dirty_hi);
-        for f in s.arena.free_blocks() {
+        // Dirty bytes come from frees, so the arena exists.
+        for f in s.arena.iter().flat_map(|t| t.free_blocks()) {
             let (fs, fe) = (f.start as usize, f.end() as usize);
             if fe <= lo {
                 continue;
@@ -158,18 +175,24 @@ impl Large {
 
     fn live(s: &State, p: usize) -> Result<usize> {
         let bad = Error::NotAllocated { addr: p as u64 };
-        let area = s.arena.find(p as u64).ok_or(bad)?;
+        let area = s.arena.as_ref().and_then(|t| t.find(p as u64)).ok_or(bad)?;
         if area.start != p as u64 {
             return Err(bad);
         }
         Ok(area.size as usize)
     }
 
+    /// The arena of a state in which something was allocated (a live range
+    /// was found): it was built then.
+    fn built(s: &mut State) -> Result<&mut VmapArena<RegionSource>> {
+        s.arena.as_mut().ok_or(Error::NotAllocated { addr: 0 })
+    }
+
     /// Frees the live range starting at `p` (an error changes nothing).
     pub(crate) fn free(&self, p: usize) -> Result<()> {
         let mut s = self.state.lock();
         let n = Self::live(&s, p)?;
-        s.arena.free(p as u64)?;
+        Self::built(&mut s)?.free(p as u64)?;
         s.dirty += n;
         s.dirty_lo = s.dirty_lo.min(p);
         s.dirty_hi = s.dirty_hi.max(p + n);
@@ -194,10 +217,9 @@ impl Large {
         // merged free block, which begins at p at the latest.
         let off = p - self.region.base().as_ptr() as usize;
         let _ = self.region.purge(off + keep, n - keep);
-        s.arena.free(p as u64)?;
-        let again = s
-            .arena
-            .alloc_in(keep as u64, self.page as u64, p as u64, (p + keep) as u64)?;
+        let t = Self::built(&mut s)?;
+        t.free(p as u64)?;
+        let again = t.alloc_in(keep as u64, self.page as u64, p as u64, (p + keep) as u64)?;
         debug_assert_eq!(again, p as u64);
         Ok(keep)
     }
@@ -216,17 +238,20 @@ impl Large {
             return true;
         }
         let (a, ps) = (p as u64, self.page as u64);
-        if s.arena.free(a).is_err() {
+        let Ok(t) = Self::built(&mut s) else {
+            return false;
+        };
+        if t.free(a).is_err() {
             return false;
         }
         // The freed range merged with any free block after it; only a block
         // starting at p can satisfy [p, p + need).
-        if s.arena.alloc_in(need as u64, ps, a, a + need as u64) == Ok(a) {
+        if t.alloc_in(need as u64, ps, a, a + need as u64) == Ok(a) {
             return true;
         }
         // Take the old range back: it is free, and an arena split never
         // lacks a node (the pool keeps a spare).
-        let again = s.arena.alloc_in(n as u64, ps, a, a + n as u64);
+        let again = t.alloc_in(n as u64, ps, a, a + n as u64);
         debug_assert_eq!(again, Ok(a));
         false
     }
@@ -254,14 +279,22 @@ impl Large {
     /// Arena counters, dirty bytes, purges, the lock.
     pub(crate) fn stats(&self) -> (VmapStats, usize, u64, LockStats) {
         let s = self.state.lock();
-        let r = (s.arena.stats(), s.dirty, s.purges);
+        let r = (
+            s.arena.as_ref().map_or(VmapStats::default(), |t| t.stats()),
+            s.dirty,
+            s.purges,
+        );
         drop(s);
         (r.0, r.1, r.2, self.state.stats())
     }
 
     /// The arena's invariants.
     pub(crate) fn check(&self) -> core::result::Result<(), &'static str> {
-        self.state.lock().arena.check()
+        self.state
+            .lock()
+            .arena
+            .as_ref()
+            .map_or(Ok(()), |t| t.check())
     }
 
     /// Bytes reserved.
