@@ -62,12 +62,14 @@
 //!
 //! # Bad input
 //!
-//! A page is handed out as a [`PageRef`], which is not `Copy`: `free` takes
-//! it by value, so safe code can neither free a page twice nor free one that
-//! another thread still holds. Addresses that leave as bare pointers (stored
-//! in a page table, say) come back through the `unsafe`
-//! [`PageRef::from_raw`], whose contract is that a live page is the caller's
-//! and that no two frees of one page race. `free` checks before it touches anything: a list index out of
+//! A page is handed out as a [`PageRef`], which is not `Copy` and borrows
+//! the quicklists that handed it out: `free` takes it by value, so safe code
+//! can neither free a page twice, nor free one that another thread still
+//! holds, nor keep a handle past the quicklists' drop. Addresses that leave as
+//! bare pointers (stored in a page table, say) come back through the `unsafe`
+//! [`PageRef::from_raw`], whose contract is `Box::from_raw`'s (one
+//! `from_raw` per `into_raw`) or an address at which no page is handed out.
+//! `free` checks before it touches anything: a list index out of
 //! range (`BadIndex`), an address outside the source's span (`OutOfRange`), an
 //! address inside a page or a page never handed out by these quicklists
 //! (`NotAllocated`), a page already on a list or already given back

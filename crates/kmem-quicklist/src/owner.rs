@@ -13,10 +13,12 @@
 //! user, or metadata). `LIVE`: handed out, not yet freed. `CACHED`: on a list.
 //! `RELEASED`: was ours, given back to the source.
 //!
-//! Only a free has to check the state (a load, then a store of `CACHED`:
-//! the caller gives up the page's only handle, a `PageRef`, so no other free
-//! of it runs at the same time); every other move is made by the one thread
-//! that owns the page at that moment and is a plain store too. A byte per
+//! Only a free has to check the state (a load, then a store of `CACHED`: a
+//! handle that finds `LIVE` is the only handle of that page, a `PageRef`
+//! that borrows these quicklists or one made by `from_raw` under its
+//! contract, so no other free of it runs at the same time); every other move
+//! is made by the one thread that owns the page at that moment and is a
+//! plain store too. A byte per
 //! page costs 1/4096 of memory with 4 KiB pages and lets
 //! neighbouring pages change state without a read-modify-write.
 
@@ -120,8 +122,9 @@ impl OwnerMap {
     }
 
     /// A free: `LIVE` to `CACHED`, or the error that the state names, with
-    /// nothing changed. A load and a store: the caller holds the page's only
-    /// handle, so no other free of it runs at the same time (`PageRef`).
+    /// nothing changed. A load and a store: a caller that finds `LIVE` holds
+    /// the page's only handle, so no other free of it runs at the same time
+    /// (`PageRef`).
     #[inline(always)]
     pub(crate) fn live_to_cached(&self, i: usize, addr: usize) -> Result<()> {
         match self.get(i) {

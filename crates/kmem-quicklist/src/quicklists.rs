@@ -1,6 +1,7 @@
 //! [`Quicklists`]: the per-CPU lists, the hot paths and the trim.
 
 use core::fmt;
+use core::marker::PhantomData;
 use core::mem::{align_of, size_of};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,71 +28,108 @@ use crate::policy::Config;
 /// ql.free(0, page, None).unwrap(); // error[E0382]: use of moved value
 /// ```
 ///
+/// It borrows the `Quicklists` that handed it out (the lifetime `'q`), so it
+/// cannot outlive them: otherwise a handle kept past their drop could be
+/// given to new quicklists over the same memory that had handed the same page
+/// to someone else.
+///
+/// ```compile_fail,E0505
+/// # use kmem_core::{Cpus, RegionSource, Topology};
+/// # use kmem_quicklist::{Config, Quicklists};
+/// # let src = RegionSource::new(1 << 20).unwrap();
+/// # let topo = Topology::single(1).unwrap();
+/// let ql: Quicklists<_, 1> = Quicklists::new(&src, &topo, Cpus::Fixed(0), Config::default()).unwrap();
+/// let page = ql.alloc(0, None).unwrap();
+/// drop(ql); // error[E0505]: cannot move out of `ql` because it is borrowed
+/// let _ = page.addr();
+/// ```
+///
+/// Within those quicklists, a page whose handle is held is on no list and
+/// out of the source, so no other handle to it can be made in safe code, and
+/// the handle of one instance is refused by any other (their ownership
+/// records do not show the page as theirs).
+///
 /// Holding one grants no access to the page by itself (reading or writing it
 /// is the caller's `unsafe` business, as with any pointer). A page whose
-/// address went elsewhere (stored in a page table, say) leaves with
-/// [`into_raw`](Self::into_raw) and comes back with
-/// [`from_raw`](Self::from_raw); [`free`](Quicklists::free) still checks the
-/// address against its ownership record before it touches the page, so an
-/// address outside the source, inside a page, never handed out, or already
-/// freed is refused with an error. Dropping a `PageRef` leaks its page (it
-/// stays recorded as handed out).
+/// address goes elsewhere (into a page table, say) leaves with
+/// [`into_raw`](Self::into_raw) and comes back with the `unsafe`
+/// [`from_raw`](Self::from_raw). [`free`](Quicklists::free) checks every
+/// handle against its ownership record before it touches the page, so an
+/// address outside the source, inside a page, never handed out, or freed
+/// already (and not handed out since) is refused with an error. Dropping a
+/// `PageRef` leaks its page (it stays recorded as handed out).
 #[must_use = "dropping a PageRef leaks its page; give it back with Quicklists::free"]
 #[derive(PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PageRef(NonNull<u8>);
+pub struct PageRef<'q> {
+    ptr: NonNull<u8>,
+    _quicklists: PhantomData<&'q ()>,
+}
 
-// SAFETY: a PageRef is the unique handle of a page that nothing else uses
-// while it is held (the allocator touches a page only while it is on a list,
-// with no PageRef out); moving it to another thread moves that ownership.
-unsafe impl Send for PageRef {}
+// SAFETY: a PageRef holds an address and a lifetime; the page it names is
+// used by nothing else while the handle is held (the quicklists touch a page
+// only while it is on a list, with no handle out), so moving the handle to
+// another thread moves that ownership and nothing else.
+unsafe impl Send for PageRef<'_> {}
 // SAFETY: a shared &PageRef reads only the address.
-unsafe impl Sync for PageRef {}
+unsafe impl Sync for PageRef<'_> {}
 
-impl PageRef {
-    /// A `PageRef` for a page address that left as [`into_raw`](Self::into_raw)
-    /// (or any address: [`Quicklists::free`] checks it against its ownership
-    /// record and refuses one that is not a page it handed out and has not
-    /// taken back since).
+impl<'q> PageRef<'q> {
+    #[inline(always)]
+    fn new(ptr: NonNull<u8>) -> PageRef<'q> {
+        PageRef {
+            ptr,
+            _quicklists: PhantomData,
+        }
+    }
+
+    /// A handle for an address, to give back to [`Quicklists::free`].
     ///
     /// # Safety
-    /// If the page at `ptr` is handed out and not yet freed, the caller must
-    /// own it: the `PageRef` it was handed out as was given up
-    /// ([`into_raw`](Self::into_raw)) for this one, and no other `PageRef`
-    /// for it is in use. No two frees of one page may race: every free of
-    /// this address happens before or after the free of the returned
-    /// `PageRef` (a free that follows an earlier one reads `DoubleFree`).
+    /// One of the two:
+    /// - `ptr` comes from [`into_raw`](Self::into_raw) of a handle of the
+    ///   `Quicklists` this one will be given back to, which live for `'q`,
+    ///   and this is the only `from_raw` of that `into_raw`: the page is the
+    ///   caller's until this handle is freed (as with `Box::from_raw`); or
+    /// - no page starting at `ptr` is handed out by those quicklists, now or
+    ///   until this handle is freed or dropped (a foreign address, an
+    ///   address inside a page, a page never handed out, a page freed
+    ///   already): `free` then refuses the handle with an error, changing
+    ///   nothing.
+    ///
+    /// A page freed and then handed out to someone else cannot be told from
+    /// the caller's by `free`; that is what the rules above exclude.
     #[inline]
-    pub unsafe fn from_raw(ptr: NonNull<u8>) -> PageRef {
-        PageRef(ptr)
+    pub unsafe fn from_raw(ptr: NonNull<u8>) -> PageRef<'q> {
+        PageRef::new(ptr)
     }
 
     /// Gives up the handle for the bare address (to store it in a page table,
-    /// say); [`from_raw`](Self::from_raw) makes a `PageRef` of it again.
+    /// say); [`from_raw`](Self::from_raw) makes a handle of it again.
     #[inline]
     pub fn into_raw(self) -> NonNull<u8> {
-        self.0
+        self.ptr
     }
 
     /// The page's first byte.
     #[inline]
     pub fn as_ptr(&self) -> *mut u8 {
-        self.0.as_ptr()
+        self.ptr.as_ptr()
     }
 
     /// The page's first byte, non-null.
     #[inline]
     pub fn as_non_null(&self) -> NonNull<u8> {
-        self.0
+        self.ptr
     }
 
     /// The page's address.
     #[inline]
     pub fn addr(&self) -> usize {
-        self.0.as_ptr() as usize
+        self.ptr.as_ptr() as usize
     }
 }
 
-impl fmt::Debug for PageRef {
+impl fmt::Debug for PageRef<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PageRef({:#x})", self.addr())
     }
@@ -271,26 +309,27 @@ impl fmt::Display for Meminfo {
     }
 }
 
-/// A free that was refused: why, and the page handle back.
+/// A free that was refused: why, and the page handle back, unchanged.
 ///
-/// A live page refused for a list index out of range is still the caller's
-/// (free it again onto the right list); for the other errors the handle
-/// names no page the caller may use. Converts into [`Error`] for `?`.
+/// A live page refused for a list index out of range, or given to the wrong
+/// `Quicklists`, is still the caller's: free it again where it belongs.
+/// Converting into [`Error`] (for `?`) drops the handle, which leaks such a
+/// page (it stays recorded as handed out); keep `page` where that matters.
 #[derive(PartialEq, Eq)]
-pub struct FreeError {
+pub struct FreeError<'q> {
     /// Why the free was refused.
     pub error: Error,
     /// The handle that was passed in.
-    pub page: PageRef,
+    pub page: PageRef<'q>,
 }
 
-impl fmt::Debug for FreeError {
+impl fmt::Debug for FreeError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "FreeError({:?}, {:?})", self.error, self.page)
     }
 }
 
-impl fmt::Display for FreeError {
+impl fmt::Display for FreeError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -301,10 +340,10 @@ impl fmt::Display for FreeError {
     }
 }
 
-impl core::error::Error for FreeError {}
+impl core::error::Error for FreeError<'_> {}
 
-impl From<FreeError> for Error {
-    fn from(e: FreeError) -> Error {
+impl From<FreeError<'_>> for Error {
+    fn from(e: FreeError<'_>) -> Error {
         e.error
     }
 }
@@ -552,8 +591,8 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         #[cfg(feature = "std")]
         if let Some(l) = &self.fast {
             // SAFETY: as in `pop_fast`; `p` is a page of the span that the
-            // caller owns (its LIVE-to-CACHED swap succeeded) and that is on
-            // no list, so its link word may be written.
+            // caller owns (the record said LIVE and the handle was the page's
+            // only one) and that is on no list, so its link word may be written.
             return match unsafe { kmem_sys::rseq::stack_push(l, Self::slot(list), p, i as u32) } {
                 kmem_sys::rseq::Step::Done { value, cpu } => Fast::Done(value, cpu),
                 _ => Fast::Locked,
@@ -629,7 +668,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// RETURNS: the page; `BadIndex` for a list out of range; the source's
     /// error (`OutOfMemory`) if the list was empty and the source had none.
     #[inline(always)]
-    pub fn alloc(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
+    pub fn alloc(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef<'_>> {
         Self::check_list(list)?;
         match self.pop_fast(list, 0, None) {
             Fast::Done(p, _) => Ok(self.hand_out(p)),
@@ -642,7 +681,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// CPU's lock. Out of line, so that the inlined fast path stays small.
     #[cold]
     #[inline(never)]
-    fn alloc_locked(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
+    fn alloc_locked(&self, list: usize, ctor: Option<Ctor<'_>>) -> Result<PageRef<'_>> {
         let h = self.hold(self.this_cpu());
         match self.pop_held(&h.pc.lists[list]) {
             Some(p) => {
@@ -659,7 +698,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// Page `p`, just taken off a list, to its caller: the link word zeroed
     /// again, the record `LIVE`.
     #[inline(always)]
-    fn hand_out(&self, p: usize) -> PageRef {
+    fn hand_out(&self, p: usize) -> PageRef<'_> {
         // SAFETY: `p` came off a list, so it is a page of ours, now ours alone.
         unsafe { self.link(p).write(0) };
         // `p` was validated when it was freed onto the list.
@@ -667,13 +706,13 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         debug_assert_eq!(self.owner.get(i), CACHED);
         self.owner.set(i, LIVE);
         // SAFETY: list entries are non-null page addresses.
-        PageRef(unsafe { NonNull::new_unchecked(p as *mut u8) })
+        PageRef::new(unsafe { NonNull::new_unchecked(p as *mut u8) })
     }
 
     /// The miss: a zeroed page from the source, constructed.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, ctor: Option<Ctor<'_>>) -> Result<PageRef> {
+    fn alloc_slow(&self, ctor: Option<Ctor<'_>>) -> Result<PageRef<'_>> {
         let pc = self.percpu(self.this_cpu());
         pc.misses.add(1);
         let p = match self.source.alloc_pages_zeroed(1, 1) {
@@ -706,7 +745,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             unsafe { self.link(addr).write(0) };
         }
         self.owner.set(i, LIVE);
-        Ok(PageRef(p))
+        Ok(PageRef::new(p))
     }
 
     /// Puts `page` back on this CPU's list `list`, then trims the list if it
@@ -719,10 +758,12 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// The page is checked first: it must lie in the source's span, start a
     /// page, and be recorded as handed out by these quicklists and not freed
     /// since. Nothing is touched otherwise, and the error hands the `PageRef`
-    /// back (a live page refused for a bad list index is still the caller's).
-    /// The check is a load and a store of the page's record, no atomic
-    /// read-modify-write: a `PageRef` is the page's only handle, so no other
-    /// free of it can run at the same time (see [`PageRef::from_raw`]).
+    /// back (a live page refused for a bad list index, or given to the wrong
+    /// quicklists, is still the caller's). The check is a load and a store of
+    /// the page's record, no atomic read-modify-write: a handle the record
+    /// accepts is the only one of a page that these quicklists handed out
+    /// (see [`PageRef`] and the contract of [`PageRef::from_raw`]), so no
+    /// other free of that page runs at the same time.
     ///
     /// CONTEXT: a restartable sequence on this CPU's list, or this CPU's lock
     /// taken briefly; a trim calls the source and the destructor with no lock
@@ -733,12 +774,12 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
     /// page start or a page these quicklists never handed out; `DoubleFree`
     /// for a page already on a list or already given back to the source.
     #[inline(always)]
-    pub fn free(
+    pub fn free<'p>(
         &self,
         list: usize,
-        page: PageRef,
+        page: PageRef<'p>,
         dtor: Option<Dtor<'_>>,
-    ) -> core::result::Result<(), FreeError> {
+    ) -> core::result::Result<(), FreeError<'p>> {
         let p = page.addr();
         let i = match self.check_free(list, p) {
             Ok(i) => i,

@@ -29,14 +29,15 @@ fn source(buf: &mut [u64]) -> FixedSource<'_> {
 }
 
 /// A handle for a raw address, to hand `free` bad input.
-fn raw(p: NonNull<u8>) -> PageRef {
-    // SAFETY: the tests free each address on one thread at a time, and only
-    // pages that are not live or that they hold.
+fn raw<'q>(p: NonNull<u8>) -> PageRef<'q> {
+    // SAFETY: the tests make these only of addresses at which no page is
+    // handed out (foreign pages, addresses inside a page, pages never handed
+    // out or freed already) and free them at once, before any allocation.
     unsafe { PageRef::from_raw(p) }
 }
 
 /// The error of a refused free.
-fn refused(r: Result<(), FreeError>) -> Error {
+fn refused(r: Result<(), FreeError<'_>>) -> Error {
     r.unwrap_err().error
 }
 
@@ -609,9 +610,9 @@ mod model {
         w[..PAGE / 16].iter().all(|&v| v == 0) && w[PAGE / 16..].iter().all(|&v| v == upper)
     }
 
-    struct Model {
+    struct Model<'q> {
         lists: [[Vec<usize>; LISTS]; CPUS],
-        live: Vec<(PageRef, usize)>,
+        live: Vec<(PageRef<'q>, usize)>,
         /// Addresses of pages given back to the source.
         freed: Vec<usize>,
         bound: [usize; CPUS],
@@ -621,7 +622,7 @@ mod model {
         free0: usize,
     }
 
-    impl Model {
+    impl Model<'_> {
         fn cached(&self) -> usize {
             self.lists.iter().flatten().map(Vec::len).sum()
         }
@@ -1027,19 +1028,27 @@ mod stress {
         double_free_elsewhere(Cpus::Simulated, Topology::single(2).unwrap());
     }
 
-    /// The same where the frees run as restartable sequences (if this machine
-    /// has them).
+    /// The same on the real CPUs, the two threads pinned to CPUs 0 and 1 (or
+    /// both to 0 on a machine of one), the frees as restartable sequences
+    /// where this machine has them.
     #[test]
     fn a_double_free_on_another_cpu_is_refused_on_real_cpus() {
         double_free_elsewhere(Cpus::Real, Topology::from_system());
     }
 
     /// One thread frees pages on CPU 0; after it, another frees the same
-    /// addresses again on CPU 1 (a second handle can only come from
-    /// `PageRef::from_raw`, whose contract is that the two frees do not race,
-    /// as here: the first thread is joined). Every second free is refused
-    /// and changes nothing.
+    /// addresses again on CPU 1 (in safe code a second handle of a page
+    /// cannot exist; these come from `PageRef::from_raw` of pages already
+    /// freed, which its contract allows). Every second free is refused and
+    /// changes nothing.
     fn double_free_elsewhere(cpus: Cpus, topo: Topology) {
+        let ncpus = topo.cpus();
+        let on_cpu = move |cpu: usize| {
+            bind_simulated_cpu(cpu);
+            if matches!(cpus, Cpus::Real) {
+                kmem_sys::cpu::pin_to_cpu(cpu % ncpus);
+            }
+        };
         let src = RegionSource::new(4 << 20).unwrap();
         // A minimum above what is freed: no trim, every page stays listed.
         let c = cfg(Policy::default(), 1000, 16);
@@ -1051,7 +1060,7 @@ mod stress {
             std::thread::scope(|s| {
                 let ql = &ql;
                 s.spawn(move || {
-                    bind_simulated_cpu(0);
+                    on_cpu(0);
                     for p in pages {
                         ql.free(0, p, None).unwrap();
                     }
@@ -1061,7 +1070,7 @@ mod stress {
             std::thread::scope(|s| {
                 let (ql, addrs) = (&ql, &addrs);
                 s.spawn(move || {
-                    bind_simulated_cpu(1);
+                    on_cpu(1);
                     for &a in addrs {
                         let p = raw(NonNull::new(a as *mut u8).unwrap());
                         let e = ql.free(0, p, None).unwrap_err();

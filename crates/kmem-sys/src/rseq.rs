@@ -109,7 +109,7 @@ pub const fn top_depth(top: u64) -> u32 {
 /// `slot` and `slot + 8` follow the module's protocol: written only by these
 /// sequences, or by a thread that holds the CPU's lock with `taken` set after
 /// a [`fence_cpu`]. Every page on a stack must be mapped, with its link word
-/// holding the `top` below it.
+/// holding the `top` below it. `layout.page_size` must be a power of two.
 #[inline]
 pub unsafe fn stack_pop(
     layout: &StackLayout,
@@ -135,8 +135,10 @@ pub unsafe fn stack_pop(
         // `taken` word is set, for 75 if the depth is not above `floor`, and
         // otherwise reads the top page's link word (a mapped page of the
         // stack, by the caller's contract) and commits it as the new top with
-        // one store. All addresses come from `layout`, valid by contract. The
-        // prefetch after the commit cannot fault.
+        // one store. All addresses come from `layout`, valid by contract (a
+        // page's address is `pages + (index << cl)`, rcx holding log2 of the
+        // power-of-two page size, never written here, so a restart finds it
+        // unchanged). The prefetch after the commit cannot fault.
         unsafe {
             core::arch::asm!(
                 rseq_enter!(),

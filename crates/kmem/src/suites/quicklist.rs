@@ -143,14 +143,17 @@ impl<'a, P: PageSource> QuickPgtables<'a, P> {
     }
 
     /// Frees `p` onto `list`: the address comes back from the "page table"
-    /// (the suite's array) as a handle again.
+    /// (the suite's array) as a handle again. Only ever called (through
+    /// `pte_free`/`pgd_free`) with an address `pte_alloc`/`pgd_alloc` of this
+    /// instance returned, once.
     #[inline]
     fn free(&self, list: usize, p: NonNull<u8>, dtor: Option<kmem_quicklist::Dtor<'_>>) {
-        // SAFETY: the suite frees each page it allocated from these
-        // quicklists exactly once, from the thread that holds it.
+        // SAFETY: `p` left these quicklists as `into_raw` in `pte_alloc` or
+        // `pgd_alloc`, and the suite frees each page it allocated exactly
+        // once, from the thread that holds it (one `from_raw` per `into_raw`).
         let page = unsafe { PageRef::from_raw(p) };
         let r = self.ql.free(list, page, dtor);
-        debug_assert!(r.is_ok(), "{r:?}");
+        assert!(r.is_ok(), "{r:?}");
     }
 
     /// `pgd_ctor`: the kernel half from the template, and onto the pgd list
@@ -724,8 +727,8 @@ impl Suite for QuicklistSuite {
              (its per-CPU cache returns the page just freed, hot); `/cold` rows over a \
              region larger than L2 walked next-fit (cold pages, as a kernel's page-table \
              pages usually are). `with quicklists` frees with `Quicklists::free`, which \
-             checks the page against its ownership record (a foreign page, a page inside \
-             another, a double free through a raw address: refused with an error)."
+             checks every handle against its ownership record (a foreign page, an \
+             address inside a page, a page freed already: refused with an error)."
                 .into(),
         );
 
