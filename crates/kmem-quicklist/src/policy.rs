@@ -101,8 +101,12 @@ impl Config {
         if self.batch == 0 {
             return Err(Error::BadConfig("the trim batch must be at least one page"));
         }
+        // No addition: an offset near usize::MAX would wrap past the check
+        // and put a page's link word in the page before it.
+        let word = core::mem::size_of::<u64>();
         if self.link_offset % core::mem::align_of::<u64>() != 0
-            || self.link_offset + core::mem::size_of::<u64>() > page_size
+            || page_size < word
+            || self.link_offset > page_size - word
         {
             return Err(Error::BadConfig(
                 "the link offset must be an 8-aligned offset of 8 bytes inside a page",
@@ -152,5 +156,14 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate(4096).is_ok());
+        // Offsets whose sum with the word's size wraps are refused too (an
+        // addition in the check let usize::MAX - 7 through in release builds).
+        for link_offset in [usize::MAX - 7, usize::MAX - 4095, 1 << 63] {
+            let c = Config {
+                link_offset,
+                ..Config::default()
+            };
+            assert!(c.validate(4096).is_err(), "{link_offset:#x}");
+        }
     }
 }
