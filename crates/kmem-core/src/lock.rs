@@ -30,6 +30,7 @@
 //! clock.
 
 use core::cell::UnsafeCell;
+use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 
 use crate::stats::LockStats;
@@ -122,9 +123,13 @@ impl SpinRaw {
         }
     }
 
-    /// Releases the lock (the caller must hold it).
+    /// Releases the lock.
+    ///
+    /// # Safety
+    /// The calling thread holds it (took it with `lock` or a successful
+    /// `try_lock`) and uses nothing it guards afterwards.
     #[inline]
-    pub fn unlock(&self) {
+    pub unsafe fn unlock(&self) {
         self.locked.store(false, Ordering::Release);
     }
 
@@ -162,7 +167,8 @@ unsafe impl lock_api::RawMutex for SpinRaw {
     }
 
     unsafe fn unlock(&self) {
-        SpinRaw::unlock(self)
+        // SAFETY: forwarded: RawMutex::unlock's caller holds the lock.
+        unsafe { SpinRaw::unlock(self) }
     }
 
     fn is_locked(&self) -> bool {
@@ -251,7 +257,8 @@ impl RawCountingLock {
     /// The calling thread must hold the lock.
     #[inline]
     pub unsafe fn unlock(&self) {
-        self.inner.unlock()
+        // SAFETY: forwarded: the caller holds the lock.
+        unsafe { self.inner.unlock() }
     }
 
     /// True while some thread holds the lock.
@@ -362,14 +369,20 @@ impl<T: ?Sized> Lock<T> {
     #[inline]
     pub fn lock(&self) -> LockGuard<'_, T> {
         self.raw.lock();
-        LockGuard { lock: self }
+        LockGuard {
+            lock: self,
+            _access: PhantomData,
+        }
     }
 
     /// Takes the lock if it is free now.
     #[inline]
     pub fn try_lock(&self) -> Option<LockGuard<'_, T>> {
         if self.raw.try_lock() {
-            Some(LockGuard { lock: self })
+            Some(LockGuard {
+                lock: self,
+                _access: PhantomData,
+            })
         } else {
             None
         }
@@ -416,9 +429,23 @@ impl<T: Default> Default for Lock<T> {
 }
 
 /// Access to the value of a held [`Lock`]; releases it when dropped.
+///
+/// Shared between threads only where `T` is `Sync` (as std's `MutexGuard`):
+///
+/// ```compile_fail
+/// fn shared<T: Sync>(_: &T) {}
+/// let l = kmem_core::Lock::new(core::cell::Cell::new(0u64));
+/// let g = l.lock();
+/// shared(&g); // `Cell<u64>` cannot be shared between threads safely
+/// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard<'a, T: ?Sized> {
     lock: &'a Lock<T>,
+    /// The guard hands out `&mut T`: it is `Sync` only where `T` is (a
+    /// shared `&LockGuard` gives every thread holding it a `&T`), as std's
+    /// `MutexGuard`; `&'a Lock<T>` alone would make it `Sync` for any `T:
+    /// Send`, letting two threads share a `Cell` through one guard.
+    _access: PhantomData<&'a mut T>,
 }
 
 impl<T: ?Sized> Deref for LockGuard<'_, T> {
