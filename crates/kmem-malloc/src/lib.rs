@@ -501,7 +501,8 @@ fn alloc_in(t: &Thread, size: usize, align: usize) -> (*mut u8, bool) {
                 if !p.is_null() {
                     return (p, false);
                 }
-                let p = f.refill(&NTA, k);
+                // SAFETY: a thread's cache holds only NTA's chunks.
+                let p = unsafe { f.refill(&NTA, k) };
                 if !p.is_null() {
                     return (p, false);
                 }

@@ -261,15 +261,28 @@ impl FrontCache {
     /// of it (null when out of memory or when `nta`'s chunks are not
     /// [`FRONT_CHUNK`] bytes). The heap's queued remote frees come first:
     /// those of size `k` are handed out as they are, those of other sizes
-    /// join their class while it has room, the rest are coalesced.
+    /// join their class while it has room, the rest are coalesced. Null too
+    /// for a class larger than `nta`'s nodes serve.
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta` (a refill may hand idle
+    /// classes back to it, as [`flush_all`](Self::flush_all) does).
     #[cold]
     #[inline(never)]
-    pub fn refill<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) -> *mut u8 {
-        if nta.geometry().chunk() != FRONT_CHUNK || k == 0 || k > FRONT_CLASSES {
+    pub unsafe fn refill<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        k: usize,
+    ) -> *mut u8 {
+        if nta.geometry().chunk() != FRONT_CHUNK
+            || k == 0
+            || k > FRONT_CLASSES
+            || k << SHIFT > nta.max_small()
+        {
             return ptr::null_mut();
         }
-        // SAFETY: every chunk in the cache belongs to `nta` (the cache's
-        // contract with its owner).
+        // SAFETY: every chunk in the cache belongs to `nta` (this function's
+        // contract).
         unsafe { self.tick(nta, k) };
         self.refilled |= 1 << (k - 1);
         let want = fill_count(k, self.fills[k]);

@@ -1892,7 +1892,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if nodes != heap.nnodes || empty != heap.empty_nodes {
                 return Err("node counts differ");
             }
-            if empty > self.reserve + 1 {
+            if empty > self.reserve.saturating_add(1) {
                 return Err("more empty nodes kept than the reserve");
             }
             if held != heap.held {

@@ -504,7 +504,8 @@ fn lookup_without_the_lock() {
     nta.check().unwrap();
     // A chunk parked in a front cache carries the cache's key.
     let mut front = crate::FrontCache::new();
-    let p = front.refill(&nta, 2);
+    // SAFETY: a new cache, filled from nta only.
+    let p = unsafe { front.refill(&nta, 2) };
     assert!(!p.is_null());
     // SAFETY: p is a live 2-chunk allocation from the refill.
     unsafe {
@@ -729,7 +730,8 @@ fn idle_classes_go_back_and_busy_ones_stay() {
     let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
     let mut front = crate::FrontCache::new();
     // Class 2 gets a batch parked (one refill, the chunk pushed back).
-    let p = front.refill(&nta, 2);
+    // SAFETY: a new cache, filled from nta only (so below).
+    let p = unsafe { front.refill(&nta, 2) };
     assert!(!p.is_null());
     // SAFETY: p is a live 2-chunk allocation of nta's.
     unsafe { front.push(&nta, p, 2) };
@@ -744,7 +746,8 @@ fn idle_classes_go_back_and_busy_ones_stay() {
             q if !q.is_null() => q,
             _ => {
                 refills += 1;
-                front.refill(&nta, 5)
+                // SAFETY: the cache holds nta's chunks only.
+                unsafe { front.refill(&nta, 5) }
             }
         };
         assert!(!q.is_null());
@@ -790,7 +793,8 @@ fn a_class_this_thread_only_frees_goes_back_in_batches() {
     // A thread that allocates the class keeps its usual stock: after a
     // refill, a full class gives back only half.
     let mut owner = crate::FrontCache::new();
-    let q = owner.refill(&nta, 1);
+    // SAFETY: a new cache, filled from nta only.
+    let q = unsafe { owner.refill(&nta, 1) };
     assert!(!q.is_null());
     let stocked = owner.count(1);
     let w: Vec<_> = (0..256).map(|_| nta.alloc(l(64)).unwrap()).collect();
@@ -840,4 +844,34 @@ fn a_thread_that_only_frees_gives_back_its_idle_classes() {
     unsafe { consumer.flush_all(&nta) };
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
+}
+
+/// A class larger than the nodes serve: a refill gives null (it used to
+/// pop an empty list, a null dereference, with 4 KiB nodes whose largest
+/// small allocation is 62 chunks).
+#[test]
+fn a_refill_of_a_class_above_the_largest_small_size_is_refused() {
+    let mut b = buf(64);
+    let c = Config {
+        node_size: 4096,
+        ..cfg()
+    };
+    let nta = Nta::with_config(source(&mut b), c, Cpus::Fixed(0)).unwrap();
+    let max = nta.max_small() / 64;
+    assert!(max < crate::front::FRONT_CLASSES);
+    let mut front = crate::FrontCache::new();
+    // SAFETY: a new cache, filled from nta only.
+    assert!(unsafe { front.refill(&nta, max + 1) }.is_null());
+    assert!(unsafe { front.refill(&nta, crate::front::FRONT_CLASSES) }.is_null());
+    // SAFETY: as above.
+    let p = unsafe { front.refill(&nta, max) };
+    assert!(!p.is_null());
+    nta.check().unwrap();
+    // SAFETY: p is a live allocation of `max` chunks from the refill; the
+    // cache holds nta's chunks only.
+    unsafe {
+        front.push(&nta, p, max);
+        front.flush_all(&nta);
+    }
+    nta.check().unwrap();
 }

@@ -84,7 +84,8 @@ unsafe impl GlobalAlloc for KmemNta {
                 let f = unsafe { &mut (*f.get()).0 };
                 let p = f.pop(k);
                 if p.is_null() {
-                    f.refill(&NTA, k)
+                    // SAFETY: this cache holds only NTA's chunks.
+                    unsafe { f.refill(&NTA, k) }
                 } else {
                     p
                 }
