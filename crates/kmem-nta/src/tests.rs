@@ -862,6 +862,7 @@ fn a_refill_of_a_class_above_the_largest_small_size_is_refused() {
     let mut front = crate::FrontCache::new();
     // SAFETY: a new cache, filled from nta only.
     assert!(unsafe { front.refill(&nta, max + 1) }.is_null());
+    // SAFETY: as above.
     assert!(unsafe { front.refill(&nta, crate::front::FRONT_CLASSES) }.is_null());
     // SAFETY: as above.
     let p = unsafe { front.refill(&nta, max) };
