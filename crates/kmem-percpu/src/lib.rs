@@ -107,9 +107,12 @@ const RESERVE_HIGH: u32 = 64;
 
 /// A per-CPU allocation: one copy per CPU, at the same offset of each unit.
 ///
-/// A plain handle, like a raw pointer: it can be copied, and freeing it twice
-/// is reported ([`Error::DoubleFree`]), not undefined. Reading or writing the
-/// copies through [`get`](Self::get) is the caller's `unsafe` business.
+/// A plain handle, like a raw pointer: it can be copied, so freeing one
+/// ([`PerCpuAllocator::free`]) is `unsafe` as `Box::from_raw` is (a stale
+/// copy would free whatever was allocated at its address since); a second
+/// free before the space is reused is reported ([`Error::DoubleFree`]).
+/// Reading or writing the copies through [`get`](Self::get) is the caller's
+/// `unsafe` business.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PerCpuPtr {
     addr: NonNull<u8>,
@@ -808,7 +811,20 @@ impl<B: Backend> PerCpuAllocator<B> {
     /// this allocator, or a chunk released since), [`Error::NotAllocated`]
     /// (inside a chunk but not the start of a live allocation),
     /// [`Error::DoubleFree`] (the start of an allocation already freed).
-    pub fn free(&self, ptr: PerCpuPtr) -> Result<()> {
+    ///
+    /// # Safety
+    /// A `PerCpuPtr` is `Copy`, so the allocator cannot tell its owner from a
+    /// stale copy: a copy kept past a free would free whatever allocation
+    /// was made at that address since, a [`PerCpu`]'s storage included. So
+    /// one of the two:
+    /// - `ptr` is an allocation of this allocator, live, that the caller
+    ///   owns (not a `PerCpu`'s: those free themselves on drop), and no copy
+    ///   of it is used after this call; or
+    /// - no live allocation of this allocator starts at `ptr` (a foreign or
+    ///   made-up handle, an address inside an allocation, one freed already
+    ///   whose space has not been handed out again): the call returns the
+    ///   error above and changes nothing.
+    pub unsafe fn free(&self, ptr: PerCpuPtr) -> Result<()> {
         let addr = ptr.addr.as_ptr() as usize;
         let mut st = self.state.lock();
         let Some(c) = st.table.get(ptr.chunk) else {

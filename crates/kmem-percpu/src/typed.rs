@@ -103,7 +103,9 @@ impl<'a, T, B: Backend> PerCpu<'a, T, B> {
         self.ptr.units()
     }
 
-    /// The underlying allocation.
+    /// The underlying allocation, for address arithmetic. It stays this
+    /// `PerCpu`'s: giving it to [`PerCpuAllocator::free`] breaks that
+    /// function's contract.
     pub fn as_ptr(&self) -> PerCpuPtr {
         self.ptr
     }
@@ -116,7 +118,11 @@ impl<T, B: Backend> Drop for PerCpu<'_, T, B> {
             // (`&mut self`); it is dropped exactly once here.
             unsafe { core::ptr::drop_in_place(self.ptr.get(c).cast::<T>().as_ptr()) };
         }
-        let r = self.alloc.free(self.ptr);
+        // SAFETY: the allocation is this PerCpu's alone (made by `new`,
+        // never handed out: `as_ptr` gives a copy only for address
+        // arithmetic, and freeing that copy is `free`'s caller's breach), and
+        // nothing uses it after the drop.
+        let r = unsafe { self.alloc.free(self.ptr) };
         debug_assert!(r.is_ok(), "a PerCpu's allocation was refused: {r:?}");
     }
 }
