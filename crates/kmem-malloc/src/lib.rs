@@ -602,14 +602,16 @@ fn usable(what: &str, p: *mut u8) -> usize {
         match unsafe { NTA.lookup_unlocked(a) } {
             Ok(k) => Ok(k * NTA.geometry().chunk()),
             Err(e @ Error::DoubleFree { .. }) => Err(e),
-            // SAFETY: non-null.
-            Err(_) => NTA.usable_size(unsafe { NonNull::new_unchecked(p) }),
+            // SAFETY: non-null; `p` is a live allocation by the C contract
+            // of the callers (malloc_usable_size, realloc).
+            Err(_) => unsafe { NTA.usable_size(NonNull::new_unchecked(p)) },
         }
     } else if let Some(l) = large_of(a) {
         l.usable_size(a)
     } else if let Some(s) = pow2_of(a) {
-        // SAFETY: non-null.
-        s.usable_size(unsafe { NonNull::new_unchecked(p) })
+        // SAFETY: non-null; `p` is a live allocation by the C contract of
+        // the callers (malloc_usable_size, realloc).
+        unsafe { s.usable_size(NonNull::new_unchecked(p)) }
     } else {
         die(what, p, &"not allocated by kmem")
     };

@@ -1323,7 +1323,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// The usable size of the live allocation at `ptr` (whole chunks, or whole
     /// pages for large ones), checked as `free` checks.
-    pub fn usable_size(&self, ptr: NonNull<u8>) -> Result<usize> {
+    ///
+    /// # Safety
+    /// The check reads the header where `ptr`'s node would start, which for an
+    /// address inside a large allocation is that allocation's data: so either
+    /// `ptr` is the start of an allocation of this allocator that stays live
+    /// during the call, or no other thread writes the memory at `ptr`'s node
+    /// boundary (the address rounded down to the node size) during the call.
+    pub unsafe fn usable_size(&self, ptr: NonNull<u8>) -> Result<usize> {
         let addr = ptr.as_ptr() as usize;
         let (node, small) = self.locate(addr)?;
         if !small {
@@ -1344,7 +1351,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// The heap that owns the allocation at `ptr` (checked as `free` checks).
-    pub fn owner_of(&self, ptr: NonNull<u8>) -> Result<usize> {
+    ///
+    /// # Safety
+    /// As [`usable_size`](Self::usable_size).
+    pub unsafe fn owner_of(&self, ptr: NonNull<u8>) -> Result<usize> {
         let (node, _) = self.locate(ptr.as_ptr() as usize)?;
         // SAFETY: a validated header.
         Ok(unsafe { (*node).owner } as usize)

@@ -55,8 +55,10 @@ fn rounds_to_chunks_and_coalesces() {
     let a = nta.alloc(l(100)).unwrap();
     let c = nta.alloc(l(64)).unwrap();
     let d = nta.alloc(l(1)).unwrap();
-    assert_eq!(nta.usable_size(a).unwrap(), 128);
-    assert_eq!(nta.usable_size(c).unwrap(), 64);
+    // SAFETY: live allocations of nta (so below).
+    assert_eq!(unsafe { nta.usable_size(a) }.unwrap(), 128);
+    // SAFETY: as above.
+    assert_eq!(unsafe { nta.usable_size(c) }.unwrap(), 64);
     // Consecutive chunks of one node, split from its single free run.
     assert_eq!(c.as_ptr() as usize, a.as_ptr() as usize + 128);
     assert_eq!(d.as_ptr() as usize, c.as_ptr() as usize + 64);
@@ -333,10 +335,9 @@ fn remote_frees_go_through_the_semi_free_list() {
         .unwrap()
     });
     for &p in &ptrs {
-        assert_eq!(
-            nta.owner_of(NonNull::new(p as *mut u8).unwrap()).unwrap(),
-            0
-        );
+        // SAFETY: a live allocation of nta.
+        let owner = unsafe { nta.owner_of(NonNull::new(p as *mut u8).unwrap()) };
+        assert_eq!(owner.unwrap(), 0);
     }
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -445,7 +446,8 @@ fn seed_geometry_32_byte_chunks() {
     };
     let nta = Nta::with_config(source(&mut b), c, Cpus::Fixed(0)).unwrap();
     let p = nta.alloc(l(33)).unwrap();
-    assert_eq!(nta.usable_size(p).unwrap(), 64);
+    // SAFETY: a live allocation of nta.
+    assert_eq!(unsafe { nta.usable_size(p) }.unwrap(), 64);
     // SAFETY: live.
     unsafe { nta.free(p).unwrap() };
     nta.check().unwrap();

@@ -169,9 +169,12 @@ impl<'a> Pow2Slab<'a> {
         cfg: SlabConfig,
         cpus: Cpus,
     ) -> Result<Pow2Slab<'a>> {
-        if !page.is_power_of_two() || !(1 << MIN_SHIFT..=1 << 16).contains(&page) {
+        // At least the alignment of the per-CPU records, which start a page
+        // (64-byte pages put them at 64-byte aligned addresses).
+        let min_page = core::mem::align_of::<CachePadded<Lock<CpuArrays>>>().max(1 << MIN_SHIFT);
+        if !page.is_power_of_two() || !(min_page..=1 << 16).contains(&page) {
             return Err(Error::BadConfig(
-                "page size must be a power of two of 64 B to 64 KiB",
+                "page size must be a power of two of 128 B to 64 KiB",
             ));
         }
         let start = ptr.as_ptr() as usize;
@@ -205,7 +208,8 @@ impl<'a> Pow2Slab<'a> {
         let arrays = a.as_ptr().cast::<CachePadded<Lock<CpuArrays>>>();
         // SAFETY: `apages` fresh pages of ours hold ncpu records followed by
         // ncpu * per_cpu_entries pointers; records are 128-byte aligned
-        // (pages are) and of size `rec` (a multiple of 128).
+        // (pages are: at least 128 bytes, checked above) and of size `rec`
+        // (a multiple of 128).
         unsafe {
             let mut e = a.as_ptr().add(ncpu * rec).cast::<*mut u8>();
             for cpu in 0..ncpu {
@@ -583,7 +587,14 @@ impl<'a> Pow2Slab<'a> {
     }
 
     /// Bytes usable at `p`: its class's size, or its large run's pages.
-    pub fn usable_size(&self, p: NonNull<u8>) -> Result<usize> {
+    ///
+    /// # Safety
+    /// `p` is in an object or large run of this allocator that stays live
+    /// during the call, or no other thread allocates from this allocator
+    /// during it: the page descriptor is read without the class lock, and a
+    /// page being carved into a class (under that lock) has its descriptor
+    /// written meanwhile.
+    pub unsafe fn usable_size(&self, p: NonNull<u8>) -> Result<usize> {
         Ok(match self.kind(p)? {
             Kind::Object(c) => 1 << (MIN_SHIFT as usize + c),
             Kind::Large(pages) => pages * self.page,
