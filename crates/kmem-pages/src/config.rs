@@ -109,7 +109,14 @@ impl Config {
     /// anonymous memory is). Default: yes for memory reserved by
     /// [`PageAllocator::new`](crate::PageAllocator), no for a caller's buffer
     /// or a page source.
-    pub fn zeroed(mut self, zeroed: bool) -> Config {
+    ///
+    /// # Safety
+    /// With `true`, every byte of the memory the allocator is built over (the
+    /// buffer, or the pages it takes from its source) must be zero: pages
+    /// recorded as known zero are handed out by `alloc_page_zeroed` and
+    /// `PageSource::alloc_pages_zeroed` without clearing, and users of a
+    /// `PageSource` rely on that (`false` is always safe).
+    pub unsafe fn zeroed(mut self, zeroed: bool) -> Config {
         self.zeroed = Some(zeroed);
         self
     }

@@ -82,6 +82,8 @@ impl PageAllocator<'_> {
         }
         let (i, fl) = found?;
         let fr = self.frames();
+        // The head's bucket, read before the loop below marks it BUSY.
+        let b = bucket_of(fr[i].state()).min(self.p.nb - 1);
         let mut dirty = 0;
         for j in i..i + n {
             let st = fr[j].state();
@@ -98,7 +100,6 @@ impl PageAllocator<'_> {
             fr[j].set_state(K_BUSY | if z { ZERO } else { 0 });
         }
         self.run_hint[fl].store(i + n, Relaxed);
-        let b = bucket_of(fr[i].state()).min(self.p.nb - 1);
         drop(guards);
         // Nobody else can reach these frames now: they are on no list, in no
         // cache and not yet handed out.

@@ -1029,3 +1029,26 @@ fn fork_prepare_holds_every_lock_until_release() {
     unsafe { a.free_page(p).unwrap() };
     a.check().unwrap();
 }
+
+/// A run's head records the bucket its frames came from (it recorded 0, the
+/// head's bucket being read after the head was marked busy).
+#[test]
+fn a_run_records_the_bucket_it_came_from() {
+    let t = topo(2, 2, 1);
+    let pa = PageAllocator::with_config(&t, Cpus::Fixed(0), 64 * page(), &Config::new().colours(1))
+        .unwrap();
+    let mut runs = Vec::new();
+    let mut seen = HashSet::new();
+    while let Ok(r) = pa.alloc_run(4, 4) {
+        let home = pa.home_bucket(r).unwrap();
+        assert_eq!(pa.frame_info(r).unwrap().bucket, home, "run at {r:?}");
+        seen.insert(home);
+        runs.push(r);
+    }
+    assert!(seen.len() > 1, "runs from more than one bucket: {seen:?}");
+    for r in runs {
+        // SAFETY: a run of 4 pages allocated above, freed once.
+        unsafe { pa.free_run(r, 4).unwrap() };
+    }
+    pa.check().unwrap();
+}
