@@ -591,7 +591,13 @@ mod region_source {
             if npages == 0 {
                 return Err(Error::ZeroSize);
             }
-            let data = Region::reserve_aligned(npages * page, BASE_ALIGN)?;
+            // Checked: `bytes` near usize::MAX rounds up past it.
+            let too_large = Error::TooLarge {
+                size: bytes as u64,
+                max: isize::MAX as u64,
+            };
+            let data_bytes = npages.checked_mul(page).ok_or(too_large)?;
+            let data = Region::reserve_aligned(data_bytes, BASE_ALIGN)?;
             data.commit(0, data.len())?;
             let meta_bytes = (3 * meta_words(npages) * 8).next_multiple_of(page);
             let meta = Region::reserve(meta_bytes)?;
@@ -815,6 +821,17 @@ mod tests {
         assert!(FixedSource::new(&mut buf, 4096).is_err());
         let mut buf = [0u8; 100];
         assert!(FixedSource::new(&mut buf, 100).is_err());
+    }
+
+    /// Sizes whose page rounding overflows are an error, not a panic (in
+    /// debug builds the multiplication panicked, and a lazily built source
+    /// was left half made).
+    #[cfg(feature = "std")]
+    #[test]
+    fn region_source_of_an_impossible_size_is_an_error() {
+        for bytes in [usize::MAX, usize::MAX - 4095, usize::MAX / 2 + 1] {
+            assert!(RegionSource::new(bytes).is_err(), "{bytes:#x}");
+        }
     }
 
     #[cfg(feature = "std")]
