@@ -435,8 +435,12 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         }
         let ncpus = topo.cpus();
         let owner_pages = OwnerMap::bytes_for(span_pages).div_ceil(page_size);
+        let percpu_bytes = ncpus
+            .checked_mul(size_of::<PerCpu<NR>>())
+            .ok_or(Error::BadConfig(
+                "the per-CPU lists would not fit in memory",
+            ))?;
         let states = source.alloc_pages_zeroed(owner_pages, 1)?;
-        let percpu_bytes = ncpus * size_of::<PerCpu<NR>>();
         let percpu_pages = percpu_bytes.div_ceil(page_size);
         let align_pages = (align_of::<PerCpu<NR>>() / page_size).max(1);
         let percpu = match source.alloc_pages(percpu_pages, align_pages) {

@@ -70,11 +70,9 @@ impl CacheInfo {
     pub fn page_colours(&self, page_size: usize) -> usize {
         let way = self.l2_size / self.l2_ways.max(1);
         let c = (way / page_size.max(1)).max(1);
-        if c.is_power_of_two() {
-            c
-        } else {
-            c.next_power_of_two() / 2
-        }
+        // The largest power of two not above c (c >= 1), with no rounding
+        // up that could wrap.
+        1 << (usize::BITS - 1 - c.leading_zeros())
     }
 }
 
@@ -218,6 +216,21 @@ mod tests {
             from_system: true,
         };
         assert_eq!(tiny.page_colours(4096), 1);
+        // A way larger than 2^63 pages' worth: rounding up used to wrap to 0.
+        let huge = CacheInfo {
+            line_size: 64,
+            l2_size: usize::MAX,
+            l2_ways: 1,
+            from_system: false,
+        };
+        assert_eq!(huge.page_colours(1), 1 << (usize::BITS - 1));
+        let c3 = CacheInfo {
+            line_size: 64,
+            l2_size: 3 * 4096,
+            l2_ways: 1,
+            from_system: false,
+        };
+        assert_eq!(c3.page_colours(4096), 2);
     }
 
     #[test]
