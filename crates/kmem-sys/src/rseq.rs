@@ -334,8 +334,18 @@ pub fn fence_register() -> bool {
         };
         r == 0
     };
-    FENCE.store(if ok { 1 } else { 2 }, Ordering::Release);
-    ok
+    // The first answer stands: two threads asking at once may get different
+    // ones (one without an rseq area), and a caller that went on with
+    // sequences must never later find the fence refused (`fence_cpu`).
+    match FENCE.compare_exchange(
+        0,
+        if ok { 1 } else { 2 },
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => ok,
+        Err(first) => first == 1,
+    }
 }
 
 /// Aborts every restartable sequence of this process in flight on `cpu`, and
