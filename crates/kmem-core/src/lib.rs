@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!   bitmap        Bitmap over caller words: ranges, counts, word-at-a-time searches
+//!   decay         ReturnPolicy and Decay: how long freed memory stays backed
 //!   list          intrusive doubly linked list, container_of!
 //!   lock          Lock<T>: a lock_api mutex that counts acquisitions, contention, wait
 //!   topology      Topology (CPUs, packages, nodes) and Cpus (real, simulated, fixed)
@@ -27,6 +28,7 @@
 extern crate std;
 
 pub mod bitmap;
+pub mod decay;
 pub mod error;
 pub mod list;
 pub mod lock;
@@ -36,6 +38,7 @@ pub mod sync;
 pub mod topology;
 
 pub use bitmap::Bitmap;
+pub use decay::{Decay, Due, ReturnPolicy};
 pub use error::{Error, Result};
 pub use list::{Link, List};
 pub use lock::{Lock, LockGuard, RawCountingLock};

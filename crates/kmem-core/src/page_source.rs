@@ -12,15 +12,19 @@
 //! ```
 //!
 //! [`FixedSource`] and [`RegionSource`] share one run allocator: a page bitmap
-//! searched next-fit with [`Bitmap::find_next_zero_area_off`], a boundary
-//! bitmap marking where each run starts (so a free of the wrong length or of a
-//! run's middle is detected), and a "dirty" bitmap of pages that may hold
-//! data, so zeroed allocations clear only what needs clearing.
+//! searched lowest address first with [`Bitmap::find_next_zero_area_off`]
+//! (from the lowest free page, which is kept), a boundary bitmap marking
+//! where each run starts (so a free of the wrong length or of a run's middle
+//! is detected), and a "dirty" bitmap of pages that may hold data, so zeroed
+//! allocations clear only what needs clearing and a `RegionSource` knows
+//! exactly which free pages are still backed: it gives them back to the OS
+//! under a [`ReturnPolicy`](crate::ReturnPolicy), highest addresses first.
 
 use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 use crate::bitmap::Bitmap;
+use crate::decay::Decay;
 use crate::error::{Error, Result};
 use crate::lock::Lock;
 
@@ -81,6 +85,17 @@ pub unsafe trait PageSource: Send + Sync {
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         None
     }
+
+    /// Applies the source's memory-return policy now: freed pages that
+    /// stayed past its delay go back to the OS (see [`ReturnPolicy`](crate::ReturnPolicy)).
+    /// Allocators call it from their own slow paths, so that memory goes
+    /// back even while the source itself sees no calls. A source that keeps
+    /// everything does nothing.
+    fn maintain(&self) {}
+
+    /// Gives every free page that may hold data back to the OS now
+    /// (`malloc_trim`). A source that cannot does nothing.
+    fn purge(&self) {}
 }
 
 // SAFETY: forwards to a PageSource, which keeps the promises.
@@ -110,6 +125,12 @@ unsafe impl<P: PageSource + ?Sized> PageSource for &P {
     }
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         (**self).span()
+    }
+    fn maintain(&self) {
+        (**self).maintain()
+    }
+    fn purge(&self) {
+        (**self).purge()
     }
 }
 
@@ -142,6 +163,12 @@ unsafe impl<P: PageSource + ?Sized> PageSource for std::sync::Arc<P> {
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         (**self).span()
     }
+    fn maintain(&self) {
+        (**self).maintain()
+    }
+    fn purge(&self) {
+        (**self).purge()
+    }
 }
 
 /// The run allocator behind [`FixedSource`] and [`RegionSource`]: three
@@ -153,16 +180,28 @@ struct RunMap {
     start: NonNull<u64>,
     /// Page `i` may hold non-zero bytes.
     dirty: NonNull<u64>,
+    /// Free page `i` was freed before the return policy's last tick
+    /// (meaningless for allocated pages; a free clears it).
+    old: NonNull<u64>,
     words: usize,
     pages: usize,
     /// Pages allocated.
     in_use: usize,
-    /// Where the next search starts: where the last allocation ended, or
-    /// the lowest run freed since, whichever is lower. Searching from the
-    /// lowest hole reuses freed (and still backed) pages before fresh ones,
-    /// so a source whose frees are not purged does not creep through its
-    /// range faulting in new pages while old ones sit free.
-    hint: usize,
+    /// No page below this one is free: searches start here. Every search
+    /// finds the lowest fitting run (address-ordered first fit), so freed
+    /// pages are reused before fresh ones and a steady working set stays
+    /// where it is instead of climbing through the range (a search from
+    /// where the last one ended did: each replacement landed above the hole
+    /// it left).
+    first_free: usize,
+    /// No page at or above this one is allocated or dirty (a high-water
+    /// mark, lowered when the free pages under it go back to the OS).
+    top: usize,
+    /// Free pages whose dirty bit is set: freed, still backed.
+    dirty_free: usize,
+    /// When those go back to the OS (a `RegionSource` only).
+    #[cfg_attr(not(feature = "os"), allow(dead_code))]
+    decay: Decay,
     /// `base / page_size`, so alignment is of addresses, not indexes.
     base_page: usize,
 }
@@ -188,16 +227,23 @@ impl RunMap {
         )
     }
 
+    /// The lowest run of `n` free pages aligned to `align`, now allocated;
+    /// its dirty pages are no longer counted as free ones.
     fn alloc(&mut self, n: usize, align: usize) -> Option<usize> {
-        let off = self.base_page;
-        let used = self.map(self.used);
-        let i = used
-            .find_next_zero_area_off(self.hint, n, align, off)
-            .or_else(|| used.find_next_zero_area_off(0, n, align, off))?;
+        let i = self.map(self.used).find_next_zero_area_off(
+            self.first_free,
+            n,
+            align,
+            self.base_page,
+        )?;
         self.map_mut(self.used).set_range(i, n);
         self.map_mut(self.start).set(i);
         self.in_use += n;
-        self.hint = i + n;
+        if i == self.first_free {
+            self.first_free = i + n;
+        }
+        self.top = self.top.max(i + n);
+        self.dirty_free -= self.map(self.dirty).count_range(i, n);
         Some(i)
     }
 
@@ -207,6 +253,22 @@ impl RunMap {
         let start = self.map(self.start);
         if i >= self.pages {
             return Err(Error::OutOfRange { addr });
+        }
+        if n == 0 {
+            // A run is never empty: the actual length is reported when the
+            // address is a live run's start (and nothing changes).
+            let actual = if start.test(i) {
+                let end = used.find_next_zero_bit(i).unwrap_or(self.pages);
+                let next = start.find_next_bit(i + 1).unwrap_or(self.pages);
+                (end.min(next) - i) as u64
+            } else {
+                0
+            };
+            return Err(Error::WrongSize {
+                addr,
+                given: 0,
+                actual,
+            });
         }
         if !start.test(i) {
             return Err(if used.test(i) {
@@ -246,9 +308,120 @@ impl RunMap {
             self.map_mut(self.dirty).clear_range(i, n);
         } else {
             self.map_mut(self.dirty).set_range(i, n);
+            self.dirty_free += n;
         }
+        self.map_mut(self.old).clear_range(i, n);
         self.in_use -= n;
-        self.hint = self.hint.min(i);
+        self.first_free = self.first_free.min(i);
+    }
+
+    /// Calls `purge(first, len)` for free dirty pages (only those marked
+    /// old with `only_old`), highest first, until at most `keep` free pages
+    /// are dirty. A run whose call returns true reads zero from then on and
+    /// loses its dirty bit; false (the OS refused) keeps it and stops.
+    #[cfg(feature = "os")]
+    fn purge_down_to(
+        &mut self,
+        keep: usize,
+        only_old: bool,
+        mut purge: impl FnMut(usize, usize) -> bool,
+    ) {
+        let mut end = self.top;
+        while self.dirty_free > keep {
+            let Some((s, e)) = self.prev_candidates(end, only_old) else {
+                break;
+            };
+            let len = (e - s).min(self.dirty_free - keep);
+            if !purge(e - len, len) {
+                break;
+            }
+            self.map_mut(self.dirty).clear_range(e - len, len);
+            self.dirty_free -= len;
+            end = s;
+        }
+    }
+
+    /// Word `wi` of the pages a purge may take: free and dirty (and old).
+    #[inline]
+    #[cfg(feature = "os")]
+    fn candidates(&self, wi: usize, only_old: bool) -> u64 {
+        // SAFETY: callers pass wi < words; the maps are ours, read a word
+        // at a time.
+        unsafe {
+            let d = *self.dirty.as_ptr().add(wi) & !*self.used.as_ptr().add(wi);
+            if only_old {
+                d & *self.old.as_ptr().add(wi)
+            } else {
+                d
+            }
+        }
+    }
+
+    /// The highest run `[start, end)` of candidate pages below `end`.
+    #[cfg(feature = "os")]
+    fn prev_candidates(&self, end: usize, only_old: bool) -> Option<(usize, usize)> {
+        if end == 0 {
+            return None;
+        }
+        let mut wi = (end - 1) / 64;
+        let r = end - wi * 64; // bits of word wi below `end`: 1..=64
+        let mut w = self.candidates(wi, only_old) & (u64::MAX >> (64 - r));
+        while w == 0 {
+            if wi == 0 {
+                return None;
+            }
+            wi -= 1;
+            w = self.candidates(wi, only_old);
+        }
+        let hb = 63 - w.leading_zeros() as usize;
+        let hi = wi * 64 + hb + 1;
+        // Down from hb to the first page that is not a candidate.
+        let mut x = !w & ((1u64 << hb) - 1);
+        loop {
+            if x != 0 {
+                return Some((wi * 64 + 64 - x.leading_zeros() as usize, hi));
+            }
+            if wi == 0 {
+                return Some((0, hi));
+            }
+            wi -= 1;
+            x = !self.candidates(wi, only_old);
+        }
+    }
+
+    /// Calls `purge(first, len)` for the dirty pages more than `pad` pages
+    /// above the highest allocated one (with the same contract as
+    /// `purge_down_to`), and lowers `top` past them.
+    #[cfg(feature = "os")]
+    fn trim_top(&mut self, pad: usize, mut purge: impl FnMut(usize, usize) -> bool) {
+        let high = self
+            .map(self.used)
+            .find_prev_bit(self.top)
+            .map_or(0, |u| u + 1);
+        let lo = high.saturating_add(pad);
+        let mut at = lo;
+        while let Some((d, len)) = self.map(self.dirty).next_set_run(at, self.top) {
+            if !purge(d, len) {
+                return;
+            }
+            self.map_mut(self.dirty).clear_range(d, len);
+            self.dirty_free -= len;
+            at = d + len;
+        }
+        self.top = self.top.min(lo);
+    }
+
+    /// Marks every free dirty page old (a tick of the return policy).
+    #[cfg(feature = "os")]
+    fn age(&mut self) {
+        let words = self.top.div_ceil(64);
+        for wi in 0..words {
+            // SAFETY: wi < words; the maps are ours.
+            unsafe {
+                *self.old.as_ptr().add(wi) =
+                    *self.dirty.as_ptr().add(wi) & !*self.used.as_ptr().add(wi);
+            }
+        }
     }
 
     /// Clears the dirty bits of `[i, i + n)` and returns the dirty sub-runs
@@ -265,8 +438,21 @@ impl RunMap {
     fn check(&self) -> core::result::Result<(), &'static str> {
         let used = self.map(self.used);
         let start = self.map(self.start);
+        let dirty = self.map(self.dirty);
         if used.count_ones() != self.in_use {
             return Err("used count differs from the bitmap");
+        }
+        if used.find_next_zero_bit(0).unwrap_or(self.pages) < self.first_free {
+            return Err("a free page below the first free one");
+        }
+        if used.find_next_bit(self.top).is_some() {
+            return Err("an allocated page above the top");
+        }
+        let dirty_free = (0..self.words)
+            .map(|w| (dirty.words()[w] & !used.words()[w]).count_ones() as usize)
+            .sum::<usize>();
+        if dirty_free != self.dirty_free {
+            return Err("dirty free count differs from the bitmaps");
         }
         for s in start.iter_ones() {
             if !used.test(s) {
@@ -285,6 +471,9 @@ impl RunMap {
     }
 }
 
+/// Bitmaps a RunMap keeps: used, start, dirty, old.
+const META_MAPS: usize = 4;
+
 fn meta_words(pages: usize) -> usize {
     Bitmap::<&[u64]>::words_for(pages)
 }
@@ -299,7 +488,7 @@ struct Runs {
 
 impl Runs {
     /// # Safety
-    /// `meta` must point to `3 * meta_words(pages)` writable, exclusively owned
+    /// `meta` must point to `META_MAPS * meta_words(pages)` writable, exclusively owned
     /// `u64`s, and `base` to `pages` pages that the new value owns. With
     /// `meta_zero` they must read zero already (fresh anonymous memory), and
     /// are left untouched: a large region's bitmaps then cost memory only
@@ -314,24 +503,31 @@ impl Runs {
     ) -> Runs {
         let words = meta_words(pages);
         if !meta_zero {
-            // SAFETY: the caller provides 3 * words u64s at `meta`.
-            unsafe { core::ptr::write_bytes(meta.as_ptr(), 0, 3 * words) };
+            // SAFETY: the caller provides META_MAPS * words u64s at `meta`.
+            unsafe { core::ptr::write_bytes(meta.as_ptr(), 0, META_MAPS * words) };
         }
         let mut map = RunMap {
             used: meta,
-            // SAFETY: inside the 3 * words provided.
+            // SAFETY: inside the META_MAPS * words provided.
             start: unsafe { meta.add(words) },
-            // SAFETY: inside the 3 * words provided.
+            // SAFETY: inside the META_MAPS * words provided.
             dirty: unsafe { meta.add(2 * words) },
+            // SAFETY: inside the META_MAPS * words provided.
+            old: unsafe { meta.add(3 * words) },
             words,
             pages,
             in_use: 0,
-            hint: 0,
+            first_free: 0,
+            top: 0,
+            dirty_free: 0,
+            decay: Decay::new(crate::ReturnPolicy::DEFAULT),
             base_page: base / page_size,
         };
         if all_dirty && pages > 0 {
             let d = map.dirty;
             map.map_mut(d).set_range(0, pages);
+            map.dirty_free = pages;
+            map.top = pages;
         }
         Runs {
             map: Lock::new(map),
@@ -342,6 +538,17 @@ impl Runs {
     }
 
     fn alloc(&self, pages: usize, align: usize, zero: bool) -> Result<NonNull<u8>> {
+        self.alloc_then(pages, align, zero, |_| {})
+    }
+
+    /// As `alloc`; `after` runs under the lock once the run is taken.
+    fn alloc_then(
+        &self,
+        pages: usize,
+        align: usize,
+        zero: bool,
+        after: impl FnOnce(&mut RunMap),
+    ) -> Result<NonNull<u8>> {
         if pages == 0 {
             return Err(Error::ZeroSize);
         }
@@ -373,6 +580,7 @@ impl Runs {
             let d = m.dirty;
             m.map_mut(d).set_range(i, pages);
         }
+        after(&mut m);
         drop(m);
         // SAFETY: base + offset is inside the non-null managed range.
         Ok(unsafe { NonNull::new_unchecked((base + (i << shift)) as *mut u8) })
@@ -391,19 +599,22 @@ impl Runs {
     }
 
     /// Frees a run; `release(first_page)` runs under the lock after the run
-    /// is validated and before it can be handed out again.
+    /// is validated and before it can be handed out again, `after` once it
+    /// is free.
     fn free(
         &self,
         ptr: NonNull<u8>,
         pages: usize,
         zeroed: bool,
         release: impl FnOnce(usize),
+        after: impl FnOnce(&mut RunMap),
     ) -> Result<()> {
         let i = self.index(ptr)?;
         let mut m = self.map.lock();
         m.validate(i, pages, ptr.as_ptr() as u64)?;
         release(i);
         m.free(i, pages, zeroed);
+        after(&mut m);
         Ok(())
     }
 
@@ -465,7 +676,7 @@ impl<'a> FixedSource<'a> {
         let mut meta_pages = 0;
         while meta_pages < total {
             let data = total - meta_pages;
-            if (3 * meta_words(data) * 8).div_ceil(page_size) <= meta_pages {
+            if (META_MAPS * meta_words(data) * 8).div_ceil(page_size) <= meta_pages {
                 break;
             }
             meta_pages += 1;
@@ -522,11 +733,11 @@ unsafe impl PageSource for FixedSource<'_> {
     }
 
     unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
-        self.runs.free(ptr, pages, false, |_| {})
+        self.runs.free(ptr, pages, false, |_| {}, |_| {})
     }
 
     unsafe fn free_pages_zeroed(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
-        self.runs.free(ptr, pages, true, |_| {})
+        self.runs.free(ptr, pages, true, |_| {}, |_| {})
     }
 
     fn free_page_count(&self) -> Option<usize> {
@@ -548,15 +759,20 @@ pub use region_source::RegionSource;
 #[cfg(feature = "os")]
 mod region_source {
     use super::*;
+    use crate::{Due, ReturnPolicy};
     use kmem_sys::Region;
 
     /// A [`PageSource`] over address space reserved from the OS (feature `os`).
     ///
     /// The whole range is reserved at creation and made accessible; the kernel
-    /// backs a page only when it is first touched. A freed run of at least
-    /// `purge_threshold` pages is given back with `MADV_DONTNEED` at once (and
-    /// then reads zero); smaller ones are kept, marked dirty, for reuse.
-    /// [`purge`](Self::purge) gives back every free dirty page.
+    /// backs a page only when it is first touched. Runs are placed lowest
+    /// address first. A freed run of at least `purge_threshold` pages is
+    /// given back with `MADV_DONTNEED` at once (and then reads zero); smaller
+    /// ones stay backed for reuse under the source's [`ReturnPolicy`]:
+    /// beyond its `retain` bytes they go back within its delay (checked on
+    /// every allocation and free), and at once past its limit, highest
+    /// addresses first. [`purge`](Self::purge) gives back every free dirty
+    /// page now.
     pub struct RegionSource {
         runs: Runs,
         data: Region,
@@ -578,14 +794,25 @@ mod region_source {
 
     impl RegionSource {
         /// Reserves `bytes` (rounded up to pages) and manages them, purging
-        /// freed runs of 16 pages or more.
+        /// freed runs of 16 pages or more at once, smaller ones under
+        /// [`ReturnPolicy::DEFAULT`].
         pub fn new(bytes: usize) -> Result<RegionSource> {
             Self::with_purge_threshold(bytes, 16)
         }
 
         /// As [`new`](Self::new), purging freed runs of at least `pages` pages
-        /// (`usize::MAX`: never purge on free).
+        /// at once (`usize::MAX`: never on free, only under the policy).
         pub fn with_purge_threshold(bytes: usize, pages: usize) -> Result<RegionSource> {
+            Self::with_policy(bytes, pages, ReturnPolicy::DEFAULT)
+        }
+
+        /// As [`with_purge_threshold`](Self::with_purge_threshold), keeping
+        /// smaller freed runs backed under `policy`.
+        pub fn with_policy(
+            bytes: usize,
+            pages: usize,
+            policy: ReturnPolicy,
+        ) -> Result<RegionSource> {
             let page = kmem_sys::page_size();
             let npages = bytes.div_ceil(page);
             if npages == 0 {
@@ -599,10 +826,10 @@ mod region_source {
             let data_bytes = npages.checked_mul(page).ok_or(too_large)?;
             let data = Region::reserve_aligned(data_bytes, BASE_ALIGN)?;
             data.commit(0, data.len())?;
-            let meta_bytes = (3 * meta_words(npages) * 8).next_multiple_of(page);
+            let meta_bytes = (META_MAPS * meta_words(npages) * 8).next_multiple_of(page);
             let meta = Region::reserve(meta_bytes)?;
             meta.commit(0, meta.len())?;
-            // SAFETY: `meta` holds 3 * words u64s, committed, page aligned, and
+            // SAFETY: `meta` holds META_MAPS * words u64s, committed, page aligned, and
             // owned by the new source, as is every page of `data`.
             let runs = unsafe {
                 Runs::new(
@@ -615,6 +842,7 @@ mod region_source {
                     true,
                 )
             };
+            runs.map.lock().decay.set_policy(policy);
             Ok(RegionSource {
                 runs,
                 data,
@@ -624,18 +852,66 @@ mod region_source {
             })
         }
 
+        /// The policy under which freed pages go back to the OS.
+        pub fn policy(&self) -> ReturnPolicy {
+            self.runs.map.lock().decay.policy()
+        }
+
+        /// Replaces the policy; pages freed beyond the new one's limit go
+        /// back now.
+        pub fn set_policy(&self, policy: ReturnPolicy) {
+            let mut m = self.runs.map.lock();
+            m.decay.set_policy(policy);
+            self.settle(&mut m);
+        }
+
         /// Gives every free page that may hold data back to the OS.
         pub fn purge(&self) {
             let mut m = self.runs.map.lock();
-            let (used, dirty, pages) = (m.used, m.dirty, m.pages);
-            let mut at = 0;
-            while let Some((s, len)) = m.map(dirty).next_set_run(at, pages) {
-                at = s + len;
-                let mut sub = s;
-                while let Some((fs, flen)) = m.map(used).next_zero_run(sub, s + len) {
-                    sub = fs + flen;
-                    let _ = self.data.purge(fs * self.page_size, flen * self.page_size);
-                    m.map_mut(dirty).clear_range(fs, flen);
+            self.purge_locked(&mut m, 0, false);
+        }
+
+        /// Applies the policy now: gives back what stayed freed past its
+        /// delay (the allocator calls this on its own slow paths; a
+        /// program's idle loop may too).
+        pub fn maintain(&self) {
+            let mut m = self.runs.map.lock();
+            self.settle(&mut m);
+        }
+
+        /// Freed bytes still backed (free pages that may hold data).
+        pub fn dirty_bytes(&self) -> usize {
+            self.runs.map.lock().dirty_free * self.page_size
+        }
+
+        /// Bytes up to the end of the highest run ever handed out: the span
+        /// placement has used (what fragmentation is measured against).
+        pub fn high_water_bytes(&self) -> usize {
+            self.runs.map.lock().top * self.page_size
+        }
+
+        fn purge_locked(&self, m: &mut RunMap, keep_pages: usize, only_old: bool) {
+            let (data, ps) = (&self.data, self.page_size);
+            // A failed madvise leaves the pages backed with their data, and
+            // dirty: "known zero" stays exact.
+            m.purge_down_to(keep_pages, only_old, |s, len| {
+                data.purge(s * ps, len * ps).is_ok()
+            });
+        }
+
+        /// Asks the policy what must go back after a change, and gives it back.
+        #[inline]
+        fn settle(&self, m: &mut RunMap) {
+            let ps = self.page_size;
+            let (data, pad) = (&self.data, m.decay.policy().top_pad(m.in_use * ps) / ps);
+            m.trim_top(pad, |s, len| data.purge(s * ps, len * ps).is_ok());
+            let now = kmem_sys::clock::coarse_ns();
+            match m.decay.check(m.dirty_free * ps, m.in_use * ps, now) {
+                Due::Nothing => {}
+                Due::Now { keep } => self.purge_locked(m, keep / ps, false),
+                Due::Tick { keep } => {
+                    self.purge_locked(m, keep / ps, true);
+                    m.age();
                 }
             }
         }
@@ -651,13 +927,31 @@ mod region_source {
         }
 
         fn free_run(&self, ptr: NonNull<u8>, pages: usize, zeroed: bool) -> Result<()> {
-            let purge = !zeroed && pages >= self.purge_threshold;
-            self.runs.free(ptr, pages, zeroed || purge, |i| {
-                if purge {
+            let ps = self.page_size;
+            let purged = core::cell::Cell::new(false);
+            self.runs.free(
+                ptr,
+                pages,
+                zeroed,
+                |i| {
                     // Under the lock, before the run can be handed out again.
-                    let _ = self.data.purge(i * self.page_size, pages * self.page_size);
-                }
-            })
+                    purged.set(
+                        !zeroed
+                            && pages >= self.purge_threshold
+                            && self.data.purge(i * ps, pages * ps).is_ok(),
+                    );
+                },
+                |m| {
+                    if purged.get() {
+                        // It reads zero now: clean, not counted as backed.
+                        let i = (ptr.as_ptr() as usize - self.runs.base) / ps;
+                        let d = m.dirty;
+                        m.map_mut(d).clear_range(i, pages);
+                        m.dirty_free -= pages;
+                    }
+                    self.settle(m)
+                },
+            )
         }
     }
 
@@ -678,7 +972,8 @@ mod region_source {
                     align: align as u64,
                 });
             }
-            self.runs.alloc(pages, align, false)
+            self.runs
+                .alloc_then(pages, align, false, |m| self.settle(m))
         }
 
         fn alloc_pages_zeroed(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
@@ -690,7 +985,7 @@ mod region_source {
                     align: align as u64,
                 });
             }
-            self.runs.alloc(pages, align, true)
+            self.runs.alloc_then(pages, align, true, |m| self.settle(m))
         }
 
         unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
@@ -711,6 +1006,14 @@ mod region_source {
 
         fn span(&self) -> Option<(NonNull<u8>, usize)> {
             NonNull::new(self.runs.base as *mut u8).map(|b| (b, self.runs.pages))
+        }
+
+        fn maintain(&self) {
+            RegionSource::maintain(self)
+        }
+
+        fn purge(&self) {
+            RegionSource::purge(self)
         }
     }
 }
@@ -866,5 +1169,222 @@ mod tests {
         }
         src.check().unwrap();
         assert!(src.alloc_pages(1, 1 << 20).is_err());
+    }
+
+    /// Address-ordered first fit: a replacement lands in the lowest hole
+    /// that fits, so a steady working set of runs stays where it is (a
+    /// search from where the last one ended made it climb through the
+    /// range, and every page it passed stayed backed).
+    #[test]
+    fn runs_are_placed_lowest_address_first() {
+        let mut buf = aligned_buf(512 * 4096);
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes = unsafe {
+            core::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8)
+        };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let (base, _) = src.span().unwrap();
+        let idx = |p: NonNull<u8>| (p.as_ptr() as usize - base.as_ptr() as usize) / 4096;
+        let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
+        let mut x = 7u64;
+        let mut high = 0;
+        for step in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if live.len() == 16 {
+                let (p, n) = live.swap_remove(x as usize % 16);
+                // SAFETY: a live run of n pages from this source.
+                unsafe { src.free_pages(p, n).unwrap() };
+            }
+            let n = 1 + (x >> 20) as usize % 12;
+            let p = src.alloc_pages(n, 1).unwrap();
+            // Lowest first fit: no free run of n pages lies below p.
+            let used_below =
+                (0..idx(p)).filter(|i| live.iter().any(|&(q, m)| (idx(q)..idx(q) + m).contains(i)));
+            let free_below: Vec<usize> = {
+                let u: Vec<usize> = used_below.collect();
+                (0..idx(p)).filter(|i| !u.contains(i)).collect()
+            };
+            let longest = free_below
+                .windows(1)
+                .fold((0usize, 0usize, usize::MAX), |(best, cur, prev), w| {
+                    let cur = if prev != usize::MAX && w[0] == prev + 1 {
+                        cur + 1
+                    } else {
+                        1
+                    };
+                    (best.max(cur), cur, w[0])
+                })
+                .0;
+            assert!(
+                longest < n,
+                "step {step}: a hole of {longest} below a run of {n}"
+            );
+            live.push((p, n));
+            high = high.max(idx(p) + n);
+            if step % 1000 == 0 {
+                src.check().unwrap();
+            }
+        }
+        // 16 runs of at most 12 pages: first fit keeps them low.
+        assert!(high <= 16 * 12 * 2, "the runs climbed to page {high}");
+    }
+
+    #[test]
+    fn a_zero_length_free_is_refused_and_changes_nothing() {
+        let mut buf = aligned_buf(64 * 4096);
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes = unsafe {
+            core::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8)
+        };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let a = src.alloc_pages(3, 1).unwrap();
+        let b = src.alloc_pages(2, 1).unwrap();
+        // SAFETY: a and b are live runs of 3 and 2 pages.
+        unsafe {
+            assert!(matches!(
+                src.free_pages(a, 0),
+                Err(Error::WrongSize {
+                    given: 0,
+                    actual: 3,
+                    ..
+                })
+            ));
+            assert!(matches!(
+                src.free_pages(NonNull::new_unchecked(a.as_ptr().add(4096)), 0),
+                Err(Error::WrongSize { actual: 0, .. })
+            ));
+            src.check().unwrap();
+            src.free_pages(a, 3).unwrap();
+            src.free_pages(b, 2).unwrap();
+        }
+        src.check().unwrap();
+    }
+
+    /// Freed runs below the purge threshold stay backed up to the policy's
+    /// limit; past it they go back at once, highest first, down to retain,
+    /// and the count of freed backed bytes is exact throughout.
+    #[cfg(feature = "std")]
+    #[test]
+    fn region_source_returns_freed_pages_under_its_policy() {
+        let page = kmem_sys::page_size();
+        let policy = crate::ReturnPolicy {
+            retain: 8 * page,
+            delay_ms: 60_000,
+        };
+        let src = RegionSource::with_policy(64 << 20, usize::MAX, policy).unwrap();
+        let runs: Vec<NonNull<u8>> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
+        for &p in &runs {
+            // SAFETY: a live page of ours.
+            unsafe { p.as_ptr().write_bytes(0x5a, page) };
+        }
+        // Free 64 pages: exactly the limit (8 * retain), all stay backed.
+        for &p in &runs[..64] {
+            // SAFETY: live one-page runs, not used again.
+            unsafe { src.free_pages(p, 1).unwrap() };
+        }
+        src.check().unwrap();
+        assert_eq!(src.dirty_bytes(), 64 * page);
+        // One more passes the limit: down to retain, the highest first.
+        // SAFETY: as above.
+        unsafe { src.free_pages(runs[64], 1).unwrap() };
+        src.check().unwrap();
+        assert_eq!(src.dirty_bytes(), 8 * page);
+        // The lowest 8 stayed backed: their data is still there.
+        for &p in &runs[..8] {
+            // SAFETY: freed pages of a region that stays mapped; reading is fine.
+            assert_eq!(unsafe { *p.as_ptr() }, 0x5a);
+        }
+        // What was given back reads zero and is handed out as known zero.
+        // SAFETY: as above.
+        assert_eq!(unsafe { *runs[64].as_ptr() }, 0);
+        // Reuse is counted off exactly: the lowest fit is a dirty page.
+        let again = src.alloc_pages(1, 1).unwrap();
+        assert_eq!(again, runs[0]);
+        assert_eq!(src.dirty_bytes(), 7 * page);
+        let z = src.alloc_pages_zeroed(8, 1).unwrap();
+        // SAFETY: a live 8-page run.
+        unsafe {
+            assert!(core::slice::from_raw_parts(z.as_ptr(), 8 * page)
+                .iter()
+                .all(|&b| b == 0));
+        }
+        src.check().unwrap();
+        src.purge();
+        assert_eq!(src.dirty_bytes(), 0);
+        src.check().unwrap();
+    }
+
+    /// With no delay, every page freed past `retain` goes at the next call.
+    #[cfg(feature = "std")]
+    #[test]
+    fn region_source_with_no_delay_keeps_only_retain() {
+        let page = kmem_sys::page_size();
+        let src = RegionSource::with_policy(
+            16 << 20,
+            usize::MAX,
+            crate::ReturnPolicy {
+                retain: 2 * page,
+                delay_ms: 0,
+            },
+        )
+        .unwrap();
+        let p = src.alloc_pages(10, 1).unwrap();
+        // Busy above it: the freed run is not the top of the region (which
+        // goes back at once, see the next test).
+        let _above = src.alloc_pages(1, 1).unwrap();
+        // SAFETY: a live 10-page run, not used again.
+        unsafe {
+            p.as_ptr().write_bytes(1, 10 * page);
+            src.free_pages(p, 10).unwrap();
+        }
+        assert_eq!(src.dirty_bytes(), 2 * page);
+        src.check().unwrap();
+    }
+
+    /// Free pages above the highest run in use go back at once beyond the
+    /// top pad (a sixteenth of what is in use, or of retain), as glibc trims
+    /// the top of its heap: a working set whose top moves up and down does
+    /// not keep its highest reach resident.
+    #[cfg(feature = "std")]
+    #[test]
+    fn region_source_trims_its_top() {
+        let page = kmem_sys::page_size();
+        let src = RegionSource::with_policy(
+            64 << 20,
+            usize::MAX,
+            crate::ReturnPolicy {
+                retain: 32 * page,
+                delay_ms: 60_000,
+            },
+        )
+        .unwrap();
+        let low = src.alloc_pages(64, 1).unwrap();
+        let high = src.alloc_pages(40, 1).unwrap();
+        // SAFETY: live runs of ours, freed once.
+        unsafe {
+            low.as_ptr().write_bytes(1, 64 * page);
+            high.as_ptr().write_bytes(2, 40 * page);
+            src.free_pages(high, 40).unwrap();
+        }
+        // Pad: max(32 / 16, 64 / 16) = 4 pages stay, the 36 above go.
+        assert_eq!(src.dirty_bytes(), 4 * page);
+        // SAFETY: the region stays mapped: reading freed pages is fine.
+        unsafe {
+            assert_eq!(*high.as_ptr().add(3 * page), 2);
+            assert_eq!(*high.as_ptr().add(4 * page), 0);
+        }
+        src.check().unwrap();
+        // A hole below the top is not the top: it stays (under retain).
+        let a = src.alloc_pages(8, 1).unwrap();
+        let _b = src.alloc_pages(1, 1).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            a.as_ptr().write_bytes(3, 8 * page);
+            src.free_pages(a, 8).unwrap();
+        }
+        src.check().unwrap();
+        assert!(src.dirty_bytes() >= 8 * page);
     }
 }

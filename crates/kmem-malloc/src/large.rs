@@ -1,55 +1,149 @@
-//! Large allocations: ranges of a [`VmapArena`] over address space reserved
-//! once, at initialisation; the arena itself (its tree's pages) is built by
-//! the first large request, so a process that never makes one pays nothing
-//! resident for it.
+//! Large allocations: ranges of [`VmapArena`]s over address space reserved
+//! in segments, as many as the program needs.
 //!
 //! ```text
-//!   reserve  LARGE_RESERVE bytes (halved while the OS refuses), PROT_READ|WRITE,
-//!            MAP_NORESERVE: the kernel backs a page when it is first touched
-//!   alloc    arena.alloc(pages, max(align, page)): lowest-address first fit,
-//!            so a request lands in the lowest hole that fits, which is
-//!            where recently freed (still backed) ranges are
-//!   free     arena.free: the range merges with its free neighbours at once
-//!            and is counted dirty (an allocation that lands among dirty
-//!            bytes counts its size off again); once LARGE_DIRTY_MAX bytes
-//!            are dirty, every free block in the dirty span is given back to
-//!            the OS (madvise(MADV_DONTNEED)) in one pass
+//!   segment 0            segment 1 (reserved when 0 has no fit)   ...
+//!   |##|..|####|.......| |######|..............................|
+//!    arena: lowest-address first fit, free ranges merge at once
+//!    dirty: one bit per page: may hold data (set when handed out,
+//!           cleared when given back to the OS)
+//!
+//!   reserve  SEGMENT bytes (halved while the OS refuses, never below the
+//!            request), PROT_READ|WRITE, MAP_NORESERVE: the kernel backs a
+//!            page when it is first touched
+//!   alloc    the lowest fit in the lowest segment that has one; its dirty
+//!            pages stop counting as freed-and-backed; calloc clears just
+//!            the span of them (never an estimate: the bits are exact)
+//!   free     the range merges with its free neighbours; its pages count as
+//!            freed-and-backed, under the ReturnPolicy (kmem_core::decay):
+//!            past `retain` they go back within the delay, past the limit
+//!            at once, highest addresses first (madvise(MADV_DONTNEED))
 //! ```
 //!
-//! So memory goes back to the OS at most LARGE_DIRTY_MAX bytes late, and a
-//! program that frees and allocates large blocks in turn reuses backed pages
-//! instead of faulting fresh ones in (glibc gets the same effect by raising
-//! its mmap threshold). One lock guards the arena; the arena knows every busy
+//! A program that frees and allocates large blocks in turn reuses backed
+//! pages instead of faulting fresh ones in, and never keeps more than the
+//! policy allows. One lock guards the arenas; an arena knows every busy
 //! range by its start, so `free` of anything else, or a second `free`, is
-//! caught before anything changes.
+//! caught before anything changes. Segments are published with their
+//! bounds in atomics, so [`Large::owns`] takes no lock.
 
-use kmem_core::{Error, Lock, LockStats, RegionSource, Result};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use kmem_core::{Bitmap, Decay, Due, Error, Lock, LockStats, RegionSource, Result, ReturnPolicy};
 use kmem_sys::Region;
 use kmem_vmap::{VmapArena, VmapStats};
 
-/// Address space reserved for large allocations.
-pub const LARGE_RESERVE: usize = 64 << 30;
-/// Freed bytes that may stay backed before they all go back to the OS.
-pub const LARGE_DIRTY_MAX: usize = 16 << 20;
+/// Address space reserved per segment (less where the OS refuses as much).
+pub const SEGMENT: usize = 64 << 30;
+/// Most segments: with 64 GiB each, 4 TiB of large blocks.
+pub const MAX_SEGMENTS: usize = 64;
+/// Address space for each arena's tree nodes (48 bytes a range, touched as
+/// used).
+const NODE_SPACE: usize = 64 << 20;
+/// Smallest segment tried before giving up.
+const MIN_SEGMENT: usize = 256 << 20;
 
-/// The large allocator: the reservation and the arena.
+/// The large allocator: its segments and their arenas.
 pub(crate) struct Large {
-    region: Region,
     page: usize,
+    /// `[base, base + len)` of each published segment.
+    bounds: [(AtomicUsize, AtomicUsize); MAX_SEGMENTS],
+    /// Published segments (Release after their bounds).
+    nsegs: AtomicUsize,
     state: Lock<State>,
 }
 
+struct Segment {
+    region: Region,
+    /// Two bitmaps of one bit per page of `region`, one after the other:
+    /// `dirty`, the page may hold data; `old`, the page is free, dirty, and
+    /// was freed before the return policy's last tick.
+    maps: Region,
+    pages: usize,
+    /// No page at or above this one is busy or dirty.
+    top: usize,
+    arena: VmapArena<RegionSource>,
+}
+
+/// Which of a segment's bitmaps.
+#[derive(Clone, Copy)]
+enum Map {
+    Dirty = 0,
+    Old = 1,
+}
+
+impl Segment {
+    fn base(&self) -> usize {
+        self.region.base().as_ptr() as usize
+    }
+
+    fn words(&self) -> usize {
+        Bitmap::<&[u64]>::words_for(self.pages)
+    }
+
+    fn view(&self, m: Map) -> Bitmap<&[u64]> {
+        let words = self.words();
+        // SAFETY: `maps` holds two arrays of `words` u64s, committed and
+        // owned by this segment; writes need `&mut self`, so none happens
+        // meanwhile.
+        let w = unsafe {
+            core::slice::from_raw_parts(
+                self.maps
+                    .base()
+                    .as_ptr()
+                    .cast::<u64>()
+                    .add(m as usize * words),
+                words,
+            )
+        };
+        Bitmap::new(w, self.pages)
+    }
+
+    fn map(&mut self, m: Map) -> Bitmap<&mut [u64]> {
+        let words = self.words();
+        // SAFETY: as `view`; `&mut self` makes this view exclusive.
+        let w = unsafe {
+            core::slice::from_raw_parts_mut(
+                self.maps
+                    .base()
+                    .as_ptr()
+                    .cast::<u64>()
+                    .add(m as usize * words),
+                words,
+            )
+        };
+        Bitmap::new(w, self.pages)
+    }
+
+    /// The free blocks as page ranges, highest first, below `below` (an
+    /// address), at most `out.len()` of them; returns how many.
+    fn blocks_below(&self, below: u64, ps: usize, out: &mut [(usize, usize)]) -> usize {
+        let base = self.base();
+        let mut n = 0;
+        for b in self.arena.free_blocks().rev() {
+            if n == out.len() {
+                break;
+            }
+            if b.start < below {
+                out[n] = ((b.start as usize - base) / ps, b.size as usize / ps);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
 struct State {
-    /// Built by the first allocation; `None` until then (nothing is live).
-    arena: Option<VmapArena<RegionSource>>,
-    /// Bytes freed since the last purge less those allocated again in the
-    /// span they lie in (an estimate of the free, still backed bytes), and
-    /// that span.
-    dirty: usize,
-    dirty_lo: usize,
-    dirty_hi: usize,
-    /// Purges, over all time.
+    segs: [Option<Segment>; MAX_SEGMENTS],
+    n: usize,
+    /// Free pages whose dirty bit is set (freed, still backed), exact.
+    dirty_pages: usize,
+    /// Bytes in live ranges.
+    busy: usize,
+    decay: Decay,
+    /// Purges, and pages given back by them, over all time.
     purges: u64,
+    purged_pages: u64,
 }
 
 /// An allocation: its address, and whether its memory is known zero.
@@ -58,10 +152,20 @@ pub(crate) struct Got {
     pub zeroed: bool,
 }
 
-/// Reserves `bytes` of address space (halving down to 256 MiB while the OS
+/// What [`Large::stats`] reports.
+pub(crate) struct LargeStats {
+    pub arena: VmapStats,
+    pub segments: usize,
+    pub dirty_bytes: usize,
+    pub purges: u64,
+    pub purged_bytes: u64,
+    pub lock: LockStats,
+}
+
+/// Reserves `bytes` of address space (halving down to `min` while the OS
 /// refuses), 2 MiB aligned, readable and writable at once: `MAP_NORESERVE`,
 /// so the kernel backs a page only when it is first touched.
-pub(crate) fn reserve_rw(mut bytes: usize) -> Result<Region> {
+pub(crate) fn reserve_rw(mut bytes: usize, min: usize) -> Result<Region> {
     loop {
         let r = Region::reserve_aligned(bytes, 2 << 20).and_then(|r| {
             r.commit(0, r.len())?;
@@ -69,137 +173,301 @@ pub(crate) fn reserve_rw(mut bytes: usize) -> Result<Region> {
         });
         match r {
             Ok(r) => return Ok(r),
-            Err(_) if bytes > 256 << 20 => bytes /= 2,
+            Err(_) if bytes / 2 >= min.max(MIN_SEGMENT) => bytes /= 2,
             Err(e) => return Err(e.into()),
         }
     }
 }
 
 impl Large {
-    /// Reserves the space ([`reserve_rw`]); the arena is built on the first
-    /// allocation ([`arena`](Self::arena)). Allocates
-    /// nothing from any heap.
-    pub(crate) fn new() -> Result<Large> {
-        let region = reserve_rw(LARGE_RESERVE)?;
-        Ok(Large {
+    /// No segment yet: the first large request reserves one. Allocates and
+    /// reserves nothing.
+    pub(crate) fn new(policy: ReturnPolicy) -> Large {
+        Large {
             page: kmem_sys::page_size(),
-            region,
+            bounds: [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_SEGMENTS],
+            nsegs: AtomicUsize::new(0),
             state: Lock::new(State {
-                arena: None,
-                dirty: 0,
-                dirty_lo: usize::MAX,
-                dirty_hi: 0,
+                segs: [const { None }; MAX_SEGMENTS],
+                n: 0,
+                dirty_pages: 0,
+                busy: 0,
+                decay: Decay::new(policy),
                 purges: 0,
+                purged_pages: 0,
             }),
-        })
-    }
-
-    /// The arena, built over the reservation the first time.
-    fn arena<'s>(&self, s: &'s mut State) -> Result<&'s mut VmapArena<RegionSource>> {
-        if s.arena.is_none() {
-            // Tree nodes: 64 MiB of address space is far more than any
-            // arena of this size needs (a node per free or busy range).
-            let nodes = RegionSource::with_purge_threshold(64 << 20, 1)?;
-            let base = self.region.base().as_ptr() as u64;
-            let end = base + self.region.len() as u64;
-            s.arena = Some(VmapArena::with_lazy_max(nodes, base, end, 0)?);
         }
-        // Just built if it was not.
-        s.arena.as_mut().ok_or(Error::OutOfMemory { size: 0 })
     }
 
-    /// Whether `p` lies in the reservation.
+    /// Whether `p` lies in one of the segments.
     #[inline]
     pub(crate) fn owns(&self, p: usize) -> bool {
-        self.region.contains(p as *const u8)
+        let n = self.nsegs.load(Ordering::Acquire);
+        self.bounds[..n]
+            .iter()
+            .any(|(b, l)| p.wrapping_sub(b.load(Ordering::Relaxed)) < l.load(Ordering::Relaxed))
     }
 
-    /// A range of at least `size` bytes aligned to `align` (a power of two).
-    pub(crate) fn alloc(&self, size: usize, align: usize) -> Result<Got> {
+    /// Reserves a new segment that can hold `need` bytes at `align`.
+    #[cold]
+    fn add_segment(&self, s: &mut State, need: usize, align: usize) -> Result<()> {
+        if s.n == MAX_SEGMENTS {
+            return Err(Error::OutOfMemory { size: need as u64 });
+        }
+        let min = need
+            .checked_add(align)
+            .and_then(|m| m.checked_next_multiple_of(2 << 20))
+            .ok_or(Error::Overflow)?;
+        let region = reserve_rw(SEGMENT.max(min), min)?;
+        let pages = region.len() / self.page;
+        let words = Bitmap::<&[u64]>::words_for(pages);
+        let maps = Region::reserve((2 * words * 8).next_multiple_of(self.page))?;
+        maps.commit(0, maps.len())?;
+        let nodes = RegionSource::with_purge_threshold(NODE_SPACE, 1)?;
+        let base = region.base().as_ptr() as u64;
+        let arena = VmapArena::with_lazy_max(nodes, base, base + region.len() as u64, 0)?;
+        let i = s.n;
+        self.bounds[i].0.store(base as usize, Ordering::Relaxed);
+        self.bounds[i].1.store(region.len(), Ordering::Relaxed);
+        s.segs[i] = Some(Segment {
+            region,
+            maps,
+            pages,
+            top: 0,
+            arena,
+        });
+        s.n += 1;
+        self.nsegs.store(s.n, Ordering::Release);
+        Ok(())
+    }
+
+    /// A range of at least `size` bytes aligned to `align` (a power of two),
+    /// zeroed when `zero` (clearing only pages that may hold data).
+    pub(crate) fn alloc(&self, size: usize, align: usize, zero: bool) -> Result<Got> {
         let need = size
             .checked_next_multiple_of(self.page)
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or(Error::Overflow)?;
         let align = align.max(self.page);
+        let ps = self.page;
         let mut s = self.state.lock();
-        let a = match self
-            .arena(&mut s)
-            .and_then(|t| t.alloc(need as u64, align as u64))
-        {
-            Ok(a) => a,
-            Err(_) => return Err(Error::OutOfMemory { size: size as u64 }),
-        } as usize;
-        // Known zero when nothing freed since the last purge lies under it.
-        let zeroed = s.dirty == 0 || a + need <= s.dirty_lo || a >= s.dirty_hi;
-        if !zeroed {
-            // Freed backed pages taken again are no longer waiting to go
-            // back: count them off, so that a program that frees and
-            // allocates large blocks in turn does not purge (and fault its
-            // pages in again) on every LARGE_DIRTY_MAX bytes it frees.
-            s.dirty = s.dirty.saturating_sub(need);
+        let (si, a) = loop {
+            let n = s.n;
+            let found = s.segs[..n].iter_mut().enumerate().find_map(|(i, g)| {
+                let g = g.as_mut()?;
+                g.arena
+                    .alloc(need as u64, align as u64)
+                    .ok()
+                    .map(|a| (i, a as usize))
+            });
+            if let Some(f) = found {
+                break f;
+            }
+            if self.add_segment(&mut s, need, align).is_err() {
+                return Err(Error::OutOfMemory { size: size as u64 });
+            }
+        };
+        let g = s.segs[si].as_mut().ok_or(Error::OutOfMemory { size: 0 })?;
+        let (first, n) = ((a - g.base()) / ps, need / ps);
+        g.map(Map::Old).clear_range(first, n);
+        let mut map = g.map(Map::Dirty);
+        let taken = map.count_range(first, n);
+        // The span of pages that may hold data: what calloc must clear.
+        let span = map.next_set_run(first, first + n).map(|(lo, _)| {
+            let hi = map.find_prev_bit_from(first, first + n).unwrap_or(lo);
+            (lo - first, hi + 1 - first)
+        });
+        map.set_range(first, n);
+        g.top = g.top.max(first + n);
+        s.dirty_pages -= taken;
+        s.busy += need;
+        self.settle(&mut s);
+        drop(s);
+        if zero {
+            if let Some((lo, hi)) = span {
+                // SAFETY: [a + lo * ps, a + hi * ps) lies in the range just
+                // allocated, which is ours.
+                unsafe { core::ptr::write_bytes((a + lo * ps) as *mut u8, 0, (hi - lo) * ps) };
+            }
         }
-        Ok(Got { addr: a, zeroed })
+        Ok(Got {
+            addr: a,
+            zeroed: zero || span.is_none(),
+        })
     }
 
-    /// Gives every free block in the dirty span back to the OS.
-    fn purge(&self, s: &mut State) {
-        if s.dirty == 0 {
-            return;
-        }
-        let base = self.region.base().as_ptr() as usize;
-        let (lo, hi) = (s.dirty_lo, s.dirty_hi);
-        // Dirty bytes come from frees, so the arena exists.
-        for f in s.arena.iter().flat_map(|t| t.free_blocks()) {
-            let (fs, fe) = (f.start as usize, f.end() as usize);
-            if fe <= lo {
-                continue;
-            }
-            if fs >= hi {
-                break;
-            }
-            let (a, e) = (fs.max(lo), fe.min(hi));
-            // A failed madvise leaves the pages backed: still correct.
-            let _ = self.region.purge(a - base, e - a);
-        }
-        s.dirty = 0;
-        s.dirty_lo = usize::MAX;
-        s.dirty_hi = 0;
-        s.purges += 1;
+    /// The segment holding `p`, by index.
+    fn seg_of(s: &State, p: usize) -> Option<usize> {
+        s.segs[..s.n].iter().position(|g| {
+            g.as_ref()
+                .is_some_and(|g| g.region.contains(p as *const u8))
+        })
     }
 
     /// The usable size of the live range starting at `p`.
     pub(crate) fn usable_size(&self, p: usize) -> Result<usize> {
         let s = self.state.lock();
-        Self::live(&s, p)
+        Self::live(&s, p).map(|(_, n)| n)
     }
 
-    fn live(s: &State, p: usize) -> Result<usize> {
+    /// The segment and size of the live range starting at `p`.
+    fn live(s: &State, p: usize) -> Result<(usize, usize)> {
         let bad = Error::NotAllocated { addr: p as u64 };
-        let area = s.arena.as_ref().and_then(|t| t.find(p as u64)).ok_or(bad)?;
+        let i = Self::seg_of(s, p).ok_or(bad)?;
+        let area = s.segs[i]
+            .as_ref()
+            .and_then(|g| g.arena.find(p as u64))
+            .ok_or(bad)?;
         if area.start != p as u64 {
             return Err(bad);
         }
-        Ok(area.size as usize)
-    }
-
-    /// The arena of a state in which something was allocated (a live range
-    /// was found): it was built then.
-    fn built(s: &mut State) -> Result<&mut VmapArena<RegionSource>> {
-        s.arena.as_mut().ok_or(Error::NotAllocated { addr: 0 })
+        Ok((i, area.size as usize))
     }
 
     /// Frees the live range starting at `p` (an error changes nothing).
     pub(crate) fn free(&self, p: usize) -> Result<()> {
         let mut s = self.state.lock();
-        let n = Self::live(&s, p)?;
-        Self::built(&mut s)?.free(p as u64)?;
-        s.dirty += n;
-        s.dirty_lo = s.dirty_lo.min(p);
-        s.dirty_hi = s.dirty_hi.max(p + n);
-        if s.dirty > LARGE_DIRTY_MAX {
-            self.purge(&mut s);
-        }
+        let (i, n) = Self::live(&s, p)?;
+        let g = s.segs[i].as_mut().ok_or(Error::NotAllocated { addr: 0 })?;
+        g.arena.free(p as u64)?;
+        let first = (p - g.base()) / self.page;
+        let d = g.view(Map::Dirty).count_range(first, n / self.page);
+        s.dirty_pages += d;
+        s.busy -= n;
+        self.trim_top(&mut s, i);
+        self.settle(&mut s);
         Ok(())
+    }
+
+    /// Gives back the dirty pages of segment `i` that lie more than the
+    /// policy's top pad above its highest busy range.
+    fn trim_top(&self, s: &mut State, i: usize) {
+        let ps = self.page;
+        let pad = s.decay.policy().top_pad(s.busy) / ps;
+        let Some(g) = s.segs[i].as_mut() else {
+            return;
+        };
+        let (base, end) = (g.base(), g.base() + g.region.len());
+        // The free block that reaches the segment's end, if any: above the
+        // highest busy range.
+        let Some(w) = g.arena.free_blocks().next_back() else {
+            return;
+        };
+        if w.end() as usize != end {
+            return;
+        }
+        let lo = ((w.start as usize - base) / ps).saturating_add(pad);
+        let mut at = lo;
+        let mut done = 0;
+        while let Some((d, len)) = g.view(Map::Dirty).next_set_run(at, g.top) {
+            // A failed madvise leaves the pages backed and dirty.
+            if g.region.purge(d * ps, len * ps).is_err() {
+                break;
+            }
+            g.map(Map::Dirty).clear_range(d, len);
+            g.map(Map::Old).clear_range(d, len);
+            done += len;
+            at = d + len;
+        }
+        if at >= g.top {
+            g.top = g.top.min(lo);
+        }
+        if done > 0 {
+            s.dirty_pages -= done;
+            s.purges += 1;
+            s.purged_pages += done as u64;
+        }
+    }
+
+    /// Asks the policy what must go back after a change, and gives it back.
+    fn settle(&self, s: &mut State) {
+        let ps = self.page;
+        let now = kmem_sys::clock::coarse_ns();
+        match s.decay.check(s.dirty_pages * ps, s.busy, now) {
+            Due::Nothing => {}
+            Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
+            Due::Tick { keep } => {
+                self.purge_down_to(s, keep / ps, Map::Old);
+                Self::age(s, ps);
+            }
+        }
+    }
+
+    /// Marks every free dirty page old (a tick of the policy).
+    fn age(s: &mut State, ps: usize) {
+        let n = s.n;
+        for g in s.segs[..n].iter_mut().flatten() {
+            let mut below = u64::MAX;
+            let mut blocks = [(0usize, 0usize); 16];
+            loop {
+                let nb = g.blocks_below(below, ps, &mut blocks);
+                if nb == 0 {
+                    break;
+                }
+                below = (blocks[nb - 1].0 * ps + g.base()) as u64;
+                for &(first, len) in &blocks[..nb] {
+                    let mut at = first;
+                    while let Some((d, dl)) = g.view(Map::Dirty).next_set_run(at, first + len) {
+                        g.map(Map::Old).set_range(d, dl);
+                        at = d + dl;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives free pages back to the OS, highest addresses first, until at
+    /// most `keep` free pages are dirty: any dirty page (`Map::Dirty`), or
+    /// only those marked old (`Map::Old`, a subset of the free dirty ones).
+    fn purge_down_to(&self, s: &mut State, keep: usize, which: Map) {
+        if s.dirty_pages <= keep {
+            return;
+        }
+        let ps = self.page;
+        let mut left = s.dirty_pages - keep;
+        let mut done = 0;
+        'segments: for g in s.segs[..s.n].iter_mut().rev().flatten() {
+            // The free blocks, highest first, gathered a few at a time: the
+            // maps are written while the arena is borrowed for reading.
+            let mut below = u64::MAX;
+            let mut blocks = [(0usize, 0usize); 16];
+            loop {
+                let nb = g.blocks_below(below, ps, &mut blocks);
+                if nb == 0 {
+                    break;
+                }
+                below = (blocks[nb - 1].0 * ps + g.base()) as u64;
+                for &(first, n) in &blocks[..nb] {
+                    let mut end = first + n;
+                    loop {
+                        let map = g.view(which);
+                        let Some(last) = map.find_prev_bit_from(first, end) else {
+                            break;
+                        };
+                        let lo = map
+                            .find_prev_zero_bit_from(first, last)
+                            .map_or(first, |z| z + 1);
+                        let len = (last + 1 - lo).min(left);
+                        let at = last + 1 - len;
+                        // A failed madvise leaves the pages backed and dirty.
+                        if g.region.purge(at * ps, len * ps).is_err() {
+                            break 'segments;
+                        }
+                        g.map(Map::Dirty).clear_range(at, len);
+                        g.map(Map::Old).clear_range(at, len);
+                        left -= len;
+                        done += len;
+                        if left == 0 {
+                            break 'segments;
+                        }
+                        end = at;
+                    }
+                }
+            }
+        }
+        s.dirty_pages -= done;
+        s.purges += 1;
+        s.purged_pages += done as u64;
     }
 
     /// Shrinks the live range at `p` to `new` bytes in place when that frees
@@ -207,20 +475,29 @@ impl Large {
     /// Returns the usable size after.
     pub(crate) fn shrink(&self, p: usize, new: usize) -> Result<usize> {
         let mut s = self.state.lock();
-        let n = Self::live(&s, p)?;
+        let (i, n) = Self::live(&s, p)?;
         let keep = new.max(1).next_multiple_of(self.page);
         if keep >= n {
             return Ok(n);
         }
+        let ps = self.page;
+        let g = s.segs[i].as_mut().ok_or(Error::NotAllocated { addr: 0 })?;
+        let off = p - g.base();
+        // The tail reads zero after this: it leaves the map clean.
+        if g.region.purge(off + keep, n - keep).is_err() {
+            return Ok(n);
+        }
+        g.map(Map::Dirty)
+            .clear_range((off + keep) / ps, (n - keep) / ps);
         // Free the whole range and take its head back: the arena's
         // lowest-address first fit puts a request at the start of the
         // merged free block, which begins at p at the latest.
-        let off = p - self.region.base().as_ptr() as usize;
-        let _ = self.region.purge(off + keep, n - keep);
-        let t = Self::built(&mut s)?;
-        t.free(p as u64)?;
-        let again = t.alloc_in(keep as u64, self.page as u64, p as u64, (p + keep) as u64)?;
+        g.arena.free(p as u64)?;
+        let again = g
+            .arena
+            .alloc_in(keep as u64, ps as u64, p as u64, (p + keep) as u64)?;
         debug_assert_eq!(again, p as u64);
+        s.busy -= n - keep;
         Ok(keep)
     }
 
@@ -231,27 +508,36 @@ impl Large {
             return false;
         };
         let mut s = self.state.lock();
-        let Ok(n) = Self::live(&s, p) else {
+        let Ok((i, n)) = Self::live(&s, p) else {
             return false;
         };
         if need <= n {
             return true;
         }
         let (a, ps) = (p as u64, self.page as u64);
-        let Ok(t) = Self::built(&mut s) else {
+        let Some(g) = s.segs[i].as_mut() else {
             return false;
         };
-        if t.free(a).is_err() {
+        if g.arena.free(a).is_err() {
             return false;
         }
         // The freed range merged with any free block after it; only a block
         // starting at p can satisfy [p, p + need).
-        if t.alloc_in(need as u64, ps, a, a + need as u64) == Ok(a) {
+        if g.arena.alloc_in(need as u64, ps, a, a + need as u64) == Ok(a) {
+            let first = (p - g.base() + n) / self.page;
+            let more = (need - n) / self.page;
+            g.map(Map::Old).clear_range(first, more);
+            let mut map = g.map(Map::Dirty);
+            let taken = map.count_range(first, more);
+            map.set_range(first, more);
+            g.top = g.top.max(first + more);
+            s.dirty_pages -= taken;
+            s.busy += need - n;
             return true;
         }
         // Take the old range back: it is free, and an arena split never
         // lacks a node (the pool keeps a spare).
-        let again = t.alloc_in(n as u64, ps, a, a + n as u64);
+        let again = g.arena.alloc_in(n as u64, ps, a, a + n as u64);
         debug_assert_eq!(again, Ok(a));
         false
     }
@@ -259,7 +545,14 @@ impl Large {
     /// Gives every freed range back to the OS now (`malloc_trim`).
     pub(crate) fn trim(&self) {
         let mut s = self.state.lock();
-        self.purge(&mut s);
+        self.purge_down_to(&mut s, 0, Map::Dirty);
+    }
+
+    /// Applies the return policy now (from nta's periodic maintenance).
+    pub(crate) fn maintain(&self) {
+        if let Some(mut s) = self.state.try_lock() {
+            self.settle(&mut s);
+        }
     }
 
     /// Takes the lock for `fork()`.
@@ -276,29 +569,81 @@ impl Large {
         unsafe { self.state.force_unlock() }
     }
 
-    /// Arena counters, dirty bytes, purges, the lock.
-    pub(crate) fn stats(&self) -> (VmapStats, usize, u64, LockStats) {
+    /// Arena counters (summed over segments), freed bytes still backed,
+    /// purges, the lock.
+    pub(crate) fn stats(&self) -> LargeStats {
         let s = self.state.lock();
-        let r = (
-            s.arena.as_ref().map_or(VmapStats::default(), |t| t.stats()),
-            s.dirty,
-            s.purges,
-        );
+        let mut a = VmapStats::default();
+        for g in s.segs[..s.n].iter().flatten() {
+            let t = g.arena.stats();
+            a.size += t.size;
+            a.free_bytes += t.free_bytes;
+            a.largest_free = a.largest_free.max(t.largest_free);
+            a.free_blocks += t.free_blocks;
+            a.busy_blocks += t.busy_blocks;
+            a.busy_bytes += t.busy_bytes;
+            a.nodes += t.nodes;
+            a.node_pages += t.node_pages;
+        }
+        let r = LargeStats {
+            arena: a,
+            segments: s.n,
+            dirty_bytes: s.dirty_pages * self.page,
+            purges: s.purges,
+            purged_bytes: s.purged_pages * self.page as u64,
+            lock: LockStats::default(),
+        };
         drop(s);
-        (r.0, r.1, r.2, self.state.stats())
+        LargeStats {
+            lock: self.state.stats(),
+            ..r
+        }
     }
 
-    /// The arena's invariants.
+    /// The arenas' invariants, and the exact count of freed backed pages.
     pub(crate) fn check(&self) -> core::result::Result<(), &'static str> {
-        self.state
-            .lock()
-            .arena
-            .as_ref()
-            .map_or(Ok(()), |t| t.check())
+        let s = self.state.lock();
+        let ps = self.page;
+        let mut dirty = 0;
+        let mut busy = 0;
+        let n = s.n;
+        for g in s.segs[..n].iter().flatten() {
+            g.arena.check()?;
+            let (base, map, old) = (g.base(), g.view(Map::Dirty), g.view(Map::Old));
+            let range = |b: kmem_vmap::Area| ((b.start as usize - base) / ps, b.size as usize / ps);
+            dirty += g
+                .arena
+                .free_blocks()
+                .map(|b| map.count_range(range(b).0, range(b).1))
+                .sum::<usize>();
+            let old_free: usize = g
+                .arena
+                .free_blocks()
+                .map(|b| old.count_range(range(b).0, range(b).1))
+                .sum();
+            if old_free != old.count_ones() {
+                return Err("large: a page marked old is not free");
+            }
+            if (0..g.words()).any(|w| old.words()[w] & !map.words()[w] != 0) {
+                return Err("large: a page marked old is not dirty");
+            }
+            busy += g.arena.stats().busy_bytes as usize;
+        }
+        if dirty != s.dirty_pages {
+            return Err("large: freed backed page count differs from the dirty map");
+        }
+        if busy != s.busy {
+            return Err("large: busy byte count differs from the arenas");
+        }
+        Ok(())
     }
 
-    /// Bytes reserved.
+    /// Bytes reserved, over all segments.
     pub(crate) fn reserved(&self) -> usize {
-        self.region.len()
+        let n = self.nsegs.load(Ordering::Acquire);
+        self.bounds[..n]
+            .iter()
+            .map(|(_, l)| l.load(Ordering::Relaxed))
+            .sum()
     }
 }

@@ -75,14 +75,22 @@ use kmem_nta::global::GLOBAL_CONFIG;
 use kmem_nta::{front_class, FrontCache, LazyRegion, Nta, FRONT_CLASSES, FRONT_MAX};
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
-pub use large::{LARGE_DIRTY_MAX, LARGE_RESERVE};
+pub use large::{MAX_SEGMENTS, SEGMENT};
 pub use options::{Engine, Options};
 
 use large::Large;
 use out::{die, say};
 
-/// Requests of this many bytes or more are large (kmem-vmap).
-pub const LARGE_MIN: usize = 256 << 10;
+/// Requests larger than nta's largest small allocation (a node less its
+/// header: just under 64 KiB) are large: a range of the large arena
+/// (kmem-vmap), which serves every page-granular request, so that blocks of
+/// neighbouring sizes share one address-ordered space and one set of holes.
+pub fn large_min() -> usize {
+    NTA.max_small() + 1
+}
+/// Requests below this go to the power-of-two baseline with `engine=pow2`
+/// (seed 003's "before" serves everything up to its largest page runs).
+pub const POW2_MAX: usize = 256 << 10;
 /// Address space reserved for nta (small and medium requests).
 pub const NTA_RESERVE: usize = 64 << 30;
 /// Address space reserved for the power-of-two baseline (`engine=pow2`).
@@ -92,13 +100,60 @@ const MIN_ALIGN: usize = 16;
 /// Alignments above this go to the large arena.
 const MAX_NTA_ALIGN: usize = 4096;
 
-/// nta for small and medium requests: page runs of at least `LARGE_MIN`
-/// bytes go back to the OS when freed, smaller ones are kept for reuse.
-static NTA: Nta<LazyRegion, Cpus> = Nta::const_new(
-    LazyRegion::with_purge_threshold(NTA_RESERVE, (LARGE_MIN >> 12) + 2),
+/// nta for small requests: its nodes (and page runs while the library
+/// initialises) stay backed under the return policy when freed.
+static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
+    MallocSource(LazyRegion::new(NTA_RESERVE)),
     GLOBAL_CONFIG,
     Cpus::Real,
 );
+
+/// nta's page source: its lazily reserved region, whose periodic
+/// maintenance (which nta runs from its slow paths, see
+/// `Nta::maintain`) also applies the large arena's return policy, so that
+/// large memory freed by a program that then makes only small requests
+/// still goes back within the delay.
+struct MallocSource(LazyRegion);
+
+// SAFETY: every call but `maintain` forwards to the LazyRegion, which keeps
+// the promises; `maintain` only adds the large arena's.
+unsafe impl PageSource for MallocSource {
+    fn page_size(&self) -> usize {
+        self.0.page_size()
+    }
+    fn alloc_pages(&self, pages: usize, align: usize) -> kmem_core::Result<NonNull<u8>> {
+        self.0.alloc_pages(pages, align)
+    }
+    fn alloc_pages_zeroed(&self, pages: usize, align: usize) -> kmem_core::Result<NonNull<u8>> {
+        self.0.alloc_pages_zeroed(pages, align)
+    }
+    unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> kmem_core::Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.free_pages(ptr, pages) }
+    }
+    unsafe fn free_pages_zeroed(&self, ptr: NonNull<u8>, pages: usize) -> kmem_core::Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.free_pages_zeroed(ptr, pages) }
+    }
+    fn free_page_count(&self) -> Option<usize> {
+        self.0.free_page_count()
+    }
+    fn total_page_count(&self) -> Option<usize> {
+        self.0.total_page_count()
+    }
+    fn span(&self) -> Option<(NonNull<u8>, usize)> {
+        self.0.span()
+    }
+    fn maintain(&self) {
+        self.0.maintain();
+        if let Some(l) = LARGE.get() {
+            l.maintain();
+        }
+    }
+    fn purge(&self) {
+        self.0.purge();
+    }
+}
 
 /// A cell written once, before [`STATE`] says READY, and only read after.
 struct Once<T>(UnsafeCell<MaybeUninit<T>>, AtomicBool);
@@ -328,10 +383,8 @@ fn init_once() {
     if unsafe { libc::pthread_key_create(&mut key, Some(thread_exit)) } == 0 {
         KEY.set(key);
     }
-    match Large::new() {
-        Ok(l) => LARGE.set(l),
-        Err(e) => say!("kmem: no large arena ({e}); large requests use nta's page runs"),
-    }
+    NTA.source().0.set_policy(o.policy);
+    LARGE.set(Large::new(o.policy));
     if o.engine == Engine::Pow2 {
         match make_pow2() {
             Ok(p) => POW2.set(p),
@@ -359,7 +412,7 @@ fn init_once() {
 }
 
 fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
-    let region = large::reserve_rw(POW2_RESERVE)?;
+    let region = large::reserve_rw(POW2_RESERVE, 0)?;
     // SAFETY: no precondition.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.clamp(1, 64) as usize;
     let (base, len) = region.leak();
@@ -372,6 +425,7 @@ fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
             SlabConfig {
                 array_caches: true,
                 cpus,
+                checked: true,
             },
             Cpus::Real,
         )
@@ -394,7 +448,7 @@ extern "C" fn fork_prepare() {
         p.fork_prepare();
     }
     NTA.fork_prepare();
-    NTA.source().fork_prepare();
+    NTA.source().0.fork_prepare();
     if let Some(l) = LARGE.get() {
         l.fork_prepare();
     }
@@ -406,7 +460,7 @@ extern "C" fn fork_parent() {
         if let Some(l) = LARGE.get() {
             l.fork_release();
         }
-        NTA.source().fork_release();
+        NTA.source().0.fork_release();
         NTA.fork_release();
         if let Some(p) = POW2.get() {
             p.fork_release();
@@ -469,7 +523,7 @@ fn alloc_slow(size: usize, align: usize, zero: bool) -> *mut u8 {
         thread_start(t);
     }
     let size = size.max(1);
-    let (p, zeroed) = alloc_in(t, size, align);
+    let (p, zeroed) = alloc_in(t, size, align, zero);
     if p.is_null() {
         set_errno(libc::ENOMEM);
     } else if zero && !zeroed {
@@ -479,20 +533,21 @@ fn alloc_slow(size: usize, align: usize, zero: bool) -> *mut u8 {
     p
 }
 
-/// Returns the allocation and whether it is known zero.
-fn alloc_in(t: &Thread, size: usize, align: usize) -> (*mut u8, bool) {
+/// Returns the allocation and whether it is known zero (a large one is
+/// cleared by the arena when `zero` asks, only where it may hold data).
+fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool) {
     let align = align.max(MIN_ALIGN);
     let mode = t.mode.get();
-    if size < LARGE_MIN && align <= MAX_NTA_ALIGN {
-        if mode == T_POW2 {
-            if let Some(p) = POW2.get() {
-                let l = Layout::from_size_align(size, align).expect("checked sizes");
-                return match p.alloc(l) {
-                    Some(p) => (p.as_ptr(), false),
-                    None => (ptr::null_mut(), false),
-                };
-            }
+    if mode == T_POW2 && size < POW2_MAX && align <= MAX_NTA_ALIGN {
+        if let Some(p) = POW2.get() {
+            let l = Layout::from_size_align(size, align).expect("checked sizes");
+            return match p.alloc(l) {
+                Some(p) => (p.as_ptr(), false),
+                None => (ptr::null_mut(), false),
+            };
         }
+    }
+    if size <= NTA.max_small() && align <= MAX_NTA_ALIGN {
         if mode == T_FAST && align <= 64 {
             if let Some(k) = front_class(size) {
                 // SAFETY: this thread's cache; no other borrow is live.
@@ -518,10 +573,11 @@ fn alloc_in(t: &Thread, size: usize, align: usize) -> (*mut u8, bool) {
         return (ptr::null_mut(), false);
     }
     match LARGE.get() {
-        Some(l) => match l.alloc(size, align) {
+        Some(l) => match l.alloc(size, align, zero) {
             Ok(g) => (g.addr as *mut u8, g.zeroed),
             Err(_) => (ptr::null_mut(), false),
         },
+        // Only while the library initialises (the arena is set up then).
         None => match Layout::from_size_align(size, align).map(|l| NTA.alloc(l)) {
             Ok(Ok(p)) => (p.as_ptr(), false),
             _ => (ptr::null_mut(), false),
@@ -643,7 +699,7 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
             Err(e) => die("realloc", p, &e),
         };
         if size <= n {
-            if size >= LARGE_MIN {
+            if size > NTA.max_small() {
                 // Give back the tail if that frees whole pages.
                 let _ = l.shrink(a, size);
                 return p;
@@ -861,10 +917,11 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 /// As the C function.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
+    flush_thread_cache();
+    NTA.trim();
     if let Some(l) = LARGE.get() {
         l.trim();
     }
-    NTA.source().purge();
     1
 }
 
@@ -899,16 +956,23 @@ extern "C" fn print_stats() {
         s.locks.contended,
         s.lock_misses
     );
+    say!(
+        "kmem: nta region: {} KiB freed and still backed, {} KiB used at most",
+        NTA.source().0.dirty_bytes() >> 10,
+        NTA.source().0.high_water_bytes() >> 10
+    );
     if let Some(l) = LARGE.get() {
-        let (v, dirty, purges, locks) = l.stats();
+        let st = l.stats();
         say!(
-            "kmem: large: {} live ranges ({} KiB), {} KiB freed and not yet given back, {} purges; lock {} taken, {} contended",
-            v.busy_blocks,
-            v.busy_bytes >> 10,
-            dirty >> 10,
-            purges,
-            locks.acquisitions,
-            locks.contended
+            "kmem: large: {} live ranges ({} KiB) in {} segments, {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
+            st.arena.busy_blocks,
+            st.arena.busy_bytes >> 10,
+            st.segments,
+            st.dirty_bytes >> 10,
+            st.purges,
+            st.purged_bytes >> 10,
+            st.lock.acquisitions,
+            st.lock.contended
         );
     }
     if let Some(p) = POW2.get() {

@@ -8,8 +8,21 @@
 //! | `engine=nta`    | the default: nta heaps with per-thread front caches     |
 //! | `engine=pow2`   | seed 003's power-of-two slab baseline for sizes below the large threshold |
 //! | `nocache`       | no per-thread front cache: every call is the seed's nta path |
+//! | `retain=N`      | freed bytes kept backed with no time limit, per source (`K`, `M`, `G` suffixes; default 4M) |
+//! | `decay=MS`      | milliseconds within which freed memory past `retain` goes back to the OS (default 1000; 0: at once) |
 //!
-//! An unknown option is named in one line on stderr and otherwise ignored.
+//! The memory-return policy ([`kmem_core::ReturnPolicy`]), in one sentence:
+//! freed memory stays backed for reuse up to `retain` bytes in each of
+//! nta's region and the large arena; what is freed beyond that and not
+//! reused goes back to the OS within `decay` milliseconds, at the first
+//! allocator slow path after it (no background thread), and at once when it
+//! passes eight times `retain` or an eighth of the memory in use, whichever
+//! is larger. `malloc_trim(0)` gives everything back at once.
+//!
+//! An unknown option or a bad value is named in one line on stderr and
+//! otherwise ignored.
+
+use kmem_core::ReturnPolicy;
 
 /// The engine that serves requests below the large threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +44,8 @@ pub struct Options {
     pub engine: Engine,
     /// Use the per-thread front cache.
     pub front_cache: bool,
+    /// When freed memory goes back to the OS.
+    pub policy: ReturnPolicy,
 }
 
 impl Options {
@@ -40,6 +55,7 @@ impl Options {
         verbose: false,
         engine: Engine::Nta,
         front_cache: true,
+        policy: ReturnPolicy::DEFAULT,
     };
 
     /// Parses `s`; `unknown` is called with each option it does not know.
@@ -54,7 +70,23 @@ impl Options {
                 b"nocache" => o.front_cache = false,
                 b"engine=nta" => o.engine = Engine::Nta,
                 b"engine=pow2" => o.engine = Engine::Pow2,
-                _ => unknown(tok),
+                _ => match tok
+                    .iter()
+                    .position(|&b| b == b'=')
+                    .map(|i| (&tok[..i], &tok[i + 1..]))
+                {
+                    Some((b"retain", v)) => match parse_size(v) {
+                        Some(n) => o.policy.retain = n,
+                        None => unknown(tok),
+                    },
+                    Some((b"decay", v)) => {
+                        match parse_size(v).and_then(|n| u32::try_from(n).ok()) {
+                            Some(ms) => o.policy.delay_ms = ms,
+                            None => unknown(tok),
+                        }
+                    }
+                    _ => unknown(tok),
+                },
             }
         }
         o
@@ -71,10 +103,43 @@ impl Options {
         // SAFETY: as above.
         let s = unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes();
         Options::parse(s, |tok| {
-            let name = core::str::from_utf8(tok).unwrap_or("(not UTF-8)");
-            crate::out::say!("kmem: KMEM_OPTIONS: unknown option '{name}' ignored (known: stats, verbose, nocache, engine=nta, engine=pow2)");
+            // At most NAME_MAX bytes of it, cut at a character boundary, so
+            // that the line (and its newline) always fits.
+            let shown = &tok[..tok.len().min(NAME_MAX)];
+            let name = match core::str::from_utf8(shown) {
+                Ok(n) => n,
+                Err(e) => core::str::from_utf8(&shown[..e.valid_up_to()]).unwrap_or(""),
+            };
+            let more = if shown.len() < tok.len() { "..." } else { "" };
+            let what = if tok.starts_with(b"retain=") || tok.starts_with(b"decay=") {
+                "bad value in option"
+            } else {
+                "unknown option"
+            };
+            crate::out::say!("kmem: KMEM_OPTIONS: {what} '{name}{more}' ignored (known: stats, verbose, nocache, engine=nta, engine=pow2, retain=BYTES[K|M|G], decay=MS)");
         })
     }
+}
+
+/// Longest option name an error message repeats.
+const NAME_MAX: usize = 64;
+
+/// `123`, `64K`, `4M`, `1G` (binary multiples; case-insensitive).
+fn parse_size(v: &[u8]) -> Option<usize> {
+    let (digits, shift) = match v.last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 20),
+        b'g' | b'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut n: usize = 0;
+    for &d in digits {
+        n = n.checked_mul(10)?.checked_add((d - b'0') as usize)?;
+    }
+    n.checked_mul(1 << shift)
 }
 
 #[cfg(test)]
@@ -92,5 +157,25 @@ mod tests {
         assert!(o.stats && !o.verbose && !o.front_cache);
         assert_eq!(o.engine, Engine::Pow2);
         assert_eq!(Options::parse(b"", |_| panic!()), Options::DEFAULT);
+    }
+
+    #[test]
+    fn parses_the_return_policy() {
+        let o = Options::parse(b"retain=64K,decay=250", |t| panic!("{t:?}"));
+        assert_eq!(o.policy.retain, 64 << 10);
+        assert_eq!(o.policy.delay_ms, 250);
+        let o = Options::parse(b"retain=0,decay=0", |t| panic!("{t:?}"));
+        assert_eq!(o.policy, kmem_core::ReturnPolicy::EAGER);
+        assert_eq!(
+            Options::parse(b"retain=2g", |_| panic!()).policy.retain,
+            2 << 30
+        );
+        let mut bad = 0;
+        let o = Options::parse(
+            b"retain=,retain=4X,decay=-1,decay=99999999999,retain=99999999999999999999G",
+            |_| bad += 1,
+        );
+        assert_eq!(bad, 5);
+        assert_eq!(o.policy, kmem_core::ReturnPolicy::DEFAULT);
     }
 }

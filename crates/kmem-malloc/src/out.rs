@@ -8,7 +8,7 @@ macro_rules! say {
     ($($arg:tt)*) => {{
         let mut l = kmem_sys::stderr::Line::new();
         let _ = core::fmt::Write::write_fmt(&mut l, format_args!($($arg)*));
-        let _ = core::fmt::Write::write_str(&mut l, "\n");
+        l.end_line();
         l.emit();
     }};
 }

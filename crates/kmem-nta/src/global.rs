@@ -33,7 +33,10 @@
 //!
 //! **Source.** [`GlobalSource`] reserves [`GLOBAL_RESERVE`] bytes of address
 //! space on first use ([`LazyRegion`]: a `RegionSource` built in place, never
-//! touching the heap). Switching to kmem-pages means changing that one alias
+//! touching the heap). Freed nodes and runs stay backed for reuse under
+//! kmem's [`ReturnPolicy`]: 4 MiB at most with no time limit, the rest back
+//! to the OS within a second (lowest-address-first placement reuses them
+//! before fresh pages). Switching to kmem-pages means changing that one alias
 //! to a const-constructible page allocator.
 //!
 //! **Never blocks on a heap.** The static runs in steal mode: a busy heap
@@ -47,7 +50,7 @@ use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use kmem_core::{Error, PageSource, RegionSource, Result};
+use kmem_core::{Error, PageSource, RegionSource, Result, ReturnPolicy};
 
 use crate::nta::{Config, MAX_HEAPS};
 
@@ -59,25 +62,23 @@ pub const GLOBAL_RESERVE: usize = 16 << 30;
 ///
 /// `const`-constructible for statics. Calls into the inner `RegionSource` are
 /// serialised by a spin-then-yield guard, so its own lock is never contended
-/// and never parks.
+/// and never parks. Freed runs stay backed for reuse under a
+/// [`ReturnPolicy`] (lowest-address-first placement reuses them before fresh
+/// pages), and go back to the OS within its delay beyond its `retain` bytes.
 pub struct LazyRegion {
     bytes: usize,
     purge_threshold: usize,
+    /// The policy the region is built with ([`set_policy`](Self::set_policy)
+    /// before that); read under the guard.
+    policy: UnsafeCell<ReturnPolicy>,
     state: AtomicU8,
     guard: AtomicBool,
     src: UnsafeCell<MaybeUninit<RegionSource>>,
-    /// Freed node-sized runs kept for reuse (under `guard`): the region's
-    /// next-fit search would otherwise hand out fresh, unfaulted pages.
-    cache: UnsafeCell<[usize; RUN_CACHE]>,
-    cached: UnsafeCell<usize>,
 }
 
-/// Node-sized runs a [`LazyRegion`] keeps for reuse (16 MiB of
-/// [`GLOBAL_NODE`] nodes); other freed runs are given back to the OS at once.
-pub const RUN_CACHE: usize = 256;
-
 // SAFETY: the inner source is written once before `state` becomes READY
-// (Release) and only read after observing READY (Acquire); RegionSource is Sync.
+// (Release) and only read after observing READY (Acquire); RegionSource is
+// Sync; `policy` is read and written only under the guard.
 unsafe impl Sync for LazyRegion {}
 // SAFETY: as above; moving it moves the (possibly built) RegionSource, which is Send.
 unsafe impl Send for LazyRegion {}
@@ -89,24 +90,22 @@ const FAILED: u8 = 3;
 
 impl LazyRegion {
     /// A source that will reserve `bytes` (halving down to 64 MiB while the
-    /// reservation fails).
+    /// reservation fails), keeping freed runs under [`ReturnPolicy::DEFAULT`].
     pub const fn new(bytes: usize) -> LazyRegion {
-        Self::with_purge_threshold(bytes, 1)
+        Self::with_purge_threshold(bytes, usize::MAX)
     }
 
     /// As [`new`](Self::new), giving freed runs of at least `pages` pages back
-    /// to the OS at once and keeping smaller ones (dirty) for reuse (see
-    /// `RegionSource::with_purge_threshold`). [`new`](Self::new) gives back
-    /// every run the node cache does not keep.
+    /// to the OS at once and keeping smaller ones (dirty) for reuse under the
+    /// policy (see `RegionSource::with_policy`).
     pub const fn with_purge_threshold(bytes: usize, pages: usize) -> LazyRegion {
         LazyRegion {
             bytes,
             purge_threshold: pages,
+            policy: UnsafeCell::new(ReturnPolicy::DEFAULT),
             state: AtomicU8::new(UNINIT),
             guard: AtomicBool::new(false),
             src: UnsafeCell::new(MaybeUninit::uninit()),
-            cache: UnsafeCell::new([0; RUN_CACHE]),
-            cached: UnsafeCell::new(0),
         }
     }
 
@@ -128,9 +127,13 @@ impl LazyRegion {
                 .compare_exchange(UNINIT, BUSY, Ordering::Acquire, Ordering::Acquire)
             {
                 Ok(_) => {
+                    self.take_guard();
+                    // SAFETY: the guard is held.
+                    let policy = unsafe { *self.policy.get() };
+                    self.guard.store(false, Ordering::Release);
                     let mut bytes = self.bytes;
                     let made = loop {
-                        match RegionSource::with_purge_threshold(bytes, self.purge_threshold) {
+                        match RegionSource::with_policy(bytes, self.purge_threshold, policy) {
                             Ok(s) => break Some(s),
                             Err(_) if bytes > 64 << 20 => bytes /= 2,
                             Err(_) => break None,
@@ -163,26 +166,71 @@ impl LazyRegion {
         }
     }
 
-    fn locked<R>(
-        &self,
-        f: impl FnOnce(&RegionSource, &mut [usize; RUN_CACHE], &mut usize) -> Result<R>,
-    ) -> Result<R> {
+    /// The region, if it was reserved.
+    fn built(&self) -> Option<&RegionSource> {
+        // SAFETY: READY observed with Acquire: the source is built.
+        (self.state.load(Ordering::Acquire) == READY)
+            .then(|| unsafe { (*self.src.get()).assume_init_ref() })
+    }
+
+    fn locked<R>(&self, f: impl FnOnce(&RegionSource) -> Result<R>) -> Result<R> {
         let s = self.get()?;
         self.take_guard();
-        // SAFETY: the guard is held: the cache is ours alone.
-        let r = unsafe { f(s, &mut *self.cache.get(), &mut *self.cached.get()) };
+        let r = f(s);
         self.guard.store(false, Ordering::Release);
         r
     }
 
     /// Gives every free dirty page of the region back to the OS (nothing
-    /// before the region is reserved). Cached node runs stay.
+    /// before the region is reserved).
     pub fn purge(&self) {
-        if self.state.load(Ordering::Acquire) == READY {
-            let _ = self.locked(|s, _, _| {
-                s.purge();
-                Ok(())
-            });
+        if let Some(s) = self.built() {
+            self.take_guard();
+            s.purge();
+            self.guard.store(false, Ordering::Release);
+        }
+    }
+
+    /// Applies the return policy now (see `RegionSource::maintain`).
+    pub fn maintain(&self) {
+        if let Some(s) = self.built() {
+            self.take_guard();
+            s.maintain();
+            self.guard.store(false, Ordering::Release);
+        }
+    }
+
+    /// Sets the return policy (before or after the region is reserved).
+    pub fn set_policy(&self, policy: ReturnPolicy) {
+        self.take_guard();
+        // SAFETY: the guard is held.
+        unsafe { *self.policy.get() = policy };
+        if let Some(s) = self.built() {
+            s.set_policy(policy);
+        }
+        self.guard.store(false, Ordering::Release);
+    }
+
+    /// Freed bytes still backed (0 before the region is reserved).
+    pub fn dirty_bytes(&self) -> usize {
+        self.built().map_or(0, |s| s.dirty_bytes())
+    }
+
+    /// The span placement has used (see `RegionSource::high_water_bytes`).
+    pub fn high_water_bytes(&self) -> usize {
+        self.built().map_or(0, |s| s.high_water_bytes())
+    }
+
+    /// The region's invariants (see `RegionSource::check`).
+    pub fn check(&self) -> core::result::Result<(), &'static str> {
+        match self.built() {
+            Some(s) => {
+                self.take_guard();
+                let r = s.check();
+                self.guard.store(false, Ordering::Release);
+                r
+            }
+            None => Ok(()),
         }
     }
 
@@ -213,12 +261,6 @@ impl LazyRegion {
     pub unsafe fn fork_release(&self) {
         self.guard.store(false, Ordering::Release);
     }
-
-    /// True for runs the cache keeps: one [`GLOBAL_NODE`] node, node-aligned.
-    fn cacheable(pages: usize, align: usize) -> bool {
-        let node_pages = GLOBAL_NODE / kmem_sys::page_size();
-        pages == node_pages && align <= node_pages
-    }
 }
 
 fn spin_or_yield(round: u32) {
@@ -236,33 +278,21 @@ unsafe impl PageSource for LazyRegion {
     }
 
     fn alloc_pages(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
-        let cache = Self::cacheable(pages, align);
-        self.locked(|s, c, n| {
-            if cache && *n > 0 {
-                *n -= 1;
-                // SAFETY: cached runs are live runs of the region we hold.
-                return Ok(unsafe { NonNull::new_unchecked(c[*n] as *mut u8) });
-            }
-            s.alloc_pages(pages, align)
-        })
+        self.locked(|s| s.alloc_pages(pages, align))
     }
 
     fn alloc_pages_zeroed(&self, pages: usize, align: usize) -> Result<NonNull<u8>> {
-        self.locked(|s, _, _| s.alloc_pages_zeroed(pages, align))
+        self.locked(|s| s.alloc_pages_zeroed(pages, align))
     }
 
     unsafe fn free_pages(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
-        let node_pages = GLOBAL_NODE / kmem_sys::page_size();
-        let cache = pages == node_pages && (ptr.as_ptr() as usize) % GLOBAL_NODE == 0;
-        self.locked(|s, c, n| {
-            if cache && *n < RUN_CACHE {
-                c[*n] = ptr.as_ptr() as usize;
-                *n += 1;
-                return Ok(());
-            }
-            // SAFETY: forwarded contract.
-            unsafe { s.free_pages(ptr, pages) }
-        })
+        // SAFETY: forwarded contract.
+        self.locked(|s| unsafe { s.free_pages(ptr, pages) })
+    }
+
+    unsafe fn free_pages_zeroed(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
+        // SAFETY: forwarded contract.
+        self.locked(|s| unsafe { s.free_pages_zeroed(ptr, pages) })
     }
 
     fn free_page_count(&self) -> Option<usize> {
@@ -275,11 +305,15 @@ unsafe impl PageSource for LazyRegion {
 
     /// The reserved range, once reserved (`None` before the first use).
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
-        if self.state.load(Ordering::Acquire) != READY {
-            return None;
-        }
-        // SAFETY: READY observed with Acquire: the source is built.
-        unsafe { (*self.src.get()).assume_init_ref() }.span()
+        self.built()?.span()
+    }
+
+    fn maintain(&self) {
+        LazyRegion::maintain(self)
+    }
+
+    fn purge(&self) {
+        LazyRegion::purge(self)
     }
 }
 

@@ -370,8 +370,14 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     /// Empty nodes past every heap's reserve, kept for any heap to reuse
     /// before the source is asked (sealed as freed while here).
     pool: Lock<NodePool>,
+    /// When [`maintain`](Nta::maintain) runs next on its own (milliseconds
+    /// of kmem-sys's coarse clock; `os` only).
+    next_tick_ms: AtomicUsize,
     pub(crate) slots: [Slot; MAX_HEAPS],
 }
+
+/// Milliseconds between two runs of [`Nta::maintain`] from the slow paths.
+pub const MAINTAIN_MS: usize = 100;
 
 /// Nodes an allocator keeps in its shared pool.
 pub const NODE_POOL: usize = 32;
@@ -454,6 +460,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 nodes: [0; NODE_POOL],
                 n: 0,
             }),
+            next_tick_ms: AtomicUsize::new(0),
             slots: [const { Slot::new() }; MAX_HEAPS],
         }
     }
@@ -772,6 +779,29 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 heap.push(self.chunk_addr(node, g.hdr).cast(), g.max);
                 return;
             }
+            self.detach(heap, node);
+            let addr = node as usize;
+            if let Some(mut pool) = self.pool.try_lock() {
+                if pool.n < NODE_POOL {
+                    let n = pool.n;
+                    pool.nodes[n] = addr;
+                    pool.n += 1;
+                    return;
+                }
+            }
+            self.give_back(node);
+        }
+        self.tick();
+    }
+
+    /// Takes an empty node off its heap's node list and seals it as freed.
+    ///
+    /// # Safety
+    /// `node` belongs to the locked `heap`, has no chunk in use, and its
+    /// free run is on none of the heap's size lists.
+    unsafe fn detach(&self, heap: &mut Heap, node: *mut Node) {
+        // SAFETY: as the contract says.
+        unsafe {
             let (p, n) = ((*node).prev, (*node).next);
             if p.is_null() {
                 heap.nodes = n;
@@ -782,28 +812,119 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 (*n).prev = p;
             }
             heap.nnodes -= 1;
-            let addr = node as usize;
-            let pages = (*node).pages;
             (*node)
                 .check
-                .store(seal_freed(addr, self.secret()), Ordering::Release);
-            if let Some(mut pool) = self.pool.try_lock() {
-                if pool.n < NODE_POOL {
-                    let n = pool.n;
-                    pool.nodes[n] = addr;
-                    pool.n += 1;
-                    return;
-                }
-            }
-            // Back to the source, which may hand the memory out in any shape:
-            // a large run whose pointer rounds down to this address, with the
-            // page here unwritten, would read a freed node's seal as its own
-            // double free. Only pooled nodes (still whole, still ours) keep it.
+                .store(seal_freed(node as usize, self.secret()), Ordering::Release);
+        }
+    }
+
+    /// Returns a detached (or pooled) node's pages to the source.
+    ///
+    /// # Safety
+    /// `node` is an empty node of ours that no heap or pool holds.
+    unsafe fn give_back(&self, node: *mut Node) {
+        // The source may hand the memory out in any shape: a large run
+        // whose pointer rounds down to this address, with the page here
+        // unwritten, would read a freed node's seal as its own double free.
+        // Only pooled nodes (still whole, still ours) keep it.
+        // SAFETY: as the contract says: the node's run is ours to return.
+        unsafe {
+            let pages = (*node).pages;
             (*node).check.store(0, Ordering::Release);
             let _ = self
                 .source
                 .free_pages(NonNull::new_unchecked(node.cast()), pages);
         }
+    }
+
+    /// Runs [`maintain`](Self::maintain) when [`MAINTAIN_MS`] have passed
+    /// since it last ran (`os` builds; without a clock only explicit calls
+    /// run it). Called from the slow paths: refills, flushes, new and empty
+    /// nodes.
+    #[inline]
+    fn tick(&self) {
+        #[cfg(feature = "os")]
+        {
+            let now = (kmem_sys::clock::coarse_ns() / 1_000_000) as usize;
+            let due = self.next_tick_ms.load(Ordering::Relaxed);
+            if now >= due
+                && self
+                    .next_tick_ms
+                    .compare_exchange(due, now + MAINTAIN_MS, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.maintain();
+            }
+        }
+    }
+
+    /// Moves memory that the allocator holds and nobody uses towards the
+    /// OS: frees that other CPUs queued on heaps not running now are
+    /// finished (a heap whose threads moved away would otherwise hold them
+    /// until it allocates again), so their nodes that empty go back; the
+    /// shared pool's nodes go back to the source; and the source applies
+    /// its return policy ([`PageSource::maintain`]). `os` builds run it on
+    /// their own every [`MAINTAIN_MS`] from the slow paths; a kernel may
+    /// call it from a timer.
+    ///
+    /// CONTEXT: any; other heaps' locks are only tried.
+    #[cold]
+    pub fn maintain(&self) {
+        let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
+        for j in 0..grown {
+            if self.slots[j].semi.load(Ordering::Relaxed).is_null() {
+                continue;
+            }
+            if let Some(mut heap) = self.slots[j].heap.try_lock() {
+                self.drain_slow(&mut heap, j);
+            }
+        }
+        if let Some(mut pool) = self.pool.try_lock() {
+            let mut nodes = [0usize; NODE_POOL];
+            let n = pool.n;
+            nodes[..n].copy_from_slice(&pool.nodes[..n]);
+            pool.n = 0;
+            drop(pool);
+            for &a in &nodes[..n] {
+                // SAFETY: pooled nodes are empty nodes of ours, now held by
+                // nobody.
+                unsafe { self.give_back(a as *mut Node) };
+            }
+        }
+        self.source.maintain();
+    }
+
+    /// Gives back everything that can go (`malloc_trim`): every heap's
+    /// queued remote frees are finished, its empty reserve nodes and the
+    /// pool's nodes go back to the source, and the source gives every free
+    /// page back to the OS ([`PageSource::purge`]). Chunks parked in
+    /// threads' front caches stay there.
+    ///
+    /// CONTEXT: takes each heap's lock in turn (waiting for it).
+    pub fn trim(&self) {
+        let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
+        let g = self.geo;
+        for j in 0..grown {
+            let mut heap = self.slots[j].heap.lock();
+            self.drain_slow(&mut heap, j);
+            let mut n = heap.nodes;
+            while !n.is_null() {
+                // SAFETY: nodes of the locked heap; an empty one's data is
+                // one free run [hdr, nchunks) on list `max`.
+                unsafe {
+                    let next = (*n).next;
+                    if (*n).used == 0 {
+                        heap.unlink(self.chunk_addr(n, g.hdr).cast(), g.max);
+                        heap.empty_nodes -= 1;
+                        self.detach(&mut heap, n);
+                        self.give_back(n);
+                    }
+                    n = next;
+                }
+            }
+        }
+        self.maintain();
+        self.source.purge();
     }
 
     /// Allocates the heap's size lists from the source.
@@ -867,6 +988,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // must then visit.
         self.grown.fetch_max(h + 1, Ordering::Relaxed);
         self.reclaim_others(h);
+        self.tick();
         let pooled = match self.pool.try_lock() {
             Some(mut pool) if pool.n > 0 => {
                 pool.n -= 1;
@@ -1666,6 +1788,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         heap.allocs += got as u64;
         heap.requested += (got * (k << self.geo.chunk_shift)) as u64;
+        drop(heap);
+        self.tick();
         got
     }
 
@@ -1739,6 +1863,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // SAFETY: a chain of entries we gave up.
             unsafe { self.semi_push(run.0, run.1, run.2) };
         }
+        drop(local);
+        self.tick();
     }
 
     // ---- stats and checking -------------------------------------------------

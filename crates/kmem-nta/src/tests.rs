@@ -704,7 +704,17 @@ fn a_large_run_over_a_released_node_frees_cleanly() {
         unsafe { nta.free(*p).unwrap() };
     }
     let lowest = nodes.last().unwrap().as_ptr() as usize & !((32 << 10) - 1);
-    let page = src.alloc_pages(1, 1).unwrap();
+    // Lowest-address first fit: pages below the released node (alignment
+    // gaps before the first node) come first; keep them until the source
+    // hands out the released node's first page.
+    let mut below = Vec::new();
+    let page = loop {
+        let p = src.alloc_pages(1, 1).unwrap();
+        if p.as_ptr() as usize >= lowest {
+            break p;
+        }
+        below.push(p);
+    };
     assert_eq!(
         page.as_ptr() as usize,
         lowest,
@@ -722,8 +732,13 @@ fn a_large_run_over_a_released_node_frees_cleanly() {
     // SAFETY: freed above: a second free is an error.
     assert!(unsafe { nta.free(large) }.is_err());
     nta.check().unwrap();
-    // SAFETY: the page taken above.
-    unsafe { src.free_pages(page, 1).unwrap() };
+    // SAFETY: the pages taken above.
+    unsafe {
+        src.free_pages(page, 1).unwrap();
+        for p in below {
+            src.free_pages(p, 1).unwrap();
+        }
+    }
 }
 
 #[test]

@@ -30,8 +30,12 @@
 //! **Free without a size.** The descriptor of a pointer's page says what it
 //! is: a slab page of class c (the object must sit at a multiple of its
 //! size), the first page of a large run (`pages` in the descriptor), or
-//! neither (an error). `free(ptr)` and `usable_size(ptr)` read it; a free of
-//! an object already freed is not detected (as in the seed's slab).
+//! neither (an error). `free(ptr)` and `usable_size(ptr)` read it. With
+//! [`SlabConfig::checked`], a bitmap of one bit per object slot (set while
+//! the object is handed out) catches a second free, or a free of a slot
+//! never handed out, before anything changes, at two atomic operations per
+//! allocation and free; without it such a free is not detected (as in the
+//! seed's slab: the `nta` suite's baseline runs so).
 //!
 //! **Locking.** A CPU's array caches behind the CPU's lock; a class's slab
 //! lists and its pages' descriptors behind the class's lock; calls to the page
@@ -46,6 +50,8 @@
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
+
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use kmem_core::{CachePadded, Cpus, Error, FixedSource, Lock, PageSource, Result};
 
@@ -104,6 +110,9 @@ pub struct SlabConfig {
     pub array_caches: bool,
     /// Per-CPU caches (CPU numbers are folded).
     pub cpus: usize,
+    /// Keep a bit per object slot, so that a double free or a free of a slot
+    /// never handed out is an error (see the crate documentation).
+    pub checked: bool,
 }
 
 /// What a pointer's page descriptor says it is.
@@ -133,6 +142,10 @@ pub struct Pow2Slab<'a> {
     /// Where handed-out pages lie: `[lo, hi)`.
     lo: usize,
     hi: usize,
+    /// With `checked`: `live_words` words per page, bit i set while the
+    /// page's object i is handed out; null without.
+    live: *const AtomicU64,
+    live_words: usize,
 }
 
 // SAFETY: all shared state is behind locks; the descriptor table is written
@@ -226,6 +239,17 @@ impl<'a> Pow2Slab<'a> {
                     .write(CachePadded(Lock::new(CpuArrays { c })));
             }
         }
+        let live_words = (page >> MIN_SHIFT).div_ceil(64);
+        let live = if cfg.checked {
+            let bytes = npages * live_words * core::mem::size_of::<AtomicU64>();
+            source
+                .alloc_pages_zeroed(bytes.div_ceil(page), 1)?
+                .as_ptr()
+                .cast::<AtomicU64>()
+                .cast_const()
+        } else {
+            ptr::null()
+        };
         let (lo, pages) = source
             .span()
             .map_or((0, 0), |(b, n)| (b.as_ptr() as usize, n));
@@ -252,7 +276,56 @@ impl<'a> Pow2Slab<'a> {
             src: Lock::new(()),
             lo,
             hi: lo + pages * page,
+            live,
+            live_words,
         })
+    }
+
+    /// The word and bit of the object at `p` (in a slab page of class `c`).
+    #[inline]
+    fn live_bit(&self, p: usize, c: usize) -> (&AtomicU64, u64) {
+        let pi = self.page_of(p);
+        let slot = (p & (self.page - 1)) >> (MIN_SHIFT as usize + c);
+        // SAFETY: with `checked`, the table holds live_words words for every
+        // page of the arena, and p lies in it.
+        let w = unsafe { &*self.live.add(pi * self.live_words + slot / 64) };
+        (w, 1 << (slot % 64))
+    }
+
+    /// Marks the object at `p` handed out (checked mode).
+    #[inline]
+    fn mark_out(&self, p: *mut u8, c: usize) {
+        if self.live.is_null() {
+            return;
+        }
+        let (w, b) = self.live_bit(p as usize, c);
+        if w.fetch_or(b, Ordering::AcqRel) & b != 0 {
+            corrupt(p);
+        }
+    }
+
+    /// Marks the object at `p` free (checked mode); an error, with nothing
+    /// changed, when it was not handed out.
+    #[inline]
+    fn mark_in(&self, p: *mut u8, c: usize) -> Result<()> {
+        if self.live.is_null() {
+            return Ok(());
+        }
+        let (w, b) = self.live_bit(p as usize, c);
+        if w.fetch_and(!b, Ordering::AcqRel) & b == 0 {
+            return Err(Error::DoubleFree { addr: p as u64 });
+        }
+        Ok(())
+    }
+
+    /// Whether the object at `p` is handed out (true without `checked`).
+    #[inline]
+    fn is_out(&self, p: *mut u8, c: usize) -> bool {
+        if self.live.is_null() {
+            return true;
+        }
+        let (w, b) = self.live_bit(p as usize, c);
+        w.load(Ordering::Acquire) & b != 0
     }
 
     /// The page source (to count free pages).
@@ -302,6 +375,13 @@ impl<'a> Pow2Slab<'a> {
             return self.alloc_large(layout.size().max(1), layout.align());
         }
         let c = self.class_of(size);
+        let p = self.alloc_object(c)?;
+        self.mark_out(p.as_ptr(), c);
+        Some(p)
+    }
+
+    #[inline]
+    fn alloc_object(&self, c: usize) -> Option<NonNull<u8>> {
         if self.limits[c] == 0 {
             let mut s = self.slabs[c].lock();
             let mut one = ptr::null_mut();
@@ -480,8 +560,12 @@ impl<'a> Pow2Slab<'a> {
             unsafe { self.free_large(p) };
             return;
         }
-        // SAFETY: forwarded.
-        unsafe { self.free_object(p, self.class_of(size)) }
+        let c = self.class_of(size);
+        if let Err(e) = self.mark_in(p.as_ptr(), c) {
+            bad_free(e);
+        }
+        // SAFETY: forwarded; marked free above.
+        unsafe { self.free_object(p, c) }
     }
 
     /// Frees an object of class `c`.
@@ -596,6 +680,11 @@ impl<'a> Pow2Slab<'a> {
     /// written meanwhile.
     pub unsafe fn usable_size(&self, p: NonNull<u8>) -> Result<usize> {
         Ok(match self.kind(p)? {
+            Kind::Object(c) if !self.is_out(p.as_ptr(), c) => {
+                return Err(Error::NotAllocated {
+                    addr: p.as_ptr() as u64,
+                })
+            }
             Kind::Object(c) => 1 << (MIN_SHIFT as usize + c),
             Kind::Large(pages) => pages * self.page,
         })
@@ -603,15 +692,20 @@ impl<'a> Pow2Slab<'a> {
 
     /// Frees `p` without its size (the C `free` shape): the page descriptor
     /// says what it is. A pointer outside the arena, into a free page or into
-    /// the middle of an object or run is an error and changes nothing (a
-    /// second free of an object is not detected, as in the seed's slab).
+    /// the middle of an object or run is an error and changes nothing; so is
+    /// a second free of an object with [`SlabConfig::checked`] (without it,
+    /// that is not detected, as in the seed's slab).
     ///
     /// # Safety
     /// If `p` is a live allocation, nobody uses it afterwards.
     pub unsafe fn free(&self, p: NonNull<u8>) -> Result<()> {
         match self.kind(p)? {
-            // SAFETY: forwarded contract; the descriptor says it is an object of c.
-            Kind::Object(c) => unsafe { self.free_object(p, c) },
+            Kind::Object(c) => {
+                self.mark_in(p.as_ptr(), c)?;
+                // SAFETY: forwarded contract; the descriptor says it is an
+                // object of c, handed out until the line above.
+                unsafe { self.free_object(p, c) }
+            }
             // SAFETY: the first page of a large run.
             Kind::Large(_) => unsafe { self.free_large(p) },
         }
@@ -668,6 +762,21 @@ impl<'a> Pow2Slab<'a> {
     pub fn class_size(&self, c: usize) -> usize {
         1 << (MIN_SHIFT as usize + c)
     }
+}
+
+/// An object handed out while already out: the in-page free list was
+/// written through a dangling pointer. Nothing can be trusted after that.
+#[cold]
+#[inline(never)]
+fn corrupt(p: *mut u8) -> ! {
+    panic!("kmem-pow2: object {p:p} handed out twice: a free list was overwritten")
+}
+
+/// A bad free met where no error can be returned (`dealloc`).
+#[cold]
+#[inline(never)]
+fn bad_free(e: Error) -> ! {
+    panic!("kmem-pow2: bad free: {e}")
 }
 
 // SAFETY: objects are distinct slots of slab pages or distinct page runs,

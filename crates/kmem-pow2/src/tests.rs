@@ -16,6 +16,7 @@ fn plain(cpus: usize) -> SlabConfig {
     SlabConfig {
         array_caches: false,
         cpus,
+        checked: false,
     }
 }
 
@@ -52,6 +53,7 @@ fn objects_are_distinct_and_pages_come_back() {
             SlabConfig {
                 array_caches: caches,
                 cpus: 2,
+                checked: false,
             },
             Cpus::Fixed(1),
         )
@@ -117,6 +119,7 @@ fn free_and_usable_size_without_the_size() {
         SlabConfig {
             array_caches: true,
             cpus: 2,
+            checked: false,
         },
         Cpus::Fixed(0),
     )
@@ -169,6 +172,7 @@ fn fork_prepare_holds_every_lock() {
         SlabConfig {
             array_caches: true,
             cpus: 3,
+            checked: false,
         },
         Cpus::Fixed(2),
     )
@@ -205,4 +209,52 @@ fn pages_below_the_records_alignment_are_refused() {
     assert_eq!(unsafe { s.usable_size(p) }, Ok(64));
     // SAFETY: p was allocated above with this layout.
     unsafe { s.dealloc(p, Layout::from_size_align(64, 64).unwrap()) };
+}
+
+/// With `checked`, a second free of an object, a free of a slot never
+/// handed out, and the size of a freed object are errors that change
+/// nothing (without it the second free put the object on its free list
+/// twice, and the same address was handed out to two owners).
+#[test]
+fn checked_mode_refuses_double_frees_and_never_allocated_slots() {
+    for caches in [false, true] {
+        let mut b = arena(64);
+        let s = Pow2Slab::new(
+            &mut b,
+            4096,
+            SlabConfig {
+                array_caches: caches,
+                cpus: 1,
+                checked: true,
+            },
+            Cpus::Fixed(0),
+        )
+        .unwrap();
+        let l = Layout::from_size_align(100, 8).unwrap();
+        let p = s.alloc(l).unwrap();
+        let q = s.alloc(l).unwrap();
+        // SAFETY: p and q are live objects of s; after their frees they are
+        // only passed back to s, which must refuse them.
+        unsafe {
+            s.free(p).unwrap();
+            s.free(q).unwrap();
+            assert!(
+                matches!(s.free(p), Err(Error::DoubleFree { .. })),
+                "caches {caches}: second free of p"
+            );
+            assert!(s.usable_size(p).is_err(), "usable size of a freed object");
+            // A slot of a live slab that was never handed out.
+            let never = NonNull::new_unchecked(q.as_ptr().add(128 * 5));
+            assert!(s.free(never).is_err(), "a slot never handed out");
+        }
+        // Every object comes back once: no address twice among the next.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..64 {
+            let r = s.alloc(l).unwrap();
+            assert!(
+                seen.insert(r.as_ptr() as usize),
+                "an address handed out twice"
+            );
+        }
+    }
 }

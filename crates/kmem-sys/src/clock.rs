@@ -19,6 +19,14 @@ pub fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Monotonic nanoseconds at the kernel tick's resolution (a few
+/// milliseconds; vDSO, about 5 ns): for deciding that a delay has passed on
+/// an allocator's slow path, where `now_ns`'s precision is not needed.
+#[inline]
+pub fn coarse_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
 /// CPU time consumed by the calling thread, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)

@@ -25,6 +25,18 @@ impl Line {
         }
     }
 
+    /// Ends the line with a newline, which always fits: a line that filled
+    /// the buffer ends in `...` and the newline instead of its last bytes.
+    pub fn end_line(&mut self) {
+        if self.len == self.buf.len() {
+            let n = self.buf.len();
+            self.buf[n - 4..].copy_from_slice(b"...\n");
+        } else {
+            self.buf[self.len] = b'\n';
+            self.len += 1;
+        }
+    }
+
     /// What was written so far.
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
@@ -68,7 +80,7 @@ impl fmt::Write for Line {
 pub fn abort_with(args: fmt::Arguments<'_>) -> ! {
     let mut l = Line::new();
     let _ = fmt::Write::write_fmt(&mut l, args);
-    let _ = fmt::Write::write_str(&mut l, "\n");
+    l.end_line();
     l.emit();
     // SAFETY: abort has no preconditions and does not return.
     unsafe { libc::abort() }
@@ -151,5 +163,20 @@ mod tests {
         let long = "x".repeat(600);
         l.write_str(&long).unwrap();
         assert_eq!(l.as_bytes().len(), 512);
+    }
+
+    /// A line cut at the buffer's end still ends with its newline (it lost
+    /// it before, and the next line ran on after it).
+    #[test]
+    fn a_cut_line_still_ends_with_a_newline() {
+        let mut l = Line::new();
+        l.write_str(&"y".repeat(700)).unwrap();
+        l.end_line();
+        assert_eq!(l.as_bytes().len(), 512);
+        assert!(l.as_bytes().ends_with(b"yyy...\n"));
+        let mut s = Line::new();
+        s.write_str("short").unwrap();
+        s.end_line();
+        assert_eq!(s.as_bytes(), b"short\n");
     }
 }

@@ -932,15 +932,25 @@ impl<P: PageSource> fmt::Debug for VmapArena<P> {
 
 /// Blocks of one of the arena's sets in address order.
 pub struct Blocks<'a> {
-    next: NodePtr,
+    /// The next block from the front, and from the back (both null when done).
+    front: NodePtr,
+    back: NodePtr,
     _arena: PhantomData<&'a ()>,
 }
 
 impl<'a> Blocks<'a> {
     fn new(t: &'a Tree) -> Blocks<'a> {
         Blocks {
-            next: t.first(),
+            front: t.first(),
+            back: t.last(),
             _arena: PhantomData,
+        }
+    }
+
+    fn area(n: NodePtr) -> Area {
+        Area {
+            start: n.start(),
+            size: n.size(),
         }
     }
 }
@@ -948,15 +958,34 @@ impl<'a> Blocks<'a> {
 impl Iterator for Blocks<'_> {
     type Item = Area;
     fn next(&mut self) -> Option<Area> {
-        let n = self.next;
+        let n = self.front;
         if n.is_null() {
             return None;
         }
-        self.next = Tree::next(n);
-        Some(Area {
-            start: n.start(),
-            size: n.size(),
-        })
+        if n == self.back {
+            self.front = NodePtr::NULL;
+            self.back = NodePtr::NULL;
+        } else {
+            self.front = Tree::next(n);
+        }
+        Some(Self::area(n))
+    }
+}
+
+/// Blocks from the highest address down (`.rev()`).
+impl DoubleEndedIterator for Blocks<'_> {
+    fn next_back(&mut self) -> Option<Area> {
+        let n = self.back;
+        if n.is_null() {
+            return None;
+        }
+        if n == self.front {
+            self.front = NodePtr::NULL;
+            self.back = NodePtr::NULL;
+        } else {
+            self.back = Tree::prev(n);
+        }
+        Some(Self::area(n))
     }
 }
 

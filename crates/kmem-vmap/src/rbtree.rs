@@ -497,6 +497,18 @@ impl Tree {
         n
     }
 
+    /// The last node in order, or null.
+    pub(crate) fn last(&self) -> NodePtr {
+        let mut n = self.root;
+        if n.is_null() {
+            return n;
+        }
+        while !n.right().is_null() {
+            n = n.right();
+        }
+        n
+    }
+
     /// The in-order predecessor of `n`, or null.
     pub(crate) fn prev(n: NodePtr) -> NodePtr {
         let mut l = n.left();

@@ -165,6 +165,7 @@ fn frag_baseline(seed: u64) -> Vec<Round> {
         SlabConfig {
             array_caches: false,
             cpus: 1,
+            checked: false,
         },
         Cpus::Fixed(0),
     )
@@ -355,6 +356,7 @@ fn baseline_instance() -> Pow2Slab<'static> {
         SlabConfig {
             array_caches: true,
             cpus: kmem_sys::cpu::online_cpus(),
+            checked: false,
         },
         Cpus::Real,
     )

@@ -1,0 +1,224 @@
+//! The memory-return policy: how long freed memory may stay backed.
+//!
+//! Every kmem source that can give pages back to the operating system (a
+//! `RegionSource`, kmem-malloc's large arena) follows one rule, stated in
+//! one sentence:
+//!
+//! > Freed memory stays backed for reuse up to [`ReturnPolicy::retain`]
+//! > bytes; whatever is freed beyond that and not reused goes back to the OS
+//! > within [`ReturnPolicy::delay_ms`], and at once when the freed memory
+//! > passes [`ReturnPolicy::limit`] (eight times `retain`, or an eighth of the
+//! > memory in use, whichever is larger) or lies above the highest block in
+//! > use by more than [`ReturnPolicy::top_pad`] (a sixteenth of either).
+//!
+//! No thread runs in the background: the clock is read on the sources' slow
+//! paths (page-level allocations and frees), so "within the delay" means at
+//! the first such call after it, and `malloc_trim` gives everything back at
+//! once. [`Decay`] is the clock: the owner tells it how many freed bytes
+//! are backed after every change, and it answers what must go back now.
+//!
+//! ```text
+//!   freed page:   free ... tick (marked old) ... tick (given back)
+//!                  |<-------- at most delay -------->|
+//!   reused page:  free ... tick (marked old) . alloc (in use: never given back)
+//!   freed bytes past the limit: given back at the next call, down to retain
+//! ```
+//!
+//! Ticks come every `delay / 2`. The owner keeps one "old" mark per freed
+//! page: a page freed since the last tick is young; a tick gives back the
+//! free pages that were already old (beyond `retain`, highest addresses
+//! first), then marks every freed page old. A page that is reused is
+//! allocated again and takes no part; a page freed just after one tick is
+//! marked at the next and given back at the one after, at most `delay`
+//! after its free. Lowest-address-first placement reuses the low pages, so
+//! the ones given back are those placement would reach last.
+//!
+//! Units: bytes and nanoseconds of any monotonic clock. A caller with no
+//! clock passes 0 as the time: then only the limit applies.
+
+/// How much freed memory a source keeps backed, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReturnPolicy {
+    /// Freed bytes that may stay backed with no time limit.
+    pub retain: usize,
+    /// Milliseconds after which freed bytes beyond `retain` go back (0: at
+    /// the next call).
+    pub delay_ms: u32,
+}
+
+impl ReturnPolicy {
+    /// 4 MiB retained, the rest back within a second.
+    pub const DEFAULT: ReturnPolicy = ReturnPolicy {
+        retain: 4 << 20,
+        delay_ms: 1000,
+    };
+
+    /// Keep nothing: every freed page goes back at once.
+    pub const EAGER: ReturnPolicy = ReturnPolicy {
+        retain: 0,
+        delay_ms: 0,
+    };
+
+    /// Freed bytes that may be backed at any moment while `in_use` bytes are
+    /// live: eight times `retain`, or an eighth of `in_use` if larger.
+    #[inline]
+    pub const fn limit(&self, in_use: usize) -> usize {
+        let a = self.retain.saturating_mul(8);
+        let b = in_use / 8;
+        if a > b {
+            a
+        } else {
+            b
+        }
+    }
+
+    /// Free bytes that may stay backed above the highest block in use, with
+    /// `in_use` bytes live: a sixteenth of `in_use`, or of `retain` if
+    /// larger. Placement reaches that space last (only when the heap
+    /// grows), so the rest of it goes back at once, as glibc trims the top
+    /// of its heap; without this a steady working set whose top moves up and
+    /// down keeps its highest reach resident.
+    #[inline]
+    pub const fn top_pad(&self, in_use: usize) -> usize {
+        let a = self.retain / 16;
+        let b = in_use / 16;
+        if a > b {
+            a
+        } else {
+            b
+        }
+    }
+
+    /// Nanoseconds between two ticks: half the delay.
+    #[inline]
+    pub const fn period_ns(&self) -> u64 {
+        self.delay_ms as u64 * 500_000
+    }
+}
+
+impl Default for ReturnPolicy {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// What a source must do after a change, as [`Decay::check`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Nothing.
+    Nothing,
+    /// Past the limit: give back freed pages, highest first, of any age,
+    /// until at most this many freed bytes are backed.
+    Now {
+        /// Freed bytes that may stay backed.
+        keep: usize,
+    },
+    /// A tick: give back the freed pages marked old, highest first, until at
+    /// most `keep` freed bytes are backed (or none old is left); then mark
+    /// every freed page old.
+    Tick {
+        /// Freed bytes that may stay backed.
+        keep: usize,
+    },
+}
+
+/// The clock of a [`ReturnPolicy`] for one source; see the module
+/// documentation. Not synchronised: it lives under the source's lock.
+#[derive(Clone, Copy, Debug)]
+pub struct Decay {
+    policy: ReturnPolicy,
+    /// When the next tick is due.
+    next_tick: u64,
+}
+
+impl Decay {
+    /// Bookkeeping for `policy`.
+    pub const fn new(policy: ReturnPolicy) -> Decay {
+        Decay {
+            policy,
+            next_tick: 0,
+        }
+    }
+
+    /// The policy followed.
+    pub const fn policy(&self) -> ReturnPolicy {
+        self.policy
+    }
+
+    /// Replaces the policy (the next call applies it).
+    pub fn set_policy(&mut self, policy: ReturnPolicy) {
+        self.policy = policy;
+        self.next_tick = 0;
+    }
+
+    /// Called after the freed backed bytes changed to `dirty`, with `in_use`
+    /// bytes live, at time `now`: what the source must do now.
+    #[inline]
+    pub fn check(&mut self, dirty: usize, in_use: usize, now: u64) -> Due {
+        let keep = self.policy.retain;
+        if dirty > self.policy.limit(in_use) {
+            return Due::Now { keep };
+        }
+        if now < self.next_tick {
+            return Due::Nothing;
+        }
+        let period = self.policy.period_ns();
+        if period == 0 {
+            return if dirty > keep {
+                Due::Now { keep }
+            } else {
+                Due::Nothing
+            };
+        }
+        self.next_tick = now.saturating_add(period);
+        Due::Tick { keep }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn policy() -> ReturnPolicy {
+        ReturnPolicy {
+            retain: 100,
+            delay_ms: 10,
+        }
+    }
+
+    #[test]
+    fn the_limit_asks_for_a_purge_at_once() {
+        let mut d = Decay::new(policy());
+        assert_eq!(d.check(0, 0, 0), Due::Tick { keep: 100 });
+        assert_eq!(d.check(800, 0, MS), Due::Nothing);
+        assert_eq!(d.check(801, 0, MS), Due::Now { keep: 100 });
+        // An eighth of what is live raises the limit.
+        assert_eq!(d.check(5000, 80_000, MS), Due::Nothing);
+    }
+
+    #[test]
+    fn ticks_come_every_half_delay() {
+        let mut d = Decay::new(policy());
+        assert_eq!(d.check(0, 0, 0), Due::Tick { keep: 100 });
+        assert_eq!(d.check(500, 0, 4 * MS), Due::Nothing);
+        assert_eq!(d.check(500, 0, 5 * MS), Due::Tick { keep: 100 });
+        assert_eq!(d.check(500, 0, 9 * MS), Due::Nothing);
+        assert_eq!(d.check(500, 0, 30 * MS), Due::Tick { keep: 100 });
+        assert_eq!(d.check(500, 0, 34 * MS), Due::Nothing);
+    }
+
+    #[test]
+    fn no_delay_returns_everything_past_retain_at_each_call() {
+        let mut d = Decay::new(ReturnPolicy {
+            retain: 10,
+            delay_ms: 0,
+        });
+        assert_eq!(d.check(50, 0, 0), Due::Now { keep: 10 });
+        assert_eq!(d.check(10, 0, 0), Due::Nothing);
+        let mut e = Decay::new(ReturnPolicy::EAGER);
+        assert_eq!(e.check(1, 0, 0), Due::Now { keep: 0 });
+        assert_eq!(e.check(0, 0, 0), Due::Nothing);
+    }
+}

@@ -1,0 +1,174 @@
+/* Memory that a program frees goes back to the OS without malloc_trim.
+ * Prints RSS figures as "name KiB" lines; the test reads them.
+ *
+ * usage: memory_return CASE
+ *   calloc     the stale-calloc reproducer: prints "stale N" (N bytes of
+ *              a calloc result that were not zero)
+ *   churn      64 live blocks of 64-260 KiB, each step frees one at random
+ *              and allocates another (every byte written); prints "warm"
+ *              after 20,000 steps and "end" after 200,000
+ *   small      1 GiB of 4-64 KiB blocks allocated, written, freed; then
+ *              small allocations every 10 ms for up to 5 s; prints
+ *              "start", "peak", and "after" once RSS is back within
+ *              64 MiB of the start (or at the end), with "ms" the time
+ *              that took
+ *   remote     256 MiB of 1 KiB blocks allocated by a thread on CPU 0 and
+ *              freed by one on CPU 1, which then goes on with small
+ *              allocations for up to 5 s; prints "start", "peak", "after"
+ *              and "ms" as above, then "trimmed" after malloc_trim(0)
+ *   ceiling    untouched malloc(1 GiB) until one fails or 96 succeed;
+ *              prints "gib N"
+ */
+#define _GNU_SOURCE
+#include "common.h"
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+static long rss_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long a = 0, b = 0;
+  if (!f || fscanf(f, "%ld %ld", &a, &b) != 2) die("statm");
+  fclose(f);
+  return b * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void pin(int cpu) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(cpu % (int)sysconf(_SC_NPROCESSORS_ONLN), &s);
+  sched_setaffinity(0, sizeof s, &s); /* best effort */
+}
+
+/* Small allocations every 10 ms (an idle server's trickle) until RSS is
+ * within 64 MiB of `start`, for at most 5 s. */
+static void settle(long start) {
+  double t0 = now_ms();
+  void *keep[16] = {0};
+  int i = 0;
+  long r = rss_kib();
+  while (r > start + (64 << 10) && now_ms() - t0 < 5000) {
+    for (int j = 0; j < 64; j++) {
+      free(keep[i % 16]);
+      keep[i % 16] = malloc(32 + (i * 37) % 200);
+      i++;
+    }
+    usleep(10000);
+    r = rss_kib();
+  }
+  printf("after %ld\nms %.0f\n", r, now_ms() - t0);
+  for (int j = 0; j < 16; j++) free(keep[j]);
+}
+
+static void case_calloc(void) {
+  size_t M = 1 << 20;
+  char *a = malloc(M), *b = malloc(M), *c = malloc(M);
+  memset(a, 0xAA, M);
+  memset(b, 0xBB, M);
+  memset(c, 0xCC, M);
+  free(a);
+  free(c);
+  char *d = malloc(3 * M);
+  char *e = calloc(1, M);
+  size_t stale = 0;
+  for (size_t i = 0; i < M; i++) stale += e[i] != 0;
+  printf("stale %zu\n", stale);
+  free(b);
+  free(d);
+  free(e);
+}
+
+static void case_churn(void) {
+  void *blk[64] = {0};
+  uint64_t s = 88172645463325252ULL;
+  for (long step = 1; step <= 200000; step++) {
+    int i = (int)(rng_next(&s) % 64);
+    free(blk[i]);
+    size_t n = rng_range(&s, 64 << 10, 260 << 10);
+    blk[i] = xmalloc(n);
+    memset(blk[i], (int)step, n);
+    if (step == 20000) printf("warm %ld\n", rss_kib());
+  }
+  printf("end %ld\n", rss_kib());
+  for (int i = 0; i < 64; i++) free(blk[i]);
+}
+
+static void case_small(void) {
+  long start = rss_kib();
+  printf("start %ld\n", start);
+  size_t cap = 1 << 16, n = 0, total = 0;
+  void **v = xmalloc(cap * sizeof *v);
+  uint64_t s = 7;
+  while (total < (1ul << 30)) {
+    size_t k = rng_range(&s, 4 << 10, 64 << 10);
+    if (n == cap) {
+      cap *= 2;
+      v = realloc(v, cap * sizeof *v);
+      if (!v) die("realloc");
+    }
+    v[n] = xmalloc(k);
+    memset(v[n], 1, k);
+    n++;
+    total += k;
+  }
+  printf("peak %ld\n", rss_kib());
+  for (size_t i = 0; i < n; i++) free(v[i]);
+  free(v);
+  settle(start);
+}
+
+static void **blocks;
+static size_t nblocks;
+
+static void *producer(void *arg) {
+  (void)arg;
+  pin(0);
+  nblocks = (256u << 20) / 1024;
+  blocks = xmalloc(nblocks * sizeof *blocks);
+  for (size_t i = 0; i < nblocks; i++) {
+    blocks[i] = xmalloc(1024);
+    memset(blocks[i], 2, 1024);
+  }
+  return NULL;
+}
+
+static void case_remote(void) {
+  long start = rss_kib();
+  printf("start %ld\n", start);
+  pthread_t t;
+  if (pthread_create(&t, NULL, producer, NULL)) die("pthread_create");
+  pthread_join(t, NULL);
+  pin(1);
+  printf("peak %ld\n", rss_kib());
+  for (size_t i = 0; i < nblocks; i++) free(blocks[i]);
+  free(blocks);
+  settle(start);
+  malloc_trim(0);
+  printf("trimmed %ld\n", rss_kib());
+}
+
+static void case_ceiling(void) {
+  int n = 0;
+  while (n < 96 && malloc(1ul << 30)) n++;
+  printf("gib %d\n", n);
+}
+
+int main(int argc, char **argv) {
+  const char *c = argc > 1 ? argv[1] : "";
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (!strcmp(c, "calloc")) case_calloc();
+  else if (!strcmp(c, "churn")) case_churn();
+  else if (!strcmp(c, "small")) case_small();
+  else if (!strcmp(c, "remote")) case_remote();
+  else if (!strcmp(c, "ceiling")) case_ceiling();
+  else die("unknown case");
+  return 0;
+}
