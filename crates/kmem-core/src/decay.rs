@@ -9,7 +9,8 @@
 //! > within [`ReturnPolicy::delay_ms`], and at once when the freed memory
 //! > passes [`ReturnPolicy::limit`] (eight times `retain`, or an eighth of the
 //! > memory in use, whichever is larger) or lies above the highest block in
-//! > use by more than [`ReturnPolicy::top_pad`] (a sixteenth of either).
+//! > use by more than [`ReturnPolicy::top_pad`] (a quarter of the memory in
+//! > use, or a sixteenth of `retain`).
 //!
 //! No thread runs in the background: the clock is read on the sources' slow
 //! paths (page-level allocations and frees), so "within the delay" means at
@@ -73,15 +74,15 @@ impl ReturnPolicy {
     }
 
     /// Free bytes that may stay backed above the highest block in use, with
-    /// `in_use` bytes live: a sixteenth of `in_use`, or of `retain` if
-    /// larger. Placement reaches that space last (only when the heap
+    /// `in_use` bytes live: a quarter of `in_use`, or a sixteenth of
+    /// `retain` if larger. Placement reaches that space last (only when the heap
     /// grows), so the rest of it goes back at once, as glibc trims the top
     /// of its heap; without this a steady working set whose top moves up and
     /// down keeps its highest reach resident.
     #[inline]
     pub const fn top_pad(&self, in_use: usize) -> usize {
         let a = self.retain / 16;
-        let b = in_use / 16;
+        let b = in_use / 4;
         if a > b {
             a
         } else {

@@ -27,6 +27,7 @@
 //! caught before anything changes. Segments are published with their
 //! bounds in atomics, so [`Large::owns`] takes no lock.
 
+use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use kmem_core::{Bitmap, Decay, Due, Error, Lock, LockStats, RegionSource, Result, ReturnPolicy};
@@ -53,16 +54,55 @@ pub(crate) struct Large {
     state: Lock<State>,
 }
 
+/// A segment's record lives at the start of its own metadata reservation
+/// (so that the static holds a pointer per segment, not the records: the
+/// library's `.bss` stays small and untouched until a large request).
 struct Segment {
     region: Region,
     /// Two bitmaps of one bit per page of `region`, one after the other:
     /// `dirty`, the page may hold data; `old`, the page is free, dirty, and
-    /// was freed before the return policy's last tick.
-    maps: Region,
+    /// was freed before the return policy's last tick. In the metadata
+    /// reservation, after this record.
+    maps: *mut u64,
     pages: usize,
     /// No page at or above this one is busy or dirty.
     top: usize,
     arena: VmapArena<RegionSource>,
+}
+
+/// A segment's record, once reserved; used under the state's lock.
+struct SegPtr(Option<NonNull<Segment>>);
+
+// SAFETY: the record is reached only through the state, under its lock.
+unsafe impl Send for SegPtr {}
+
+impl SegPtr {
+    fn as_ref(&self) -> Option<&Segment> {
+        // SAFETY: a record written by add_segment, never freed; shared
+        // access through `&self` under the lock.
+        self.0.map(|p| unsafe { &*p.as_ptr() })
+    }
+
+    fn as_mut(&mut self) -> Option<&mut Segment> {
+        // SAFETY: as above; `&mut self` (the lock held) makes it exclusive.
+        self.0.map(|p| unsafe { &mut *p.as_ptr() })
+    }
+}
+
+impl<'a> IntoIterator for &'a SegPtr {
+    type Item = &'a Segment;
+    type IntoIter = core::option::IntoIter<&'a Segment>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_ref().into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut SegPtr {
+    type Item = &'a mut Segment;
+    type IntoIter = core::option::IntoIter<&'a mut Segment>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_mut().into_iter()
+    }
 }
 
 /// Which of a segment's bitmaps.
@@ -86,32 +126,15 @@ impl Segment {
         // SAFETY: `maps` holds two arrays of `words` u64s, committed and
         // owned by this segment; writes need `&mut self`, so none happens
         // meanwhile.
-        let w = unsafe {
-            core::slice::from_raw_parts(
-                self.maps
-                    .base()
-                    .as_ptr()
-                    .cast::<u64>()
-                    .add(m as usize * words),
-                words,
-            )
-        };
+        let w = unsafe { core::slice::from_raw_parts(self.maps.add(m as usize * words), words) };
         Bitmap::new(w, self.pages)
     }
 
     fn map(&mut self, m: Map) -> Bitmap<&mut [u64]> {
         let words = self.words();
         // SAFETY: as `view`; `&mut self` makes this view exclusive.
-        let w = unsafe {
-            core::slice::from_raw_parts_mut(
-                self.maps
-                    .base()
-                    .as_ptr()
-                    .cast::<u64>()
-                    .add(m as usize * words),
-                words,
-            )
-        };
+        let w =
+            unsafe { core::slice::from_raw_parts_mut(self.maps.add(m as usize * words), words) };
         Bitmap::new(w, self.pages)
     }
 
@@ -134,7 +157,7 @@ impl Segment {
 }
 
 struct State {
-    segs: [Option<Segment>; MAX_SEGMENTS],
+    segs: [SegPtr; MAX_SEGMENTS],
     n: usize,
     /// Free pages whose dirty bit is set (freed, still backed), exact.
     dirty_pages: usize,
@@ -188,7 +211,7 @@ impl Large {
             bounds: [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_SEGMENTS],
             nsegs: AtomicUsize::new(0),
             state: Lock::new(State {
-                segs: [const { None }; MAX_SEGMENTS],
+                segs: [const { SegPtr(None) }; MAX_SEGMENTS],
                 n: 0,
                 dirty_pages: 0,
                 busy: 0,
@@ -221,21 +244,32 @@ impl Large {
         let region = reserve_rw(SEGMENT.max(min), min)?;
         let pages = region.len() / self.page;
         let words = Bitmap::<&[u64]>::words_for(pages);
-        let maps = Region::reserve((2 * words * 8).next_multiple_of(self.page))?;
-        maps.commit(0, maps.len())?;
+        let head = core::mem::size_of::<Segment>().next_multiple_of(64);
+        let meta = Region::reserve((head + 2 * words * 8).next_multiple_of(self.page))?;
+        meta.commit(0, meta.len())?;
         let nodes = RegionSource::with_purge_threshold(NODE_SPACE, 1)?;
         let base = region.base().as_ptr() as u64;
         let arena = VmapArena::with_lazy_max(nodes, base, base + region.len() as u64, 0)?;
         let i = s.n;
         self.bounds[i].0.store(base as usize, Ordering::Relaxed);
         self.bounds[i].1.store(region.len(), Ordering::Relaxed);
-        s.segs[i] = Some(Segment {
-            region,
-            maps,
-            pages,
-            top: 0,
-            arena,
-        });
+        // The reservation holds the record and its maps for the life of the
+        // process (segments are never released).
+        let (at, _) = meta.leak();
+        let rec = at.cast::<Segment>();
+        // SAFETY: `at` starts a committed, page-aligned reservation of ours
+        // of head + 2 * words * 8 bytes at least; the record fits in `head`.
+        unsafe {
+            rec.as_ptr().write(Segment {
+                region,
+                // SAFETY: inside the same reservation, 64-byte aligned.
+                maps: at.as_ptr().add(head).cast(),
+                pages,
+                top: 0,
+                arena,
+            })
+        };
+        s.segs[i] = SegPtr(Some(rec));
         s.n += 1;
         self.nsegs.store(s.n, Ordering::Release);
         Ok(())

@@ -1,12 +1,10 @@
 /* Memory that a program frees goes back to the OS without malloc_trim.
- * Prints RSS figures as "name KiB" lines; the test reads them.
+ * Prints RSS figures as "name KiB" lines; the test reads them. (A steady
+ * working set under churn is `churn.c`'s.)
  *
  * usage: memory_return CASE
  *   calloc     the stale-calloc reproducer: prints "stale N" (N bytes of
  *              a calloc result that were not zero)
- *   churn      64 live blocks of 64-260 KiB, each step frees one at random
- *              and allocates another (every byte written); prints "warm"
- *              after 20,000 steps and "end" after 200,000
  *   small      1 GiB of 4-64 KiB blocks allocated, written, freed; then
  *              small allocations every 10 ms for up to 5 s; prints
  *              "start", "peak", and "after" once RSS is back within
@@ -86,21 +84,6 @@ static void case_calloc(void) {
   free(e);
 }
 
-static void case_churn(void) {
-  void *blk[64] = {0};
-  uint64_t s = 88172645463325252ULL;
-  for (long step = 1; step <= 200000; step++) {
-    int i = (int)(rng_next(&s) % 64);
-    free(blk[i]);
-    size_t n = rng_range(&s, 64 << 10, 260 << 10);
-    blk[i] = xmalloc(n);
-    memset(blk[i], (int)step, n);
-    if (step == 20000) printf("warm %ld\n", rss_kib());
-  }
-  printf("end %ld\n", rss_kib());
-  for (int i = 0; i < 64; i++) free(blk[i]);
-}
-
 static void case_small(void) {
   long start = rss_kib();
   printf("start %ld\n", start);
@@ -165,7 +148,6 @@ int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "";
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (!strcmp(c, "calloc")) case_calloc();
-  else if (!strcmp(c, "churn")) case_churn();
   else if (!strcmp(c, "small")) case_small();
   else if (!strcmp(c, "remote")) case_remote();
   else if (!strcmp(c, "ceiling")) case_ceiling();

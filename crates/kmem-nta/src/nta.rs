@@ -842,7 +842,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// run it). Called from the slow paths: refills, flushes, new and empty
     /// nodes.
     #[inline]
-    fn tick(&self) {
+    pub(crate) fn tick(&self) {
         #[cfg(feature = "os")]
         {
             let now = (kmem_sys::clock::coarse_ns() / 1_000_000) as usize;

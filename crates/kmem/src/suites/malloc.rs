@@ -8,6 +8,10 @@
 //! under each allocator through `LD_PRELOAD`, several runs interleaved; the
 //! median wall time and peak RSS are reported with ratios to glibc and to
 //! mimalloc. Every run must exit 0 and print the same checksum as under glibc.
+//!
+//! Then the churn part ([`super::churn`]): a steady working set of each size
+//! band replaced at random for a fixed time under each allocator, with RSS
+//! over time, its drift and its peak against glibc's.
 
 use super::{Ctx, Suite};
 use crate::harness::{geomean, median};
@@ -92,7 +96,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
@@ -113,7 +117,10 @@ impl Suite for MallocSuite {
         let (peers, missing) = installed_peers();
         allocs.extend(peers);
         out.notes.extend(missing);
+        ctx.progress
+            .set_steps(WORKLOADS.len() + super::churn::BANDS.len());
         measure(ctx, &allocs, &mut out);
+        super::churn::measure(ctx, &allocs, &mut out);
         out
     }
 }
@@ -122,7 +129,6 @@ impl Suite for MallocSuite {
 fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
     let runs = ctx.scale.pick(1, 5, 9);
     let idx = ctx.scale.pick(0, 1, 2);
-    ctx.progress.set_steps(WORKLOADS.len());
 
     let mut time_ratio_glibc: Vec<f64> = Vec::new();
     let mut rss_ratio_glibc: Vec<f64> = Vec::new();
@@ -327,5 +333,38 @@ mod tests {
             "{:?}",
             out.notes
         );
+    }
+
+    /// The churn part at smoke scale under glibc: every band runs, checks its
+    /// patterns, and gives a first and a last window and a peak.
+    #[test]
+    fn churn_runs_every_band() {
+        let p = Progress::hidden();
+        let allocs = vec![Preload {
+            name: "glibc".into(),
+            lib: None,
+            env: Vec::new(),
+        }];
+        let mut out = SuiteOutput::default();
+        super::super::churn::measure(
+            &Ctx {
+                scale: Scale::Smoke,
+                threads: None,
+                cpus: None,
+                progress: &p,
+            },
+            &allocs,
+            &mut out,
+        );
+        if out.notes.iter().any(|n| n.contains("install gcc")) {
+            eprintln!("no C compiler; skipped");
+            return;
+        }
+        for (band, _) in super::super::churn::BANDS {
+            let case = format!("churn_{band}");
+            let drift = out.value(&case, "glibc", "rss_drift");
+            assert!(drift.is_some_and(f64::is_finite), "{case}: {:?}", out.notes);
+            assert!(out.value(&case, "glibc", "peak_rss_mib").unwrap() > 1.0);
+        }
     }
 }

@@ -7,6 +7,7 @@
 use crate::output::{Scale, SuiteOutput};
 use crate::progress::Progress;
 
+mod churn;
 mod core;
 mod malloc;
 mod nta;
