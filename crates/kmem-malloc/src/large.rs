@@ -138,8 +138,10 @@ impl Segment {
         Bitmap::new(w, self.pages)
     }
 
-    /// The free blocks as page ranges, highest first, below `below` (an
-    /// address), at most `out.len()` of them; returns how many.
+    /// The free blocks as page ranges cut at `top` (nothing above is
+    /// dirty: the untouched rest of the segment is never scanned), highest
+    /// first, starting below `below` (an address), at most `out.len()` of
+    /// them; returns how many.
     fn blocks_below(&self, below: u64, ps: usize, out: &mut [(usize, usize)]) -> usize {
         let base = self.base();
         let mut n = 0;
@@ -147,8 +149,10 @@ impl Segment {
             if n == out.len() {
                 break;
             }
-            if b.start < below {
-                out[n] = ((b.start as usize - base) / ps, b.size as usize / ps);
+            let first = (b.start as usize - base) / ps;
+            let end = (first + b.size as usize / ps).min(self.top);
+            if b.start < below && first < end {
+                out[n] = (first, end - first);
                 n += 1;
             }
         }
@@ -644,7 +648,15 @@ impl Large {
         for g in s.segs[..n].iter().flatten() {
             g.arena.check()?;
             let (base, map, old) = (g.base(), g.view(Map::Dirty), g.view(Map::Old));
-            let range = |b: kmem_vmap::Area| ((b.start as usize - base) / ps, b.size as usize / ps);
+            if map.find_next_bit(g.top).is_some() || old.find_next_bit(g.top).is_some() {
+                return Err("large: a page at or above the top is marked");
+            }
+            let top = g.top;
+            let range = |b: kmem_vmap::Area| {
+                let first = (b.start as usize - base) / ps;
+                let end = (first + b.size as usize / ps).min(top);
+                (first, end.saturating_sub(first))
+            };
             dirty += g
                 .arena
                 .free_blocks()
@@ -655,10 +667,10 @@ impl Large {
                 .free_blocks()
                 .map(|b| old.count_range(range(b).0, range(b).1))
                 .sum();
-            if old_free != old.count_ones() {
+            if old_free != old.count_range(0, top) {
                 return Err("large: a page marked old is not free");
             }
-            if (0..g.words()).any(|w| old.words()[w] & !map.words()[w] != 0) {
+            if (0..top.div_ceil(64)).any(|w| old.words()[w] & !map.words()[w] != 0) {
                 return Err("large: a page marked old is not dirty");
             }
             busy += g.arena.stats().busy_bytes as usize;

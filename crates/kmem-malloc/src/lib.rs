@@ -9,11 +9,9 @@
 //!   size < 64 KiB       kmem-nta: the calling CPU's heap, whole 64-byte
 //!     (any, when the      chunks, bitmaps, frees from other CPUs queued on
 //!      cache misses)      the owner's semi-free list
-//!   size < 256 KiB      kmem-nta's large path: a page run of its own (plus a
-//!                       header page) from a lazily reserved region
-//!   size >= 256 KiB     kmem-vmap: a range of a reserved space (lowest-address
-//!     or align > 4 KiB  first fit); freed ranges merge at once and go back
-//!                       to the OS (MADV_DONTNEED) in batches of 16 MiB
+//!   larger              the large arena: kmem-vmap over 64 GiB segments of
+//!     or align > 4 KiB  reserved space (more as needed), lowest-address
+//!                       first fit, an exact map of pages that may hold data
 //! ```
 //!
 //! `free(p)` needs no size: the address says which part owns `p` (each has
@@ -21,14 +19,14 @@
 //! (read without a lock, [`kmem_nta::Nta::lookup_unlocked`]), the vmap arena
 //! knows every busy range by its start.
 //!
-//! **Returning memory.** Freed large ranges go back to the OS
-//! (`madvise(MADV_DONTNEED)`) once [`LARGE_DIRTY_MAX`] bytes of them have
-//! piled up, all in one pass; until then lowest-address first fit hands
-//! their still-backed pages to the next large requests, so a loop that
-//! allocates and frees large blocks does not fault pages in each time. nta's empty
-//! nodes past a reserve of four per heap, and its page runs of 256 KiB or
-//! more, go back at once; smaller page runs are kept for reuse, and
-//! `malloc_trim` gives those back too.
+//! **Returning memory** ([`options`] has the policy in one sentence): nta's
+//! region and the large arena each keep freed memory backed up to `retain`
+//! bytes; what is freed beyond that and not reused goes back to the OS
+//! (`madvise(MADV_DONTNEED)`) within `decay` ms, at once past a limit, and
+//! at once when it lies well above the highest block in use. The clock is
+//! read on slow paths and every 256 frees into a front cache (nta's
+//! maintenance, which also finishes frees stranded on idle heaps); there is
+//! no background thread. `malloc_trim` gives everything back.
 //!
 //! **Initialisation** happens when the library is loaded (an `.init_array`
 //! constructor) or at the first call, whichever comes first, without allocating:

@@ -138,14 +138,15 @@ pub struct FrontCache {
     refills: u16,
     /// `refills` at each class's last refill or flush.
     active: [u16; FRONT_CLASSES + 1],
-    /// Pushes left before the next look at nta's clock ([`TICK_PUSHES`]).
-    until_tick: u16,
+    /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
+    pushes: u8,
 }
 
-/// Pushes between two looks at nta's maintenance clock: a thread whose
-/// frees and allocations all hit its cache (an idle server's trickle)
-/// still lets nta finish stranded remote frees and give memory back.
-pub const TICK_PUSHES: u16 = 255;
+/// Pushes between two looks at nta's maintenance clock (the wrap of a
+/// byte): a thread whose frees and allocations all hit its cache (an idle
+/// server's trickle) still lets nta finish stranded remote frees and give
+/// memory back.
+pub const TICK_PUSHES: usize = 256;
 
 /// Refills between two looks for idle classes, and the idleness (in
 /// refills of the cache) that sends a class back.
@@ -199,7 +200,7 @@ impl FrontCache {
             refilled: 0,
             refills: 0,
             active: [0; FRONT_CLASSES + 1],
-            until_tick: 0,
+            pushes: 0,
         }
     }
 
@@ -263,11 +264,10 @@ impl FrontCache {
         self.heads[k] = e;
         self.counts[k] += 1;
         self.bytes += k << SHIFT;
-        if self.until_tick == 0 {
-            self.until_tick = TICK_PUSHES;
+        let t = self.pushes.wrapping_sub(1);
+        self.pushes = t;
+        if t == 0 {
             nta.tick();
-        } else {
-            self.until_tick -= 1;
         }
     }
 

@@ -232,6 +232,8 @@ pub(crate) struct Heap {
     allocs: u64,
     frees: u64,
     remote: u64,
+    /// Batches allocated (wrapping): every 16th looks at the maintenance clock.
+    batches: u8,
 }
 
 // SAFETY: the heap's pointers address memory it owns (its nodes and lists),
@@ -252,6 +254,7 @@ impl Heap {
             allocs: 0,
             frees: 0,
             remote: 0,
+            batches: 0,
         }
     }
 
@@ -839,8 +842,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// Runs [`maintain`](Self::maintain) when [`MAINTAIN_MS`] have passed
     /// since it last ran (`os` builds; without a clock only explicit calls
-    /// run it). Called from the slow paths: refills, flushes, new and empty
-    /// nodes.
+    /// run it). Called from the slow paths (every 16th refill batch of a
+    /// heap, new and empty nodes) and by front caches every 256 pushes.
     #[inline]
     pub(crate) fn tick(&self) {
         #[cfg(feature = "os")]
@@ -1788,8 +1791,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         heap.allocs += got as u64;
         heap.requested += (got * (k << self.geo.chunk_shift)) as u64;
+        heap.batches = heap.batches.wrapping_add(1);
+        let look = heap.batches % 16 == 0;
         drop(heap);
-        self.tick();
+        if look {
+            self.tick();
+        }
         got
     }
 
@@ -1864,7 +1871,6 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             unsafe { self.semi_push(run.0, run.1, run.2) };
         }
         drop(local);
-        self.tick();
     }
 
     // ---- stats and checking -------------------------------------------------
