@@ -56,6 +56,34 @@ fn calloc_zeroes_and_refuses_overflow() {
     }
 }
 
+/// Two freed 1 MiB blocks, a bigger block over one and the space after it,
+/// then calloc lands on the other: it must read zero (the large arena took
+/// an estimate of freed bytes for "known zero", and it had reached 0).
+#[test]
+fn calloc_over_a_freed_large_block_reads_zero() {
+    const M: usize = 1 << 20;
+    // SAFETY: C calls with valid arguments; every block is used within its
+    // size and freed once. black_box keeps LLVM from folding the pairs.
+    unsafe {
+        let a = std::hint::black_box(malloc(M)) as *mut u8;
+        let b = std::hint::black_box(malloc(M)) as *mut u8;
+        let c = std::hint::black_box(malloc(M)) as *mut u8;
+        a.write_bytes(0xaa, M);
+        b.write_bytes(0xbb, M);
+        c.write_bytes(0xcc, M);
+        free(a.cast());
+        free(c.cast());
+        let d = std::hint::black_box(malloc(3 * M)) as *mut u8;
+        let e = std::hint::black_box(calloc(1, M)) as *mut u8;
+        let stale = (0..M).filter(|&i| *e.add(i) != 0).count();
+        assert_eq!(stale, 0, "calloc handed out {stale} stale bytes");
+        for p in [b, d, e] {
+            free(p.cast());
+        }
+    }
+    check().unwrap();
+}
+
 #[test]
 fn realloc_keeps_contents_across_every_tier() {
     // SAFETY: C calls with valid arguments.

@@ -893,3 +893,49 @@ fn a_refill_of_a_class_above_the_largest_small_size_is_refused() {
     }
     nta.check().unwrap();
 }
+
+/// Frees queued by another CPU on a heap that never runs again are
+/// finished by `maintain`, and the nodes they empty go back to the source
+/// (256 MiB allocated on CPU 0 and freed from CPU 1 stayed resident until
+/// CPU 0's heap allocated again); `trim` gives back the reserve too.
+#[test]
+fn maintain_finishes_frees_stranded_on_an_idle_heap() {
+    let mut b = buf(512);
+    let src = source(&mut b);
+    let c = Config {
+        heaps: 2,
+        reserve_nodes: 1,
+        ..cfg()
+    };
+    let nta = Nta::with_config(&src, c, Cpus::Simulated).unwrap();
+    let free_at_start = src.free_page_count().unwrap();
+    let ptrs: Vec<usize> = std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(0);
+            (0..2000)
+                .map(|_| nta.alloc(l(500)).unwrap().as_ptr() as usize)
+                .collect()
+        })
+        .join()
+        .unwrap()
+    });
+    let used = free_at_start - src.free_page_count().unwrap();
+    assert!(
+        used >= 16 * 8,
+        "2000 blocks of 512 B take many nodes: {used} pages"
+    );
+    free_batch_from_cpu1(&nta, &ptrs, 8);
+    // Queued on heap 0's semi-free list: nothing went back yet.
+    assert_eq!(free_at_start - src.free_page_count().unwrap(), used);
+    nta.maintain();
+    nta.check().unwrap();
+    let s = nta.stats();
+    assert_eq!((s.remote_pending, s.bytes_held), (0, 0));
+    // Heap 0 keeps its reserve node and its lists; the rest went back.
+    let kept = free_at_start - src.free_page_count().unwrap();
+    assert!(kept <= 8 + 2, "{kept} pages still held after maintain");
+    nta.trim();
+    nta.check().unwrap();
+    let kept = free_at_start - src.free_page_count().unwrap();
+    assert!(kept <= 2, "{kept} pages still held after trim (the lists)");
+}
