@@ -6,7 +6,10 @@
 use core::fmt;
 use core::ptr::NonNull;
 
-use kmem_core::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use kmem_core::sync::{
+    AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed},
+};
 use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, LockGuard, Result};
 
 use crate::build::{Backing, Params};
@@ -142,8 +145,14 @@ pub struct PageAllocator<'a> {
     pub(crate) nfree: [CachePadded<[AtomicUsize; MAX_FREELISTS]>; MAX_BUCKETS],
     /// Pause depth of the per-CPU caches (NetBSD's `uvm_pgflcache_sem`).
     pub(crate) control: Lock<usize>,
-    /// Where the next run search of each freelist starts.
+    /// No frame of freelist f below `run_hint[f]` is listed (a lower
+    /// bound, lowered by every insert into a bucket's lists): run searches
+    /// start there, so a run goes to the lowest place that fits.
     pub(crate) run_hint: [AtomicUsize; MAX_FREELISTS],
+    /// Frames `[0, grown)` have records and belong to the allocator; the
+    /// rest join as needed (`Config::grow_on_demand`; else all from the
+    /// start). Raised under every bucket lock, before they are released.
+    pub(crate) grown: AtomicUsize,
     pub(crate) backing: Backing<'a>,
 }
 
@@ -171,12 +180,14 @@ impl fmt::Debug for PageAllocator<'_> {
 impl<'a> PageAllocator<'a> {
     // ----- geometry -----
 
-    /// The frame records.
+    /// The frame records of the frames that have joined.
     #[inline(always)]
     pub(crate) fn frames(&self) -> &[Frame] {
-        // SAFETY: `npages` records were written at construction and live as
-        // long as `self`; they are atomics, so shared access is fine.
-        unsafe { core::slice::from_raw_parts(self.frames.as_ptr(), self.p.npages) }
+        let n = self.grown.load(Acquire);
+        // SAFETY: `grown` records were written (at construction or by
+        // `grow`, before `grown` was raised with Release) and live as long
+        // as `self`; they are atomics, so shared access is fine.
+        unsafe { core::slice::from_raw_parts(self.frames.as_ptr(), n) }
     }
 
     #[inline(always)]
@@ -200,6 +211,19 @@ impl<'a> PageAllocator<'a> {
     #[inline(always)]
     pub(crate) fn mark_listed(&self, b: usize, i: usize) {
         set_bit(self.listed(b), i);
+        self.lower_run_hint(i);
+    }
+
+    /// Frame `i` is listed now: no run search may start above it. A plain
+    /// load and store (callers hold one bucket's lock, not all): a lower
+    /// bound lost to a race only makes a search start higher, and searches
+    /// wrap around to the freelist's start before they fail.
+    #[inline(always)]
+    pub(crate) fn lower_run_hint(&self, i: usize) {
+        let h = &self.run_hint[self.freelist_of(i)];
+        if i < h.load(Relaxed) {
+            h.store(i, Relaxed);
+        }
     }
 
     /// CONTEXT: bucket `b`'s lock; frame `i` leaves one of b's lists.
@@ -279,7 +303,7 @@ impl<'a> PageAllocator<'a> {
         if off >> self.page_shift >= self.p.npages {
             return Err(Error::OutOfRange { addr: a as u64 });
         }
-        if off & (self.p.page_size - 1) != 0 {
+        if off & (self.p.page_size - 1) != 0 || off >> self.page_shift >= self.grown.load(Acquire) {
             return Err(Error::NotAllocated { addr: a as u64 });
         }
         Ok(off >> self.page_shift)
@@ -368,15 +392,19 @@ impl<'a> PageAllocator<'a> {
         if g.is_some() {
             pc.misses.add_owned(1);
         }
-        for attempt in 0..2 {
+        for attempt in 0..3 {
             if let Some((i, z, c)) = self.find_page(pc, g.as_deref_mut(), order, colour, zero) {
                 pc.next_colour
                     .store(((c + 1) & self.colour_mask) as u32, Relaxed);
                 drop(g);
                 return Ok(self.hand_out(i, zero && !z));
             }
-            // Every bucket is empty: the pages left sit in per-CPU caches.
-            if attempt == 0 && self.p.cache_on && self.cached_pages() > 0 {
+            // Every bucket is empty: frames that have not joined yet come
+            // first (they are fresh), then the pages in per-CPU caches.
+            if attempt < 2 && self.p.grow && self.grow(1, 1).is_ok() {
+                continue;
+            }
+            if attempt < 2 && self.p.cache_on && self.cached_pages() > 0 {
                 drop(g.take()); // the flush takes every cache lock
                 self.flush_caches();
             } else {
@@ -591,7 +619,8 @@ impl<'a> PageAllocator<'a> {
     /// Free pages: the buckets' counts plus the per-CPU caches (derived; no
     /// global counter is kept). Exact when nothing runs concurrently.
     pub fn free_count(&self) -> usize {
-        let mut n = 0;
+        // Frames that have not joined yet are free too.
+        let mut n = self.p.npages - self.grown.load(Acquire);
         for b in 0..self.p.nb {
             for f in 0..self.p.nfl {
                 n += self.nfree[b][f].load(Relaxed);
@@ -655,6 +684,12 @@ impl<'a> PageAllocator<'a> {
         Ok(self.freelist_range(f))
     }
 
+    /// Frames that have joined the allocator so far (all of them unless it
+    /// grows on demand).
+    pub fn grown_pages(&self) -> usize {
+        self.grown.load(Acquire)
+    }
+
     /// The address of frame `index`.
     pub fn frame_address(&self, index: usize) -> Result<NonNull<u8>> {
         if index >= self.p.npages {
@@ -673,13 +708,21 @@ impl<'a> PageAllocator<'a> {
 
     /// What the frame holding `ptr` is doing.
     pub fn frame_info(&self, ptr: NonNull<u8>) -> Result<FrameInfo> {
-        let i = self.index_of(ptr)?;
-        Ok(self.frame_info_at(i))
+        let a = ptr.as_ptr() as usize;
+        let off = a.wrapping_sub(self.base);
+        if off >> self.page_shift >= self.p.npages {
+            return Err(Error::OutOfRange { addr: a as u64 });
+        }
+        Ok(self.frame_info_at(off >> self.page_shift))
     }
 
-    /// What frame `i` is doing (`i` below [`total_pages`](Self::total_pages)).
+    /// What frame `i` is doing (`i` below [`total_pages`](Self::total_pages);
+    /// a frame that has not joined yet reads as free and known zero).
     pub fn frame_info_at(&self, i: usize) -> FrameInfo {
-        let s = self.frame(i).state();
+        let s = self
+            .frames()
+            .get(i)
+            .map_or(free_state(self.initial_bucket(i), true), Frame::state);
         FrameInfo {
             index: i,
             state: decode_state(s),

@@ -5,7 +5,10 @@
 use core::marker::PhantomData;
 use core::ptr::NonNull;
 
-use kmem_core::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use kmem_core::sync::{
+    AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{Relaxed, Release},
+};
 use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, Topology};
 
 use crate::alloc::{BucketState, PageAllocator, PerCpu, MAX_FRAMES};
@@ -50,6 +53,8 @@ pub(crate) struct Params {
     pub(crate) depth: usize,
     pub(crate) fill_target: usize,
     pub(crate) zeroed: bool,
+    /// Frames join as needed (see `Config::grow_on_demand`).
+    pub(crate) grow: bool,
 }
 
 /// Offsets of the parts of the metadata area.
@@ -74,6 +79,7 @@ impl Params {
         topo: &Topology,
         config: &Config,
         default_zeroed: bool,
+        default_grow: bool,
     ) -> Result<Params> {
         if !page_size.is_power_of_two() || page_size < 64 {
             return Err(Error::BadConfig(
@@ -126,6 +132,15 @@ impl Params {
             depth,
             fill_target: (budget / 2).max(1),
             zeroed: config.zeroed.unwrap_or(default_zeroed),
+            grow: {
+                let g = config.grow.unwrap_or(default_grow);
+                if g && !l.is_empty() {
+                    return Err(Error::BadConfig(
+                        "an allocator that grows on demand has one freelist",
+                    ));
+                }
+                g
+            },
         })
     }
 
@@ -193,7 +208,7 @@ impl PageAllocator<'static> {
     ) -> Result<PageAllocator<'static>> {
         let page = kmem_sys::page_size();
         let npages = bytes.div_ceil(page);
-        let p = Params::new(npages, page, topology, config, true)?;
+        let p = Params::new(npages, page, topology, config, true, false)?;
         let layout = p.layout();
         let frames = kmem_sys::Region::reserve_aligned(npages * page, 2 << 20)?;
         frames.commit(0, frames.len())?;
@@ -232,7 +247,7 @@ impl PageAllocator<'static> {
         let fr = self.frames();
         let mut purged = 0;
         let mut i = 0;
-        while i < self.p.npages {
+        while i < fr.len() {
             // A maximal run of dirty free frames.
             let dirty = |j: usize| {
                 let s = fr[j].state();
@@ -243,7 +258,7 @@ impl PageAllocator<'static> {
                 continue;
             }
             let start = i;
-            while i < self.p.npages && dirty(i) {
+            while i < fr.len() && dirty(i) {
                 i += 1;
             }
             let ps = self.p.page_size;
@@ -293,7 +308,7 @@ impl<'a> PageAllocator<'a> {
         let sizing = config.clone().low_freelists(&[]);
         let nfl_extra = config.nlimits.min(crate::MAX_FREELISTS - 1);
         let meta_pages_for = |n: usize| -> Result<usize> {
-            let mut p = Params::new(n, page_size, topology, &sizing, false)?;
+            let mut p = Params::new(n, page_size, topology, &sizing, false, false)?;
             p.nfl += nfl_extra;
             Ok(p.layout().total.div_ceil(page_size))
         };
@@ -311,7 +326,7 @@ impl<'a> PageAllocator<'a> {
                 "buffer too small for one page after metadata",
             ));
         }
-        let p = Params::new(lo, page_size, topology, config, false)?;
+        let p = Params::new(lo, page_size, topology, config, false, false)?;
         let meta_pages = p.layout().total.div_ceil(page_size);
         if meta_pages + lo > total {
             return Err(Error::BadConfig("buffer too small for the metadata"));
@@ -342,7 +357,7 @@ impl<'a> PageAllocator<'a> {
         config: &Config,
     ) -> Result<PageAllocator<'a>> {
         let page = src.page_size();
-        let p = Params::new(pages, page, topology, config, false)?;
+        let p = Params::new(pages, page, topology, config, false, false)?;
         let meta_pages = p.layout().total.div_ceil(page);
         let align = META_ALIGN.div_ceil(page).max(1);
         let meta = src.alloc_pages(meta_pages, align)?;
@@ -406,17 +421,24 @@ impl<'a> PageAllocator<'a> {
                 m.add(l.slots),
             )
         };
+        // With `grow`, the frame records and listed maps are written as
+        // frames join (`grow`); untouched they read zero (no frame is
+        // listed), and the memory behind them is fresh: a reservation that
+        // costs nothing until written.
+        let initial = if p.grow { 0 } else { p.npages };
         // SAFETY: as above.
         unsafe {
-            for i in 0..p.npages {
+            for i in 0..initial {
                 fr_ptr.add(i).write(Frame {
                     state: AtomicU32::new(0),
                     next: AtomicU32::new(NIL),
                     prev: AtomicU32::new(NIL),
                 });
             }
-            for w in 0..p.nb * p.npages.div_ceil(64) {
-                listed_ptr.add(w).write(AtomicU64::new(0));
+            if !p.grow {
+                for w in 0..p.nb * p.npages.div_ceil(64) {
+                    listed_ptr.add(w).write(AtomicU64::new(0));
+                }
             }
             for k in 0..p.nb * p.nfl * p.ncolours {
                 lists_ptr.add(k).write(ColourList::EMPTY);
@@ -485,11 +507,12 @@ impl<'a> PageAllocator<'a> {
             }),
             control: Lock::new(0),
             run_hint: core::array::from_fn(|_| AtomicUsize::new(0)),
+            grown: AtomicUsize::new(initial),
             backing,
         };
         // Every frame onto its initial bucket's colour list, lowest first.
         let fr = a.frames();
-        for i in 0..p.npages {
+        for i in 0..initial {
             let b = a.initial_bucket(i);
             let (fl, c) = (a.freelist_of(i), a.colour_of(i));
             fr[i].set_state(free_state(b, p.zeroed));
@@ -504,6 +527,54 @@ impl<'a> PageAllocator<'a> {
         }
         a.reset_stats();
         Ok(a)
+    }
+}
+
+impl PageAllocator<'_> {
+    /// Adds frames that have not joined yet: at least `need` more than a
+    /// run aligned to `align` pages needs, in steps of [`GROW_PAGES`]
+    /// (crate::GROW_PAGES), lowest first. Each gets its record, as free (and
+    /// known zero when the memory is), on its initial bucket's colour list.
+    ///
+    /// CONTEXT: no lock; takes every bucket lock, and raises `grown` before
+    /// it lets them go, so whoever takes a bucket lock next sees the frames.
+    #[cold]
+    pub(crate) fn grow(&self, need: usize, align: usize) -> Result<()> {
+        let mut guards = self.lock_all_buckets();
+        let g = self.grown.load(Relaxed);
+        let want = need
+            .checked_add(align - 1)
+            .ok_or(Error::OutOfMemory { size: need as u64 })?
+            .next_multiple_of(crate::GROW_PAGES);
+        let end = g.saturating_add(want).min(self.p.npages);
+        if end - g < need {
+            return Err(Error::OutOfMemory { size: need as u64 });
+        }
+        // SAFETY: records g..end lie inside the frames block of the metadata
+        // (npages records); nobody reads them until `grown` is raised.
+        unsafe {
+            for i in g..end {
+                self.frames.as_ptr().add(i).write(Frame {
+                    state: AtomicU32::new(0),
+                    next: AtomicU32::new(NIL),
+                    prev: AtomicU32::new(NIL),
+                });
+            }
+        }
+        self.grown.store(end, Release);
+        let fr = self.frames();
+        let zero = self.p.zeroed;
+        for i in g..end {
+            let b = self.initial_bucket(i);
+            let (fl, c) = (self.freelist_of(i), self.colour_of(i));
+            fr[i].set_state(free_state(b, zero));
+            let bg = guards[b].as_mut().expect("every bucket is locked");
+            bg.insert(fr, self.p.ncolours, fl, c, i as u32, zero);
+            self.mark_listed(b, i);
+            self.nfree[b][fl].fetch_add(1, Relaxed);
+        }
+        drop(guards);
+        Ok(())
     }
 }
 

@@ -31,6 +31,7 @@ pub struct Config {
     pub(crate) limits: [usize; MAX_FREELISTS - 1],
     pub(crate) nlimits: usize,
     pub(crate) zeroed: Option<bool>,
+    pub(crate) grow: Option<bool>,
 }
 
 /// Pages the per-CPU cache keeps per colour and freelist by default: NetBSD's
@@ -49,6 +50,7 @@ impl Default for Config {
             limits: [0; MAX_FREELISTS - 1],
             nlimits: 0,
             zeroed: None,
+            grow: None,
         }
     }
 }
@@ -118,6 +120,21 @@ impl Config {
     /// `PageSource` rely on that (`false` is always safe).
     pub unsafe fn zeroed(mut self, zeroed: bool) -> Config {
         self.zeroed = Some(zeroed);
+        self
+    }
+
+    /// Whether frames join the allocator as it needs them, [`GROW_PAGES`]
+    /// at a time (the lowest first), instead of all at construction. Then
+    /// construction writes no frame record, the records (16 bytes a frame)
+    /// of frames never used are never written, and an allocator over a
+    /// large reservation costs memory only for what it hands out (kmem's
+    /// process-wide page supply, [`GlobalPages`](crate::GlobalPages), grows
+    /// so). Default: no, every frame is on its bucket's lists from the start
+    /// (the seed's setup). Not with [`low_freelists`](Self::low_freelists).
+    ///
+    /// [`GROW_PAGES`]: crate::GROW_PAGES
+    pub fn grow_on_demand(mut self, on: bool) -> Config {
+        self.grow = Some(on);
         self
     }
 

@@ -125,3 +125,6 @@ pub const MAX_BUCKETS: usize = 8;
 pub const MAX_FREELISTS: usize = 4;
 /// Most page colours (a 64-bit mask tracks the non-empty ones).
 pub const MAX_COLOURS: usize = 64;
+/// Frames an allocator that grows on demand ([`Config::grow_on_demand`])
+/// adds at a time, at least: 2 MiB of 4 KiB pages.
+pub const GROW_PAGES: usize = 512;

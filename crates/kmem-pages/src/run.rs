@@ -52,11 +52,16 @@ impl PageAllocator<'_> {
         if pages == 1 && align == 1 {
             return self.alloc(flags, strategy);
         }
-        for attempt in 0..2 {
+        for attempt in 0..3 {
             if let Some(i) = self.take_run(pages, align, order, flags.zero()) {
                 return Ok(self.hand_out(i, false));
             }
-            if attempt == 0 && self.cached_pages() > 0 {
+            // Fresh frames first (they join above the highest), then the
+            // pages parked in per-CPU caches.
+            if attempt < 2 && self.p.grow && self.grow(pages, align).is_ok() {
+                continue;
+            }
+            if attempt < 2 && self.cached_pages() > 0 {
                 self.flush_caches();
             } else {
                 break;
@@ -69,8 +74,16 @@ impl PageAllocator<'_> {
     fn take_run(&self, n: usize, align: usize, order: Order, zero: bool) -> Option<usize> {
         let mut guards = self.lock_all_buckets();
         let mut found = None;
+        let grown = self.frames().len();
         for fl in order.iter() {
             let (s, e) = self.freelist_range(fl);
+            let e = e.min(grown);
+            if s >= e {
+                continue;
+            }
+            // From the lowest listed frame: the lowest run that fits. (The
+            // hint is a lower bound that a race may have left too high, so
+            // the start of the freelist is searched last.)
             let hint = self.run_hint[fl].load(Relaxed).clamp(s, e);
             if let Some(i) = self
                 .find_free_run(hint, e, n, align)
@@ -99,7 +112,9 @@ impl PageAllocator<'_> {
             // Keep the zero flag in the BUSY state until the run is cleared.
             fr[j].set_state(K_BUSY | if z { ZERO } else { 0 });
         }
-        self.run_hint[fl].store(i + n, Relaxed);
+        if self.run_hint[fl].load(Relaxed) == i {
+            self.run_hint[fl].store(i + n, Relaxed);
+        }
         drop(guards);
         // Nobody else can reach these frames now: they are on no list, in no
         // cache and not yet handed out.

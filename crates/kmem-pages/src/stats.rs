@@ -265,7 +265,7 @@ impl PageAllocator<'_> {
                     }
                     for &e in &s[1..=n] {
                         let j = (e & !SLOT_ZERO) as usize;
-                        if j >= self.p.npages {
+                        if j >= fr.len() {
                             return Err("slot entry out of range");
                         }
                         let st = fr[j].state();
@@ -309,7 +309,7 @@ impl PageAllocator<'_> {
                     let (mut i, mut prev, mut n, mut nzero) = (l.head, NIL, 0u32, 0u32);
                     while i != NIL {
                         let j = i as usize;
-                        if j >= self.p.npages {
+                        if j >= fr.len() {
                             return Err("list link out of range");
                         }
                         let fj = &fr[j];
@@ -387,7 +387,7 @@ impl PageAllocator<'_> {
                 }
                 K_HEAD => {
                     let n = run_len(s);
-                    if n == 0 || j + n > self.p.npages {
+                    if n == 0 || j + n > fr.len() {
                         return Err("run length out of range");
                     }
                     if s & (ZERO | MARK) != 0 {

@@ -1,0 +1,212 @@
+//! An allocator that grows on demand (`Config::grow_on_demand`): frames join
+//! as they are needed, lowest first, so one over a large reservation costs
+//! memory only for what it hands out; runs go to the lowest place that fits;
+//! a random sequence of page and run operations on several simulated CPUs
+//! against a model (the frames handed out), with `check()` after each step.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+
+use kmem_core::{bind_simulated_cpu, Cpus, Error, PageSource, Topology};
+use kmem_pages::{Config, PageAllocator, GROW_PAGES};
+use proptest::prelude::*;
+
+fn grower(pages: usize, cpus: usize) -> PageAllocator<'static> {
+    let t = Topology::uniform(cpus, 1, 1).unwrap();
+    let cfg = Config::new().colours(4).grow_on_demand(true);
+    PageAllocator::with_config(&t, Cpus::Simulated, pages * kmem_sys::page_size(), &cfg).unwrap()
+}
+
+#[test]
+fn frames_join_as_needed_and_untouched_ones_are_free() {
+    bind_simulated_cpu(0);
+    // 4 GiB of address space: eager records would be 16 MiB written.
+    let pages = (4usize << 30) / kmem_sys::page_size();
+    let a = grower(pages, 2);
+    assert_eq!(a.grown_pages(), 0);
+    assert_eq!(a.free_count(), pages);
+    assert_eq!(a.free_page_count(), Some(pages));
+    let p = a.alloc_page().unwrap();
+    assert_eq!(a.grown_pages(), GROW_PAGES);
+    assert_eq!(a.free_count(), pages - 1);
+    // A fresh page is known zero: a zeroed request need not clear it.
+    let z = a.alloc_page_zeroed().unwrap();
+    assert!(a.frame_index(z).unwrap() < GROW_PAGES);
+    // A run larger than what has joined brings more in.
+    let r = a.alloc_run(3 * GROW_PAGES, 16).unwrap();
+    assert_eq!(a.frame_index(r).unwrap() % 16, 0);
+    assert!(a.grown_pages() >= 4 * GROW_PAGES);
+    a.check().unwrap();
+    // Beyond what has joined: not allocated (nothing there to free).
+    let beyond = a.frame_address(a.grown_pages() + 5).unwrap();
+    // SAFETY: refused, as checked.
+    assert!(matches!(
+        unsafe { a.free_page(beyond) },
+        Err(Error::NotAllocated { .. })
+    ));
+    // SAFETY: live allocations, freed once.
+    unsafe {
+        a.free_page(p).unwrap();
+        a.free_page(z).unwrap();
+        a.free_run(r, 3 * GROW_PAGES).unwrap();
+    }
+    a.check().unwrap();
+    assert_eq!(a.free_count(), pages);
+}
+
+/// Runs go to the lowest place that fits: a steady set of runs replaced at
+/// random stays low instead of climbing through the reservation (a search
+/// from where the last one ended made it climb).
+#[test]
+fn runs_go_lowest_first() {
+    bind_simulated_cpu(0);
+    let a = grower(1 << 20, 1);
+    let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
+    let mut x = 11u64;
+    let mut high = 0;
+    for _ in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if live.len() == 16 {
+            let (p, n) = live.swap_remove(x as usize % 16);
+            // SAFETY: a live run, freed once.
+            unsafe { a.free_run(p, n).unwrap() };
+        }
+        let n = 2 + (x >> 20) as usize % 30;
+        let p = a.alloc_run(n, 1).unwrap();
+        high = high.max(a.frame_index(p).unwrap() + n);
+        live.push((p, n));
+    }
+    a.check().unwrap();
+    // 16 runs of at most 31 pages: the first chunk of frames holds them.
+    assert!(high <= GROW_PAGES, "runs climbed to frame {high}");
+    assert_eq!(a.grown_pages(), GROW_PAGES);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Page {
+        cpu: usize,
+        zero: bool,
+    },
+    Run {
+        cpu: usize,
+        n: usize,
+        align_log: u32,
+        zero: bool,
+    },
+    Free {
+        cpu: usize,
+        pick: usize,
+        zeroed: bool,
+    },
+    Flush,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..4usize, any::<bool>()).prop_map(|(cpu, zero)| Op::Page { cpu, zero }),
+        2 => (0..4usize, 2..300usize, 0..5u32, any::<bool>())
+            .prop_map(|(cpu, n, align_log, zero)| Op::Run { cpu, n, align_log, zero }),
+        5 => (0..4usize, any::<usize>(), any::<bool>())
+            .prop_map(|(cpu, pick, zeroed)| Op::Free { cpu, pick, zeroed }),
+        1 => Just(Op::Flush),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn model_of_a_growing_allocator(ops in proptest::collection::vec(op(), 1..200)) {
+        const PAGES: usize = 4 * GROW_PAGES;
+        let a = grower(PAGES, 4);
+        let ps = a.page_size();
+        // Live allocations: address -> (pages, fill byte or None for zeroed).
+        let mut live: HashMap<usize, usize> = HashMap::new();
+        let mut owned = vec![false; PAGES];
+        for (step, op) in ops.into_iter().enumerate() {
+            let grown_before = a.grown_pages();
+            match op {
+                Op::Page { cpu, zero } | Op::Run { cpu, n: 1, zero, .. } => {
+                    bind_simulated_cpu(cpu);
+                    let r = if zero { a.alloc_page_zeroed() } else { a.alloc_page() };
+                    let p = r.map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+                    let i = a.frame_index(p).unwrap();
+                    prop_assert!(!owned[i], "step {}: frame {} twice", step, i);
+                    owned[i] = true;
+                    // SAFETY: a live page of ours.
+                    let page = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), ps) };
+                    if zero {
+                        prop_assert!(page.iter().all(|&b| b == 0), "step {}: not zero", step);
+                    }
+                    page.fill(step as u8 | 1);
+                    live.insert(p.as_ptr() as usize, 1);
+                }
+                Op::Run { cpu, n, align_log, zero } => {
+                    bind_simulated_cpu(cpu);
+                    let align = 1 << align_log;
+                    let free_now = PAGES - live.values().sum::<usize>();
+                    match a.alloc_run_with(n, align, if zero { kmem_pages::Flags::ZERO } else { kmem_pages::Flags::NONE }, kmem_pages::Strategy::Normal) {
+                        Ok(p) => {
+                            let i = a.frame_index(p).unwrap();
+                            prop_assert_eq!(i % align, 0);
+                            for j in i..i + n {
+                                prop_assert!(!owned[j], "step {}: frame {} twice", step, j);
+                                owned[j] = true;
+                            }
+                            // SAFETY: a live run of ours.
+                            let run = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), n * ps) };
+                            if zero {
+                                prop_assert!(run.iter().all(|&b| b == 0), "step {}: run not zero", step);
+                            }
+                            run.fill(step as u8 | 1);
+                            live.insert(p.as_ptr() as usize, n);
+                        }
+                        Err(Error::OutOfMemory { .. }) => {
+                            // Only when no aligned window of n free frames
+                            // exists (caches are flushed before it fails).
+                            let base = a.frame_address(0).unwrap().as_ptr() as usize / ps;
+                            let fits = (0..PAGES).filter(|i| (base + i) % align == 0).any(|i| {
+                                i + n <= PAGES && owned[i..i + n].iter().all(|&o| !o)
+                            });
+                            prop_assert!(!fits, "step {}: refused with {} free and a fit", step, free_now);
+                        }
+                        Err(e) => prop_assert!(false, "step {}: {}", step, e),
+                    }
+                }
+                Op::Free { cpu, pick, zeroed } => {
+                    if live.is_empty() {
+                        continue;
+                    }
+                    bind_simulated_cpu(cpu);
+                    let mut keys: Vec<usize> = live.keys().copied().collect();
+                    keys.sort_unstable();
+                    let p = keys[pick % keys.len()];
+                    let n = live.remove(&p).unwrap();
+                    if zeroed {
+                        // SAFETY: our live allocation, cleared before its free.
+                        unsafe { std::ptr::write_bytes(p as *mut u8, 0, n * ps) };
+                    }
+                    let q = NonNull::new(p as *mut u8).unwrap();
+                    // SAFETY: a live allocation of n pages, freed once.
+                    unsafe {
+                        if zeroed { a.free_pages_zeroed(q, n).unwrap() } else { a.free_pages(q, n).unwrap() }
+                    }
+                    let i = a.frame_index(q).unwrap();
+                    for j in i..i + n {
+                        owned[j] = false;
+                    }
+                }
+                Op::Flush => a.flush_caches(),
+            }
+            prop_assert!(a.grown_pages() >= grown_before, "step {}: shrank", step);
+            if let Err(e) = a.check() {
+                prop_assert!(false, "step {}: check failed: {}", step, e);
+            }
+            let in_use: usize = live.values().sum();
+            prop_assert_eq!(a.free_count(), PAGES - in_use, "step {}: free count", step);
+        }
+    }
+}
