@@ -39,11 +39,9 @@ fn frames_join_as_needed_and_untouched_ones_are_free() {
     a.check().unwrap();
     // Beyond what has joined: not allocated (nothing there to free).
     let beyond = a.frame_address(a.grown_pages() + 5).unwrap();
-    // SAFETY: refused, as checked.
-    assert!(matches!(
-        unsafe { a.free_page(beyond) },
-        Err(Error::NotAllocated { .. })
-    ));
+    // SAFETY: a page nobody has; the free must refuse it.
+    let refused = unsafe { a.free_page(beyond) };
+    assert!(matches!(refused, Err(Error::NotAllocated { .. })));
     // SAFETY: live allocations, freed once.
     unsafe {
         a.free_page(p).unwrap();
@@ -152,9 +150,9 @@ proptest! {
                         Ok(p) => {
                             let i = a.frame_index(p).unwrap();
                             prop_assert_eq!(i % align, 0);
-                            for j in i..i + n {
-                                prop_assert!(!owned[j], "step {}: frame {} twice", step, j);
-                                owned[j] = true;
+                            for (j, o) in owned.iter_mut().enumerate().skip(i).take(n) {
+                                prop_assert!(!*o, "step {}: frame {} twice", step, j);
+                                *o = true;
                             }
                             // SAFETY: a live run of ours.
                             let run = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), n * ps) };
@@ -195,9 +193,7 @@ proptest! {
                         if zeroed { a.free_pages_zeroed(q, n).unwrap() } else { a.free_pages(q, n).unwrap() }
                     }
                     let i = a.frame_index(q).unwrap();
-                    for j in i..i + n {
-                        owned[j] = false;
-                    }
+                    owned[i..i + n].fill(false);
                 }
                 Op::Flush => a.flush_caches(),
             }
