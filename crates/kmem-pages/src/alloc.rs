@@ -153,6 +153,12 @@ pub struct PageAllocator<'a> {
     /// rest join as needed (`Config::grow_on_demand`; else all from the
     /// start). Raised under every bucket lock, before they are released.
     pub(crate) grown: AtomicUsize,
+    /// The return policy's state (`release`); taken before any other lock.
+    pub(crate) release: Lock<crate::release::Release>,
+    /// Pages freed dirty as runs since the policy last looked, and the
+    /// policy's smallest limit in bytes (`release::note_freed`).
+    pub(crate) freed_since: AtomicUsize,
+    pub(crate) limit_floor: AtomicUsize,
     pub(crate) backing: Backing<'a>,
 }
 

@@ -9,7 +9,9 @@ use kmem_core::sync::{
     AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Relaxed, Release},
 };
-use kmem_core::{CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, Topology};
+use kmem_core::{
+    CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, ReturnPolicy, Topology,
+};
 
 use crate::alloc::{BucketState, PageAllocator, PerCpu, MAX_FRAMES};
 use crate::cache::CpuCache;
@@ -22,7 +24,7 @@ const MAX_DEPTH: usize = 64;
 
 /// Where the frames and the metadata came from, and what gives them back.
 pub(crate) enum Backing<'a> {
-    #[cfg(feature = "std")]
+    #[cfg(feature = "os")]
     Regions {
         _frames: kmem_sys::Region,
         _meta: kmem_sys::Region,
@@ -185,7 +187,7 @@ fn fold_packages(packages: usize) -> (usize, u32) {
     (n, shift)
 }
 
-#[cfg(feature = "std")]
+#[cfg(feature = "os")]
 impl PageAllocator<'static> {
     /// An allocator of `bytes` (rounded up to pages) of address space reserved
     /// through kmem-sys, with the default [`Config`]: buckets per package of
@@ -230,54 +232,6 @@ impl PageAllocator<'static> {
                 },
             )
         }
-    }
-
-    /// Gives the memory of every free page in the buckets back to the
-    /// operating system (`MADV_DONTNEED`) and marks those pages known zero,
-    /// which they then are. Pages in per-CPU caches are left alone.
-    /// Returns how many pages were purged.
-    pub fn purge(&self) -> usize {
-        let Backing::Regions {
-            _frames: region, ..
-        } = &self.backing
-        else {
-            return 0;
-        };
-        let mut guards = self.lock_all_buckets();
-        let fr = self.frames();
-        let mut purged = 0;
-        let mut i = 0;
-        while i < fr.len() {
-            // A maximal run of dirty free frames.
-            let dirty = |j: usize| {
-                let s = fr[j].state();
-                kind(s) == K_FREE && s & ZERO == 0
-            };
-            if !dirty(i) {
-                i += 1;
-                continue;
-            }
-            let start = i;
-            while i < fr.len() && dirty(i) {
-                i += 1;
-            }
-            let ps = self.p.page_size;
-            if region.purge(start * ps, (i - start) * ps).is_err() {
-                continue;
-            }
-            for j in start..i {
-                let s = fr[j].state();
-                let b = bucket_of(s);
-                let (fl, c) = (self.freelist_of(j), self.colour_of(j));
-                let g = guards[b].as_mut().expect("every bucket is locked");
-                g.list(fl, c, self.p.ncolours).unlink(fr, j as u32, false);
-                fr[j].set_state(free_state(b, true));
-                g.list(fl, c, self.p.ncolours).insert(fr, j as u32, true);
-            }
-            purged += i - start;
-        }
-        drop(guards);
-        purged
     }
 }
 
@@ -508,6 +462,9 @@ impl<'a> PageAllocator<'a> {
             control: Lock::new(0),
             run_hint: core::array::from_fn(|_| AtomicUsize::new(0)),
             grown: AtomicUsize::new(initial),
+            release: Lock::new(crate::release::Release::new()),
+            freed_since: AtomicUsize::new(0),
+            limit_floor: AtomicUsize::new(ReturnPolicy::DEFAULT.limit(0)),
             backing,
         };
         // Every frame onto its initial bucket's colour list, lowest first.

@@ -242,12 +242,14 @@ impl PageAllocator<'_> {
 
     /// Takes every lock of the allocator and keeps them, for `fork()`: a
     /// child must not inherit a lock held by a thread that does not exist in
-    /// it. Order as the crate's locking rules say: the control lock, each
+    /// it. Order as the crate's locking rules say: the release lock, the
+    /// control lock, each
     /// CPU's cache lock (several at once only here, in CPU order; nobody else
     /// holds two, so nobody waits for one while holding another), then the
     /// buckets in ascending order. Release with
     /// [`fork_release`](Self::fork_release).
     pub fn fork_prepare(&self) {
+        core::mem::forget(self.release.lock());
         core::mem::forget(self.control.lock());
         for cpu in 0..self.p.ncpus {
             core::mem::forget(self.pcpu(cpu).cache.lock());
@@ -273,6 +275,7 @@ impl PageAllocator<'_> {
                 self.pcpu(cpu).cache.force_unlock();
             }
             self.control.force_unlock();
+            self.release.force_unlock();
         }
     }
 

@@ -12,6 +12,8 @@
 //!          TAIL    any other frame of an allocation
 //!          BUSY    being freed (between the validating CAS and the list insert)
 //!   zero   the page is known to hold only zero bytes (FREE and CACHED only)
+//!   old    (in len's place, FREE only) freed before the return policy's
+//!          last tick (see `release`)
 //! ```
 //!
 //! Links are frame indexes (`NIL` ends a list), so a record stays small and the
@@ -40,6 +42,9 @@ pub(crate) const ZERO: u32 = 1 << 3;
 pub(crate) const MARK: u32 = 1 << 4;
 pub(crate) const BUCKET_SHIFT: u32 = 5;
 pub(crate) const LEN_SHIFT: u32 = 8;
+/// A FREE frame freed before the return policy's last tick (the length
+/// field's first bit: only HEAD states have a length).
+pub(crate) const OLD: u32 = 1 << LEN_SHIFT;
 /// Longest run a HEAD state can describe.
 pub(crate) const MAX_RUN: usize = (1 << (32 - LEN_SHIFT)) - 1;
 

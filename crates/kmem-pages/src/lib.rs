@@ -109,6 +109,7 @@ mod build;
 mod cache;
 mod config;
 mod frame;
+mod release;
 mod run;
 mod source;
 mod stats;

@@ -185,6 +185,9 @@ impl PageAllocator<'_> {
                 pc.frees_remote.add(moved);
             }
         }
+        if !zero {
+            self.note_freed(pages);
+        }
         Ok(())
     }
 

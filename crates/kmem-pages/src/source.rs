@@ -7,7 +7,9 @@
 //!   free_pages(p, 1)             the per-CPU fast path (free_page)
 //!   free_pages(p, n)             free_run
 //!   free_pages_zeroed            keeps the known-zero flag of every frame
-//!   free_page_count              buckets plus per-CPU caches
+//!   free_page_count              buckets plus per-CPU caches (plus frames
+//!                                that have not joined yet)
+//!   maintain / purge             the return policy (`release`)
 //! ```
 
 use core::ptr::NonNull;
@@ -80,5 +82,13 @@ unsafe impl PageSource for PageAllocator<'_> {
 
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         Some((NonNull::new(self.base as *mut u8)?, self.p.npages))
+    }
+
+    fn maintain(&self) {
+        PageAllocator::maintain(self)
+    }
+
+    fn purge(&self) {
+        PageAllocator::purge(self);
     }
 }

@@ -375,6 +375,9 @@ impl PageAllocator<'_> {
             match kind(s) {
                 K_FREE => {
                     nfree_frames += 1;
+                    if s & OLD != 0 && s & ZERO != 0 {
+                        return Err("a known-zero frame marked old");
+                    }
                     if listed_in(j) != 1 << bucket_of(s) {
                         return Err("free frame not in exactly its bucket's map");
                     }

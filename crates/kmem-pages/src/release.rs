@@ -1,0 +1,262 @@
+//! Giving free pages back to the operating system, under kmem's
+//! [`ReturnPolicy`] (`kmem_core::decay`): an allocator over reserved
+//! address space ([`PageAllocator::new`] and [`GlobalPages`](crate::GlobalPages))
+//! keeps freed pages backed for reuse up to the policy's `retain` bytes;
+//! what is freed beyond that and not reused goes back within its delay; at
+//! once past its limit; and free pages more than its top pad above the
+//! highest frame in use go back at once.
+//!
+//! ```text
+//!   maintain()          the release lock, then every bucket lock
+//!     top trim          free dirty frames above (highest frame in use + pad)
+//!     Decay::check      Now:  dirty free frames, highest first, down to retain
+//!                       Tick: those marked OLD, highest first, down to retain;
+//!                             then every dirty free frame is marked OLD
+//!   a purge             madvise(MADV_DONTNEED) of a run of frames; each
+//!                       becomes known zero (ZERO, the zeroed end of its list)
+//! ```
+//!
+//! Only frames on the buckets' lists are given back: a per-CPU cache holds
+//! a few pages a CPU (its depth times the colours) that its CPU takes next.
+//! The clock is read by whoever calls [`maintain`](PageAllocator::maintain)
+//! (kmem-nta does every 100 ms from its slow paths) and when frees of runs
+//! have put more than the policy's smallest limit back since the last look.
+//! An allocator over a caller's buffer or another source keeps everything.
+
+use kmem_core::sync::Ordering::Relaxed;
+#[cfg(feature = "os")]
+use kmem_core::Due;
+use kmem_core::{Decay, LockGuard, ReturnPolicy};
+
+use crate::alloc::{BucketState, PageAllocator};
+#[cfg(feature = "os")]
+use crate::frame::*;
+use crate::MAX_BUCKETS;
+
+/// What the release lock guards.
+pub(crate) struct Release {
+    pub(crate) decay: Decay,
+    /// Purges so far, and frames they gave back.
+    pub(crate) purges: u64,
+    pub(crate) purged: u64,
+}
+
+impl Release {
+    pub(crate) const fn new() -> Release {
+        Release {
+            decay: Decay::new(ReturnPolicy::DEFAULT),
+            purges: 0,
+            purged: 0,
+        }
+    }
+}
+
+type Guards<'a> = [Option<LockGuard<'a, BucketState>>; MAX_BUCKETS];
+
+impl PageAllocator<'_> {
+    /// The policy under which free pages go back to the OS.
+    pub fn policy(&self) -> ReturnPolicy {
+        self.release.lock().decay.policy()
+    }
+
+    /// Replaces the return policy (the next [`maintain`](Self::maintain)
+    /// applies it).
+    pub fn set_policy(&self, policy: ReturnPolicy) {
+        self.release.lock().decay.set_policy(policy);
+    }
+
+    /// Free pages on the buckets' lists that may hold data.
+    pub fn dirty_free_pages(&self) -> usize {
+        let mut g = self.lock_all_buckets();
+        self.dirty_locked(&mut g)
+    }
+
+    /// Purges so far and the pages they gave back.
+    pub fn purge_stats(&self) -> (u64, u64) {
+        let r = self.release.lock();
+        (r.purges, r.purged)
+    }
+
+    /// CONTEXT: every bucket lock.
+    fn dirty_locked(&self, g: &mut Guards<'_>) -> usize {
+        let nc = self.p.ncolours;
+        let mut n = 0;
+        for bg in g.iter_mut().take(self.p.nb).flatten() {
+            for f in 0..self.p.nfl {
+                for c in 0..nc {
+                    let l = bg.list(f, c, nc);
+                    n += (l.len - l.nzero) as usize;
+                }
+            }
+        }
+        n
+    }
+
+    /// A run of frames was freed dirty: past the policy's smallest limit
+    /// since the last look, look now (a burst of frees need not wait for the
+    /// next [`maintain`](Self::maintain)).
+    #[inline]
+    pub(crate) fn note_freed(&self, pages: usize) {
+        if !self.releases() {
+            return;
+        }
+        let n = self.freed_since.fetch_add(pages, Relaxed) + pages;
+        if n * self.p.page_size > self.limit_floor.load(Relaxed) {
+            self.freed_since.store(0, Relaxed);
+            self.maintain();
+        }
+    }
+
+    /// Applies the return policy now: the free pages above the highest
+    /// frame in use past the top pad, then what the decay asks (see the
+    /// module documentation). Does nothing for an allocator that cannot give
+    /// memory back, or while another thread does it.
+    pub fn maintain(&self) {
+        #[cfg(feature = "os")]
+        if let Some(mut r) = self.release.try_lock() {
+            let now = kmem_sys::clock::coarse_ns();
+            self.apply(&mut r, now, false);
+        }
+    }
+
+    /// Gives the memory of every free page on the buckets' lists back to
+    /// the operating system and marks those pages known zero, which they
+    /// then are. Pages in per-CPU caches are left alone. Returns how many
+    /// pages were given back (0 for an allocator over a caller's memory).
+    pub fn purge(&self) -> usize {
+        #[cfg(feature = "os")]
+        {
+            let mut r = self.release.lock();
+            let before = r.purged;
+            self.apply(&mut r, 0, true);
+            (r.purged - before) as usize
+        }
+        #[cfg(not(feature = "os"))]
+        0
+    }
+
+    /// Whether this allocator can give memory back (it reserved it).
+    #[inline]
+    fn releases(&self) -> bool {
+        #[cfg(feature = "os")]
+        return matches!(self.backing, crate::build::Backing::Regions { .. });
+        #[cfg(not(feature = "os"))]
+        false
+    }
+
+    /// CONTEXT: the release lock (`r`).
+    #[cfg(feature = "os")]
+    fn apply(&self, r: &mut Release, now: u64, everything: bool) {
+        let crate::build::Backing::Regions {
+            _frames: region, ..
+        } = &self.backing
+        else {
+            return;
+        };
+        let ps = self.p.page_size;
+        let policy = r.decay.policy();
+        self.limit_floor.store(policy.limit(0), Relaxed);
+        let mut g = self.lock_all_buckets();
+        let mut done = 0usize;
+        let mut purge = |lo: usize, n: usize| {
+            let ok = region.purge(lo * ps, n * ps).is_ok();
+            if ok {
+                done += n;
+            }
+            ok
+        };
+        let fr = self.frames();
+        let mut dirty = self.dirty_locked(&mut g);
+        if everything {
+            self.purge_from_top(&mut g, &mut dirty, 0, false, 0, &mut purge);
+        } else {
+            // Free frames above the highest one in use: placement reaches
+            // them last (as glibc trims its heap's top).
+            let free = (0..self.p.nb)
+                .flat_map(|b| (0..self.p.nfl).map(move |f| (b, f)))
+                .map(|(b, f)| self.nfree[b][f].load(Relaxed))
+                .sum::<usize>()
+                + self.cached_pages();
+            let in_use = fr.len().saturating_sub(free);
+            let mut top = fr.len();
+            while top > 0 && kind(fr[top - 1].state()) == K_FREE {
+                top -= 1;
+            }
+            let pad = policy.top_pad(in_use * ps) / ps;
+            let from = top.saturating_add(pad);
+            if from < fr.len() {
+                self.purge_from_top(&mut g, &mut dirty, 0, false, from, &mut purge);
+            }
+            match r.decay.check(dirty * ps, in_use * ps, now) {
+                Due::Nothing => {}
+                Due::Now { keep } => {
+                    self.purge_from_top(&mut g, &mut dirty, keep / ps, false, 0, &mut purge)
+                }
+                Due::Tick { keep } => {
+                    self.purge_from_top(&mut g, &mut dirty, keep / ps, true, 0, &mut purge);
+                    // Every dirty free frame is old now.
+                    for f in fr {
+                        let s = f.state();
+                        if kind(s) == K_FREE && s & ZERO == 0 {
+                            f.set_state(s | OLD);
+                        }
+                    }
+                }
+            }
+        }
+        drop(g);
+        if done > 0 {
+            r.purges += 1;
+            r.purged += done as u64;
+        }
+    }
+
+    /// Gives back dirty free frames at or above `from`, highest first (only
+    /// those marked OLD with `only_old`), until at most `keep` dirty free
+    /// frames are left; each run of them through `purge(first, len)`, which
+    /// answers whether the OS took it (a refusal stops the pass: the frames
+    /// stay dirty). Each frame given back becomes known zero.
+    ///
+    /// CONTEXT: every bucket lock (`g`).
+    #[cfg(feature = "os")]
+    fn purge_from_top(
+        &self,
+        g: &mut Guards<'_>,
+        dirty: &mut usize,
+        keep: usize,
+        only_old: bool,
+        from: usize,
+        purge: &mut impl FnMut(usize, usize) -> bool,
+    ) {
+        let fr = self.frames();
+        let nc = self.p.ncolours;
+        let candidate = |s: u32| kind(s) == K_FREE && s & ZERO == 0 && (!only_old || s & OLD != 0);
+        let mut j = fr.len();
+        while *dirty > keep && j > from {
+            j -= 1;
+            if !candidate(fr[j].state()) {
+                continue;
+            }
+            let hi = j + 1;
+            let mut lo = j;
+            while lo > from && hi - lo < *dirty - keep && candidate(fr[lo - 1].state()) {
+                lo -= 1;
+            }
+            if !purge(lo, hi - lo) {
+                return;
+            }
+            for (k, f) in fr.iter().enumerate().take(hi).skip(lo) {
+                let s = f.state();
+                let b = bucket_of(s);
+                let (fl, c) = (self.freelist_of(k), self.colour_of(k));
+                let bg = g[b].as_mut().expect("every bucket is locked");
+                let list = bg.list(fl, c, nc);
+                list.unlink(fr, k as u32, false);
+                f.set_state(free_state(b, true));
+                list.insert(fr, k as u32, true);
+            }
+            *dirty -= hi - lo;
+            j = lo;
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Free pages go back to the OS under the return policy (`release`): past
+//! the limit at once, down to `retain`, highest first; what stays freed a
+//! whole tick goes at the next; free pages above the highest frame in use
+//! beyond the top pad at once; `purge` gives back everything. Pages given
+//! back read zero and are handed out as known zero; `check()` after each step.
+
+use std::ptr::NonNull;
+
+use kmem_core::{bind_simulated_cpu, Cpus, PageSource, ReturnPolicy, Topology};
+use kmem_pages::{Config, PageAllocator};
+
+fn allocator(pages: usize, policy: ReturnPolicy) -> PageAllocator<'static> {
+    let t = Topology::single(1).unwrap();
+    let cfg = Config::new().colours(1).grow_on_demand(true);
+    let a = PageAllocator::with_config(&t, Cpus::Simulated, pages * kmem_sys::page_size(), &cfg)
+        .unwrap();
+    a.set_policy(policy);
+    a
+}
+
+fn pages_of(a: &PageAllocator<'_>, n: usize) -> Vec<NonNull<u8>> {
+    (0..n)
+        .map(|k| {
+            let p = a.alloc_page().unwrap();
+            // SAFETY: a live page of ours.
+            unsafe { p.as_ptr().write_bytes(k as u8 | 1, a.page_size()) };
+            p
+        })
+        .collect()
+}
+
+fn first_byte(p: NonNull<u8>) -> u8 {
+    // SAFETY: the allocator's region stays mapped whole; reading a free
+    // page of it is fine.
+    unsafe { *p.as_ptr() }
+}
+
+#[test]
+fn past_the_limit_frees_go_back_at_once_down_to_retain() {
+    bind_simulated_cpu(0);
+    let ps = kmem_sys::page_size();
+    let a = allocator(
+        4096,
+        ReturnPolicy {
+            retain: 8 * ps,
+            delay_ms: 60_000,
+        },
+    );
+    let mut p = pages_of(&a, 300);
+    p.sort_by_key(|q| q.as_ptr() as usize);
+    // Free 100 pages in the middle (the top stays in use): 100 > the
+    // limit of 64 pages.
+    for &q in &p[100..200] {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(q).unwrap() };
+    }
+    a.maintain();
+    a.check().unwrap();
+    assert_eq!(a.dirty_free_pages(), 8);
+    // The lowest eight kept their data; the rest were given back.
+    assert!(p[100..108].iter().all(|&q| first_byte(q) != 0));
+    assert!(p[108..200].iter().all(|&q| first_byte(q) == 0));
+    // Known zero now: a zeroed request takes one without clearing, and it
+    // reads zero.
+    let z = a.alloc_page_zeroed().unwrap();
+    assert_eq!(first_byte(z), 0);
+    a.check().unwrap();
+}
+
+#[test]
+fn pages_freed_a_whole_tick_ago_go_back_at_the_next() {
+    bind_simulated_cpu(0);
+    let ps = kmem_sys::page_size();
+    let a = allocator(
+        4096,
+        ReturnPolicy {
+            retain: 4 * ps,
+            delay_ms: 20,
+        },
+    );
+    let p = pages_of(&a, 100);
+    // 20 pages freed: under the limit (8 x retain = 32 pages), they stay.
+    for &q in &p[10..30] {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(q).unwrap() };
+    }
+    a.maintain();
+    assert_eq!(a.dirty_free_pages(), 20);
+    // Ticks every 10 ms: marked at one, given back (past retain) at the next.
+    for _ in 0..3 {
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        a.maintain();
+    }
+    a.check().unwrap();
+    assert_eq!(a.dirty_free_pages(), 4);
+    // A page in use is never given back, however long it lives.
+    let q = a.alloc_page().unwrap();
+    // SAFETY: a live page of ours.
+    unsafe { q.as_ptr().write_bytes(7, ps) };
+    for _ in 0..3 {
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        a.maintain();
+    }
+    assert_eq!(first_byte(q), 7);
+    a.check().unwrap();
+}
+
+#[test]
+fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
+    bind_simulated_cpu(0);
+    let ps = kmem_sys::page_size();
+    let a = allocator(
+        4096,
+        ReturnPolicy {
+            retain: 16 * ps,
+            delay_ms: 60_000,
+        },
+    );
+    let low = a.alloc_run(64, 1).unwrap();
+    let high = a.alloc_run(40, 1).unwrap();
+    // SAFETY: live runs of ours, freed once.
+    unsafe {
+        low.as_ptr().write_bytes(1, 64 * ps);
+        high.as_ptr().write_bytes(2, 40 * ps);
+        a.free_run(high, 40).unwrap();
+    }
+    a.maintain();
+    a.check().unwrap();
+    // Pad: max(16 / 16, 64 / 4) = 16 pages above the highest in use stay.
+    assert_eq!(a.dirty_free_pages(), 16);
+    // SAFETY: pages of the region, which stays mapped.
+    unsafe {
+        assert_eq!(*high.as_ptr().add(15 * ps), 2);
+        assert_eq!(*high.as_ptr().add(16 * ps), 0);
+    }
+    // purge gives back the rest.
+    assert_eq!(a.purge(), 16);
+    assert_eq!(a.dirty_free_pages(), 0);
+    a.check().unwrap();
+    // SAFETY: the live run, freed once.
+    unsafe { a.free_pages(low, 64).unwrap() };
+    a.check().unwrap();
+}
+
+/// An allocator over a caller's buffer cannot give memory back: the
+/// policy's calls do nothing.
+#[test]
+fn a_buffer_keeps_everything() {
+    let mut buf = vec![0u8; 64 * 4096];
+    let t = Topology::single(1).unwrap();
+    let a = PageAllocator::from_buffer(&mut buf, 4096, &t, Cpus::Fixed(0), &Config::new()).unwrap();
+    let p = a.alloc_page().unwrap();
+    // SAFETY: live page, freed once.
+    unsafe { a.free_page(p).unwrap() };
+    a.maintain();
+    assert_eq!(a.purge(), 0);
+    a.check().unwrap();
+}
