@@ -30,7 +30,7 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use kmem_core::{Bitmap, Decay, Due, Error, Lock, LockStats, RegionSource, Result, ReturnPolicy};
+use kmem_core::{Bitmap, Decay, Due, Error, Lock, LockStats, PageSource, Result, ReturnPolicy};
 use kmem_sys::Region;
 use kmem_vmap::{VmapArena, VmapStats};
 
@@ -38,15 +38,16 @@ use kmem_vmap::{VmapArena, VmapStats};
 pub const SEGMENT: usize = 64 << 30;
 /// Most segments: with 64 GiB each, 4 TiB of large blocks.
 pub const MAX_SEGMENTS: usize = 64;
-/// Address space for each arena's tree nodes (48 bytes a range, touched as
-/// used).
-const NODE_SPACE: usize = 64 << 20;
+/// Where each arena's tree nodes (48 bytes a range) come from: the
+/// process's page supply (kmem-pages), 16 KiB runs kept for the arena's life.
+type NodeSource = &'static dyn PageSource;
 /// Smallest segment tried before giving up.
 const MIN_SEGMENT: usize = 256 << 20;
 
 /// The large allocator: its segments and their arenas.
 pub(crate) struct Large {
     page: usize,
+    nodes: NodeSource,
     /// `[base, base + len)` of each published segment.
     bounds: [(AtomicUsize, AtomicUsize); MAX_SEGMENTS],
     /// Published segments (Release after their bounds).
@@ -67,7 +68,7 @@ struct Segment {
     pages: usize,
     /// No page at or above this one is busy or dirty.
     top: usize,
-    arena: VmapArena<RegionSource>,
+    arena: VmapArena<NodeSource>,
 }
 
 /// A segment's record, once reserved; used under the state's lock.
@@ -209,9 +210,10 @@ pub(crate) fn reserve_rw(mut bytes: usize, min: usize) -> Result<Region> {
 impl Large {
     /// No segment yet: the first large request reserves one. Allocates and
     /// reserves nothing.
-    pub(crate) fn new(policy: ReturnPolicy) -> Large {
+    pub(crate) fn new(policy: ReturnPolicy, nodes: NodeSource) -> Large {
         Large {
             page: kmem_sys::page_size(),
+            nodes,
             bounds: [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_SEGMENTS],
             nsegs: AtomicUsize::new(0),
             state: Lock::new(State {
@@ -251,9 +253,8 @@ impl Large {
         let head = core::mem::size_of::<Segment>().next_multiple_of(64);
         let meta = Region::reserve((head + 2 * words * 8).next_multiple_of(self.page))?;
         meta.commit(0, meta.len())?;
-        let nodes = RegionSource::with_purge_threshold(NODE_SPACE, 1)?;
         let base = region.base().as_ptr() as u64;
-        let arena = VmapArena::with_lazy_max(nodes, base, base + region.len() as u64, 0)?;
+        let arena = VmapArena::with_lazy_max(self.nodes, base, base + region.len() as u64, 0)?;
         let i = s.n;
         self.bounds[i].0.store(base as usize, Ordering::Relaxed);
         self.bounds[i].1.store(region.len(), Ordering::Relaxed);

@@ -70,7 +70,8 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource};
 use kmem_nta::global::GLOBAL_CONFIG;
-use kmem_nta::{front_class, FrontCache, LazyRegion, Nta, FRONT_CLASSES, FRONT_MAX};
+use kmem_nta::{front_class, FrontCache, Nta, FRONT_CLASSES, FRONT_MAX};
+use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
 pub use large::{MAX_SEGMENTS, SEGMENT};
@@ -101,19 +102,20 @@ const MAX_NTA_ALIGN: usize = 4096;
 /// nta for small requests: its nodes (and page runs while the library
 /// initialises) stay backed under the return policy when freed.
 static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
-    MallocSource(LazyRegion::new(NTA_RESERVE)),
+    MallocSource(GlobalPages::new(NTA_RESERVE)),
     GLOBAL_CONFIG,
     Cpus::Real,
 );
 
-/// nta's page source: its lazily reserved region, whose periodic
-/// maintenance (which nta runs from its slow paths, see
-/// `Nta::maintain`) also applies the large arena's return policy, so that
-/// large memory freed by a program that then makes only small requests
-/// still goes back within the delay.
-struct MallocSource(LazyRegion);
+/// The process's page supply: kmem-pages' `GlobalPages` (a page-frame
+/// allocator over address space reserved on first use), under nta's nodes
+/// and the large arena's tree nodes. Its periodic maintenance (which nta
+/// runs from its slow paths, see `Nta::maintain`) also applies the large
+/// arena's return policy, so that large memory freed by a program that then
+/// makes only small requests still goes back within the delay.
+pub(crate) struct MallocSource(GlobalPages);
 
-// SAFETY: every call but `maintain` forwards to the LazyRegion, which keeps
+// SAFETY: every call but `maintain` forwards to GlobalPages, which keeps
 // the promises; `maintain` only adds the large arena's.
 unsafe impl PageSource for MallocSource {
     fn page_size(&self) -> usize {
@@ -382,7 +384,7 @@ fn init_once() {
         KEY.set(key);
     }
     NTA.source().0.set_policy(o.policy);
-    LARGE.set(Large::new(o.policy));
+    LARGE.set(Large::new(o.policy, &NTA.source().0));
     if o.engine == Engine::Pow2 {
         match make_pow2() {
             Ok(p) => POW2.set(p),
@@ -445,20 +447,23 @@ extern "C" fn fork_prepare() {
     if let Some(p) = POW2.get() {
         p.fork_prepare();
     }
+    // Order: heaps, the large arena, then the page supply (heaps and the
+    // arena call into the supply while holding their locks, never the
+    // other way round).
     NTA.fork_prepare();
-    NTA.source().0.fork_prepare();
     if let Some(l) = LARGE.get() {
         l.fork_prepare();
     }
+    NTA.source().0.fork_prepare();
 }
 
 extern "C" fn fork_parent() {
     // SAFETY: this thread took every lock in fork_prepare.
     unsafe {
+        NTA.source().0.fork_release();
         if let Some(l) = LARGE.get() {
             l.fork_release();
         }
-        NTA.source().0.fork_release();
         NTA.fork_release();
         if let Some(p) = POW2.get() {
             p.fork_release();
@@ -955,9 +960,9 @@ extern "C" fn print_stats() {
         s.lock_misses
     );
     say!(
-        "kmem: nta region: {} KiB freed and still backed, {} KiB used at most",
+        "kmem: pages: {} KiB freed and still backed, {} KiB of frames joined",
         NTA.source().0.dirty_bytes() >> 10,
-        NTA.source().0.high_water_bytes() >> 10
+        NTA.source().0.grown_bytes() >> 10
     );
     if let Some(l) = LARGE.get() {
         let st = l.stats();

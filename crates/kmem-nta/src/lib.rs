@@ -87,8 +87,6 @@ pub mod global;
 pub use front::{front_class, FrontCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX};
 #[cfg(feature = "std")]
 pub use global::KmemNta;
-#[cfg(feature = "os")]
-pub use global::LazyRegion;
 pub use node::{Geometry, MAX_NODE_CHUNKS};
 pub use nta::{Config, Nta, Stats, MAX_HEAPS};
 

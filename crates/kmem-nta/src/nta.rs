@@ -375,6 +375,7 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     pool: Lock<NodePool>,
     /// When [`maintain`](Nta::maintain) runs next on its own (milliseconds
     /// of kmem-sys's coarse clock; `os` only).
+    #[cfg_attr(not(feature = "os"), allow(dead_code))]
     next_tick_ms: AtomicUsize,
     pub(crate) slots: [Slot; MAX_HEAPS],
 }

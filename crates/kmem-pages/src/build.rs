@@ -360,6 +360,10 @@ impl<'a> PageAllocator<'a> {
         if meta.as_ptr() as usize % META_ALIGN != 0 {
             return Err(Error::BadConfig("metadata must be 128-byte aligned"));
         }
+        #[cfg(feature = "os")]
+        let meta_fresh = matches!(backing, Backing::Regions { .. });
+        #[cfg(not(feature = "os"))]
+        let meta_fresh = false;
         let l = p.layout();
         let m = meta.as_ptr();
         // Every offset below is inside the `l.total` bytes the caller
@@ -397,7 +401,9 @@ impl<'a> PageAllocator<'a> {
             for k in 0..p.nb * p.nfl * p.ncolours {
                 lists_ptr.add(k).write(ColourList::EMPTY);
             }
-            if p.cache_on {
+            // Fresh memory (a reservation of ours) reads zero already:
+            // writing zeros would only make its pages resident.
+            if p.cache_on && !meta_fresh {
                 core::ptr::write_bytes(slots_ptr, 0, p.ncpus * l.slots_per_cpu);
             }
         }

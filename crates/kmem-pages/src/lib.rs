@@ -109,6 +109,8 @@ mod build;
 mod cache;
 mod config;
 mod frame;
+#[cfg(feature = "os")]
+mod global;
 mod release;
 mod run;
 mod source;
@@ -117,6 +119,8 @@ mod stats;
 pub use alloc::PageAllocator;
 pub use config::{CacheMode, Config, Flags, Strategy, CACHE_PAGES_PER_COLOUR};
 pub use frame::{FrameInfo, FrameState};
+#[cfg(feature = "os")]
+pub use global::GlobalPages;
 pub use kmem_core::PageSource;
 pub use stats::Stats;
 

@@ -301,35 +301,55 @@ pub fn yield_now() {
 /// Number of CPUs this process may run on now (with `std`, as
 /// `available_parallelism`, which also honours cgroup CPU quotas; without,
 /// the CPUs of the thread's affinity mask).
+///
+/// With `std` this may allocate: an allocator building itself must use
+/// [`affinity_span`] instead.
 pub fn online_cpus() -> usize {
     #[cfg(feature = "std")]
     return std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     #[cfg(not(feature = "std"))]
-    {
-        // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-        // The system call itself rather than glibc's wrapper, whose code
-        // would otherwise be mapped into every process under kmem-malloc
-        // (see `auxv`); it returns the bytes of the mask it wrote.
-        // SAFETY: pid 0 is the calling thread; `set` is a writable cpu_set_t
-        // of the size passed, zeroed beyond what the kernel writes.
-        let ok = unsafe {
-            libc::syscall(
-                libc::SYS_sched_getaffinity,
-                0,
-                core::mem::size_of::<libc::cpu_set_t>(),
-                &mut set as *mut libc::cpu_set_t,
-            ) > 0
-        };
-        if ok {
-            // SAFETY: `set` is an initialised cpu_set_t.
-            (unsafe { libc::CPU_COUNT(&set) } as usize).max(1)
-        } else {
-            1
-        }
+    match affinity_mask() {
+        // SAFETY: `set` is an initialised cpu_set_t.
+        Some(set) => (unsafe { libc::CPU_COUNT(&set) } as usize).max(1),
+        None => 1,
     }
+}
+
+/// One past the highest CPU number in the calling thread's affinity mask
+/// (1 when it cannot be read): how many per-CPU records a structure
+/// indexed by CPU number needs. One system call, no allocation, in every
+/// build (an allocator may call it while it builds itself).
+pub fn affinity_span() -> usize {
+    let Some(set) = affinity_mask() else {
+        return 1;
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        .rev()
+        // SAFETY: `set` is an initialised cpu_set_t; c is inside it.
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .map_or(1, |c| c + 1)
+}
+
+/// The calling thread's affinity mask, through the system call itself rather
+/// than glibc's wrapper, whose code would otherwise be mapped into every
+/// process under kmem-malloc (see `auxv`).
+fn affinity_mask() -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // It returns the bytes of the mask it wrote.
+    // SAFETY: pid 0 is the calling thread; `set` is a writable cpu_set_t of
+    // the size passed, zeroed beyond what the kernel writes.
+    let ok = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            0,
+            core::mem::size_of::<libc::cpu_set_t>(),
+            &mut set as *mut libc::cpu_set_t,
+        ) > 0
+    };
+    ok.then_some(set)
 }
 
 #[cfg(test)]
