@@ -88,7 +88,7 @@ pub use front::{front_class, FrontCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES
 #[cfg(feature = "std")]
 pub use global::KmemNta;
 pub use node::{Geometry, MAX_NODE_CHUNKS};
-pub use nta::{Config, Nta, Stats, MAX_HEAPS};
+pub use nta::{Config, Nta, Stats, MAINTAIN_MS, MAX_HEAPS};
 
 #[cfg(test)]
 mod tests;
