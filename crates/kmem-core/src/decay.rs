@@ -1,8 +1,8 @@
 //! The memory-return policy: how long freed memory may stay backed.
 //!
-//! Every kmem source that can give pages back to the operating system (a
-//! `RegionSource`, kmem-malloc's large arena) follows one rule, stated in
-//! one sentence:
+//! Every kmem source that can give pages back to the operating system
+//! (kmem-pages' `PageAllocator` over reserved space and its `RegionSource`,
+//! kmem-malloc's large arena) follows one rule, stated in one sentence:
 //!
 //! > Freed memory stays backed for reuse up to [`ReturnPolicy::retain`]
 //! > bytes; whatever is freed beyond that and not reused goes back to the OS

@@ -6,18 +6,18 @@
 //!   list          intrusive doubly linked list, container_of!
 //!   lock          Lock<T>: a lock_api mutex that counts acquisitions, contention, wait
 //!   topology      Topology (CPUs, packages, nodes) and Cpus (real, simulated, fixed)
-//!   page_source   PageSource trait, FixedSource (caller buffer), RegionSource (std)
+//!   page_source   the PageSource contract (the sources are kmem-pages')
 //!   stats         LockStats, Counter, CachePadded
 //!   sync          core or loom atomics (cfg(loom)), spin_loop
 //!   error         Error: the typed error of every kmem allocator
 //! ```
 //!
 //! The crate allocates nothing: every structure lives in memory the caller
-//! provides, so it runs in kernels and firmware. The `os` feature adds what
-//! needs the operating system through kmem-sys, still without std: the real
-//! CPU id, wait-time accounting in locks, yielding instead of spinning, and a
-//! page source over reserved address space (what a `no_std` preload library
-//! such as kmem-malloc is built from). The `std` feature (default) adds `os`,
+//! provides, so it runs in kernels and firmware; it holds contracts and
+//! primitives, no allocator. The `os` feature adds what needs the operating
+//! system through kmem-sys, still without std: the real CPU id, wait-time
+//! accounting in locks, yielding instead of spinning (what a `no_std`
+//! preload library such as kmem-malloc is built from). The `std` feature (default) adds `os`,
 //! the machine's topology from `/sys`, simulated CPUs (thread-local) and
 //! `Arc` page sources.
 
@@ -42,9 +42,7 @@ pub use decay::{Decay, Due, ReturnPolicy};
 pub use error::{Error, Result};
 pub use list::{Link, List};
 pub use lock::{Lock, LockGuard, RawCountingLock};
-#[cfg(feature = "os")]
-pub use page_source::RegionSource;
-pub use page_source::{FixedSource, PageSource};
+pub use page_source::PageSource;
 pub use stats::{CachePadded, Counter, LockStats};
 #[cfg(feature = "std")]
 pub use topology::{bind_simulated_cpu, simulated_cpu_binding};

@@ -7,7 +7,8 @@ use core::ptr::NonNull;
 use std::vec;
 use std::vec::Vec;
 
-use kmem_core::{Cpus, Error, FixedSource, PageSource};
+use kmem_core::{Cpus, Error, PageSource};
+use kmem_pages::FixedSource;
 
 use crate::{Config, Nta};
 

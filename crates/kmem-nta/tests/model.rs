@@ -7,8 +7,9 @@ use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-use kmem_core::{bind_simulated_cpu, Cpus, Error, FixedSource, PageSource};
+use kmem_core::{bind_simulated_cpu, Cpus, Error, PageSource};
 use kmem_nta::{Config, Nta};
+use kmem_pages::FixedSource;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

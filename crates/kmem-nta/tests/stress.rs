@@ -7,8 +7,9 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kmem_core::{bind_simulated_cpu, Cpus, RegionSource};
+use kmem_core::{bind_simulated_cpu, Cpus};
 use kmem_nta::{Config, KmemNta, Nta};
+use kmem_pages::RegionSource;
 
 struct Rng(u64);
 impl Rng {

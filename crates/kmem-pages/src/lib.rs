@@ -113,6 +113,7 @@ mod frame;
 mod global;
 mod release;
 mod run;
+mod runs;
 mod source;
 mod stats;
 
@@ -122,6 +123,9 @@ pub use frame::{FrameInfo, FrameState};
 #[cfg(feature = "os")]
 pub use global::GlobalPages;
 pub use kmem_core::PageSource;
+pub use runs::FixedSource;
+#[cfg(feature = "os")]
+pub use runs::RegionSource;
 pub use stats::Stats;
 
 /// Most buckets (NetBSD's `PGFL_MAX_BUCKETS`).

@@ -7,7 +7,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
-use kmem_core::{bind_simulated_cpu, Cpus, Error, FixedSource, PageSource, Topology};
+use kmem_core::{bind_simulated_cpu, Cpus, Error, PageSource, Topology};
+use kmem_pages::FixedSource;
 use kmem_pages::{CacheMode, Config, Flags, FrameState, PageAllocator, Strategy};
 
 fn topo(cpus: usize, packages: usize, nodes: usize) -> Topology {

@@ -127,7 +127,8 @@ pub use vm::{Depopulate, VmBackend};
 #[cfg(feature = "std")]
 mod vm {
     use super::*;
-    use kmem_core::{Error, RegionSource};
+    use kmem_core::Error;
+    use kmem_pages::RegionSource;
     use kmem_sys::Region;
 
     /// How a [`VmBackend`] gives empty pages back.

@@ -12,7 +12,8 @@ use std::vec;
 use std::vec::Vec;
 
 use kmem_core::sync::Ordering;
-use kmem_core::{Cpus, Error, FixedSource, Topology};
+use kmem_core::{Cpus, Error, Topology};
+use kmem_pages::FixedSource;
 use proptest::prelude::*;
 
 use super::*;

@@ -53,7 +53,8 @@ use core::ptr::{self, NonNull};
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use kmem_core::{CachePadded, Cpus, Error, FixedSource, Lock, PageSource, Result};
+use kmem_core::{CachePadded, Cpus, Error, Lock, PageSource, Result};
+use kmem_pages::FixedSource;
 
 const NONE: u32 = u32::MAX;
 const NO_OBJ: u16 = u16::MAX;

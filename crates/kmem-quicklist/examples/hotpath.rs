@@ -1,6 +1,7 @@
 //! A tight alloc/free loop for profiling the hot path (not a benchmark of record:
 //! `kmem bench quicklist` is).
-use kmem_core::{Cpus, RegionSource, Topology};
+use kmem_core::{Cpus, Topology};
+use kmem_pages::RegionSource;
 use kmem_quicklist::{Config, Quicklists};
 
 fn main() {

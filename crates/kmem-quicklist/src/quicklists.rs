@@ -18,7 +18,8 @@ use crate::policy::Config;
 /// page twice, nor free it while another thread still holds it:
 ///
 /// ```compile_fail,E0382
-/// # use kmem_core::{Cpus, RegionSource, Topology};
+/// # use kmem_core::{Cpus, Topology};
+/// # use kmem_pages::RegionSource;
 /// # use kmem_quicklist::{Config, Quicklists};
 /// # let src = RegionSource::new(1 << 20).unwrap();
 /// # let topo = Topology::single(1).unwrap();
@@ -34,7 +35,8 @@ use crate::policy::Config;
 /// to someone else.
 ///
 /// ```compile_fail,E0505
-/// # use kmem_core::{Cpus, RegionSource, Topology};
+/// # use kmem_core::{Cpus, Topology};
+/// # use kmem_pages::RegionSource;
 /// # use kmem_quicklist::{Config, Quicklists};
 /// # let src = RegionSource::new(1 << 20).unwrap();
 /// # let topo = Topology::single(1).unwrap();
@@ -1153,7 +1155,7 @@ mod encoding_tests {
         }
         assert_eq!(top_index(kmem_sys::rseq::EMPTY_TOP), None);
         assert_eq!(core::mem::offset_of!(PerCpu<3>, taken), 0);
-        assert_eq!(Quicklists::<kmem_core::RegionSource, 3>::slot(1) % 16, 0);
+        assert_eq!(Quicklists::<kmem_pages::RegionSource, 3>::slot(1) % 16, 0);
         assert_eq!(size_of::<PerCpu<3>>() % 128, 0);
     }
 }

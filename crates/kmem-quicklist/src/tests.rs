@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::vec;
 use std::vec::Vec;
 
-use kmem_core::{bind_simulated_cpu, Cpus, Error, FixedSource, PageSource, Topology};
+use kmem_core::{bind_simulated_cpu, Cpus, Error, PageSource, Topology};
+use kmem_pages::FixedSource;
 
 use crate::{Config, FreeError, PageRef, Policy, Quicklists};
 
@@ -856,7 +857,7 @@ mod stress {
     //! Threads on simulated CPUs allocate, pass pages to each other, free them
     //! on other CPUs and migrate; invariants checked after join.
     use super::*;
-    use kmem_core::RegionSource;
+    use kmem_pages::RegionSource;
     use std::sync::Mutex;
 
     fn ctor(p: &mut [u8]) {

@@ -6,7 +6,8 @@ extern crate std;
 use std::vec;
 use std::vec::Vec;
 
-use kmem_core::{Error, FixedSource};
+use kmem_core::Error;
+use kmem_pages::FixedSource;
 
 use crate::{Area, SyncVmapArena, VmapArena};
 

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use kmem_core::{Error, FixedSource};
+use kmem_core::Error;
+use kmem_pages::FixedSource;
 use kmem_vmap::VmapArena;
 use proptest::prelude::*;
 

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kmem_core::{Error, RegionSource};
+use kmem_core::Error;
+use kmem_pages::RegionSource;
 use kmem_vmap::SyncVmapArena;
 
 const PAGE: u64 = 4096;

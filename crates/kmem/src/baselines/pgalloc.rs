@@ -220,7 +220,7 @@ impl<'a, P: PageSource> DirectPgtables<'a, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kmem_core::RegionSource;
+    use kmem_pages::RegionSource;
 
     #[test]
     fn pgds_are_built_tracked_and_freed() {

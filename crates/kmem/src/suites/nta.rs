@@ -19,8 +19,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::{mpsc, Barrier, Mutex};
 
-use kmem_core::{Cpus, FixedSource, RegionSource};
+use kmem_core::Cpus;
 use kmem_nta::{Config, KmemNta, Nta};
+use kmem_pages::{FixedSource, RegionSource};
 
 use super::{Ctx, Suite};
 use crate::baselines::pow2_slab::{Pow2Slab, SlabConfig};

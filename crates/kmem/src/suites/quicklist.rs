@@ -31,8 +31,9 @@ use std::cell::RefCell;
 use std::hint::black_box;
 use std::ptr::NonNull;
 
-use kmem_core::{bind_simulated_cpu, Cpus, PageSource, RegionSource, Topology};
+use kmem_core::{bind_simulated_cpu, Cpus, PageSource, Topology};
 use kmem_pages::PageAllocator;
+use kmem_pages::RegionSource;
 use kmem_quicklist::{Config, PageRef, Policy, Quicklists};
 
 use super::{Ctx, Suite};

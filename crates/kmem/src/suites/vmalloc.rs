@@ -36,7 +36,8 @@
 
 use std::sync::{Arc, Barrier};
 
-use kmem_core::{Lock, RegionSource};
+use kmem_core::Lock;
+use kmem_pages::RegionSource;
 use kmem_sys::clock::now_ns;
 use kmem_vmap::{default_lazy_max, SyncVmapArena, VmapArena};
 use offset_allocator::{Allocation, Allocator};
