@@ -41,7 +41,8 @@ pub unsafe trait PageSource: Send + Sync {
     }
 
     /// Returns a run. Errors (a run this source never handed out, the wrong
-    /// length, a second free) leave the source unchanged.
+    /// length, a length of zero (`WrongSize`), a second free) leave the
+    /// source unchanged.
     ///
     /// # Safety
     /// The caller must not use the run after a successful free.
@@ -74,6 +75,16 @@ pub unsafe trait PageSource: Send + Sync {
     /// handed out, to refuse foreign pages and double frees).
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         None
+    }
+
+    /// Whether every page of [`span`](Self::span) stays mapped and readable
+    /// for the source's whole life, free pages included (a free page reads
+    /// its old bytes or zero; it never faults). Callers that read memory they
+    /// do not own at that moment rely on it (kmem-nta's unlocked lookup of a
+    /// pointer's node header); a source that unmaps free pages, or has no
+    /// span, says false (the default).
+    fn keeps_span_mapped(&self) -> bool {
+        false
     }
 
     /// Applies the source's memory-return policy now: freed pages that
@@ -116,6 +127,9 @@ unsafe impl<P: PageSource + ?Sized> PageSource for &P {
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         (**self).span()
     }
+    fn keeps_span_mapped(&self) -> bool {
+        (**self).keeps_span_mapped()
+    }
     fn maintain(&self) {
         (**self).maintain()
     }
@@ -152,6 +166,9 @@ unsafe impl<P: PageSource + ?Sized> PageSource for std::sync::Arc<P> {
     }
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         (**self).span()
+    }
+    fn keeps_span_mapped(&self) -> bool {
+        (**self).keeps_span_mapped()
     }
     fn maintain(&self) {
         (**self).maintain()

@@ -144,6 +144,9 @@ unsafe impl PageSource for MallocSource {
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         self.0.span()
     }
+    fn keeps_span_mapped(&self) -> bool {
+        self.0.keeps_span_mapped()
+    }
     fn maintain(&self) {
         self.0.maintain();
         if let Some(l) = LARGE.get() {
@@ -376,6 +379,9 @@ fn init() {
 
 #[cold]
 fn init_once() {
+    // `free` reads the node header below a pointer of nta's span without a
+    // lock (`Nta::lookup_unlocked`): the page supply must keep it mapped.
+    debug_assert!(NTA.source().keeps_span_mapped());
     let o = Options::from_env();
     OPTS.set(o);
     let mut key: libc::pthread_key_t = 0;

@@ -1504,8 +1504,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     ///
     /// # Safety
     /// The node-aligned address below `addr` (`addr & !(node_size - 1)`) and
-    /// `addr + 16` must be readable (true for any address inside the range of
-    /// a source that keeps its whole range mapped, as kmem-pages does).
+    /// `addr + 16` must be readable: true for any address inside the
+    /// [`span`](PageSource::span) of a source whose
+    /// [`keeps_span_mapped`](PageSource::keeps_span_mapped) is true (every
+    /// kmem-pages source).
     #[inline(always)]
     pub unsafe fn lookup_unlocked(&self, addr: usize) -> Result<usize> {
         let g = &self.geo;

@@ -270,6 +270,10 @@ unsafe impl PageSource for GlobalPages {
         self.built()?.span()
     }
 
+    fn keeps_span_mapped(&self) -> bool {
+        true
+    }
+
     fn maintain(&self) {
         if let Some(p) = self.built() {
             p.maintain();

@@ -599,6 +599,11 @@ unsafe impl PageSource for FixedSource<'_> {
     fn span(&self) -> Option<(NonNull<u8>, usize)> {
         NonNull::new(self.runs.base as *mut u8).map(|b| (b, self.runs.pages))
     }
+
+    /// The caller's buffer stays borrowed for the source's life.
+    fn keeps_span_mapped(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(feature = "os")]
@@ -854,6 +859,11 @@ mod region_source {
 
         fn span(&self) -> Option<(NonNull<u8>, usize)> {
             NonNull::new(self.runs.base as *mut u8).map(|b| (b, self.runs.pages))
+        }
+
+        /// Freed pages are given back with `MADV_DONTNEED`, never unmapped.
+        fn keeps_span_mapped(&self) -> bool {
+            true
         }
 
         fn maintain(&self) {

@@ -84,6 +84,13 @@ unsafe impl PageSource for PageAllocator<'_> {
         Some((NonNull::new(self.base as *mut u8)?, self.p.npages))
     }
 
+    /// Frames are never unmapped: a region's free pages are given back with
+    /// `MADV_DONTNEED` (they read zero), a buffer or another source's runs
+    /// stay the allocator's until it is dropped.
+    fn keeps_span_mapped(&self) -> bool {
+        true
+    }
+
     fn maintain(&self) {
         PageAllocator::maintain(self)
     }

@@ -206,3 +206,40 @@ proptest! {
         }
     }
 }
+
+/// The contract's promises: every kmem-pages source keeps its span mapped
+/// (kmem-nta reads node headers there without a lock), and refuses a free
+/// of zero pages with `WrongSize`, changing nothing.
+#[test]
+fn every_source_keeps_its_span_mapped_and_refuses_a_zero_length_free() {
+    bind_simulated_cpu(0);
+    let a = grower(4 * GROW_PAGES, 1);
+    let mut buf = vec![0u8; 64 * 4096];
+    let fixed = kmem_pages::FixedSource::new(&mut buf, 4096).unwrap();
+    let region = kmem_pages::RegionSource::new(16 << 20).unwrap();
+    static GLOBAL: kmem_pages::GlobalPages = kmem_pages::GlobalPages::new(64 << 20);
+    let sources: [&dyn PageSource; 4] = [&a, &fixed, &region, &GLOBAL];
+    for (k, s) in sources.iter().enumerate() {
+        assert!(s.keeps_span_mapped(), "source {k}");
+        let p = s.alloc_pages(3, 1).unwrap();
+        let one = s.alloc_pages(1, 1).unwrap();
+        // SAFETY: live runs of this source; the zero-length frees must be
+        // refused, the real ones succeed once.
+        unsafe {
+            assert!(
+                matches!(s.free_pages(p, 0), Err(Error::WrongSize { given: 0, .. })),
+                "source {k}"
+            );
+            assert!(
+                matches!(s.free_pages(one, 0), Err(Error::WrongSize { given: 0, .. })),
+                "source {k}: one page"
+            );
+            s.free_pages(p, 3).unwrap();
+            s.free_pages(one, 1).unwrap();
+        }
+    }
+    a.check().unwrap();
+    fixed.check().unwrap();
+    region.check().unwrap();
+    GLOBAL.get().unwrap().check().unwrap();
+}
