@@ -1,28 +1,41 @@
 //! Suite `pages`: seed 004's page allocator against the single-lock
-//! allocator it replaced, on a page-fault-like workload.
+//! allocator it replaced, on a page-fault-like workload, and how each
+//! scales with threads.
 //!
 //! Each thread plays a stream of short-lived processes: it allocates a batch
 //! of pages, touches each one (a write, as a fault would), and frees them
 //! all; one page in four is freed by the next thread instead (a page freed on
-//! another CPU than the one that allocated it). Threads 1, 2, 4, 8 and 16 run
-//! on a simulated machine of 16 CPUs in 2 packages, spread over the CPUs as a
-//! scheduler would (thread t on CPU `t * 16 / threads`), because this machine
-//! has 2 cores: contention there comes from threads that share the 2 cores,
-//! and is counted by the same `kmem_core::Lock` in both allocators.
+//! another CPU than the one that allocated it), handed over through a
+//! mailbox of that pair of threads alone. A sample runs every thread for a
+//! fixed time and counts the pages: alloc+free operations per second.
 //!
-//! - `kmem`: kmem-pages, package mode (2 buckets), per-CPU caches of 7 pages per colour (NetBSD's MAXPGS).
-//! - `kmem_numa`: kmem-pages in NUMA mode on 16 CPUs in 2 NUMA nodes.
+//! Two placements, each at 1, 2, 4, 8 and 16 threads:
+//!
+//! - simulated: a machine of 16 CPUs in 2 packages (`Cpus::Simulated`),
+//!   thread t on CPU `t * 16 / threads`, as a scheduler would spread them;
+//!   on a machine with fewer cores, contention comes from threads that share
+//!   them and is counted by the same `kmem_core::Lock` in both allocators.
+//! - real: this machine's CPUs (`Cpus::Real`, topology from `/sys`), thread t
+//!   pinned to CPU t, thread counts up to the CPU count (and the CPU count
+//!   itself): the scaling curve a user sees.
+//!
+//! - `kmem`: kmem-pages, package mode, per-CPU caches of 7 pages per colour
+//!   (NetBSD's MAXPGS).
+//! - `kmem_numa`: kmem-pages in NUMA mode (simulated: 2 nodes).
 //! - `baseline`: the old UVM allocator (`baselines::uvm_old`): one lock over
 //!   freelist -> colour -> queue, global plus hoarding per-CPU lists.
 //!
-//! All three get the same number of pages per sample, interleaved round by
-//! round; medians are reported. Lock figures: kmem's bucket locks summed
-//! (its per-CPU cache locks are private to their simulated CPU and are
+//! All three run interleaved, round by round; medians are reported, with
+//! `scaling_vs_1_thread` (throughput at n threads over throughput at 1) and
+//! a chart of it beside the linear line. Lock figures: kmem's bucket locks
+//! summed (its per-CPU cache locks are private to their CPU and are
 //! reported apart), the baseline's one lock.
 
 use std::hint::black_box;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
+use std::time::Duration;
 
 use kmem_core::{bind_simulated_cpu, Cpus, PageSource, Topology};
 use kmem_pages::{Config, PageAllocator};
@@ -30,7 +43,8 @@ use kmem_pages::{Config, PageAllocator};
 use super::{Ctx, Suite};
 use crate::baselines::uvm_old::UvmOld;
 use crate::harness::{interleave, median, Contender, Rng};
-use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
+use crate::output::{fmt_num, fmt_ratio, Figure, SuiteOutput, Table};
+use crate::svg;
 
 /// See the module documentation.
 pub struct PagesSuite;
@@ -131,46 +145,66 @@ impl Pages for UvmOld {
 /// The workload's shape.
 #[derive(Clone, Copy, Debug)]
 struct Work {
-    /// Simulated CPUs.
-    cpus: usize,
     /// Pages each "process" allocates, touches and frees.
     batch: usize,
     /// One page in `cross` (chosen at random, so that remote pages do not
     /// alias with the colour rotation) is freed by another thread.
     cross: usize,
-    /// Pages allocated per sample, all threads together.
-    pages: usize,
-    /// Most pages waiting in a pool for a thread of the other parity, per
-    /// sending thread: past this the sender frees them itself (on 2 shared
-    /// cores the other threads may all be waiting for a core while one runs
-    /// many rounds; a CPU that is not running frees nothing).
+    /// How long a sample runs.
+    ms: u64,
+    /// Most pages waiting in a mailbox: past this the sender frees them
+    /// itself (with more threads than cores the receiver may be waiting for
+    /// a core while the sender runs many rounds; a CPU that is not running
+    /// frees nothing).
     pool_cap: usize,
 }
 
-/// Runs one sample: `threads` threads, `work.pages` pages in all.
+/// Where the threads of a sample run.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// Thread t acts as CPU `t * cpus / threads` of a simulated machine.
+    Simulated { cpus: usize },
+    /// Thread t is pinned to this machine's CPU `t % cpus`.
+    Real { cpus: usize },
+}
+
+impl Place {
+    fn enter(self, t: usize, threads: usize) {
+        match self {
+            Place::Simulated { cpus } => bind_simulated_cpu(t * cpus / threads),
+            Place::Real { cpus } => {
+                // A CPU the process may not use leaves the thread unpinned.
+                let _ = kmem_sys::cpu::pin_to_cpu(t % cpus);
+            }
+        }
+    }
+}
+
+/// Runs one sample: `threads` threads for `work.ms`.
 ///
-/// Remote frees go through two pools: threads of even index put their share
-/// into pool 0 and free what they find in pool 1, odd ones the other way
-/// round. On 2 shared cores a given partner thread is mostly not running;
-/// whichever thread of the other parity runs next frees the pages instead.
-fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
-    let rounds = (work.pages / threads / work.batch).max(1);
+/// Thread t hands its share of remote frees to thread t + 1 through a
+/// mailbox only those two take (no lock shared by all threads: the harness
+/// must not serialise what it measures), and frees what thread t - 1 left
+/// in its own.
+fn sample<P: Pages>(imp: &P, threads: usize, work: Work, place: Place) -> Sample {
     imp.reset();
-    let pools = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
+    let boxes: Vec<Mutex<Vec<usize>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
     let start = Barrier::new(threads + 1);
     let done = Barrier::new(threads);
-    let crossed = std::sync::atomic::AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (allocated, crossed) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let mut t0 = 0;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let (pools, start, done, crossed) = (&pools, &start, &done, &crossed);
+            let (boxes, start, done, stop) = (&boxes, &start, &done, &stop);
+            let (allocated, crossed) = (&allocated, &crossed);
             s.spawn(move || {
-                bind_simulated_cpu(t * work.cpus / threads);
-                let (mine, theirs) = (&pools[t % 2], &pools[(t + 1) % 2]);
+                place.enter(t, threads);
+                let (inbox, outbox) = (&boxes[t], &boxes[(t + 1) % threads]);
                 let mut held = Vec::with_capacity(work.batch);
                 let mut out = Vec::new();
                 let mut mail = Vec::new();
-                let mut freed_remote = 0;
+                let (mut pages, mut freed_remote) = (0, 0);
                 let mut rng = Rng::new(0x5eed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 let free_all = |mail: &mut Vec<usize>| {
                     for p in mail.drain(..) {
@@ -179,13 +213,15 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
                     }
                 };
                 start.wait();
-                for r in 0..rounds {
+                let mut r = 0u64;
+                while !stop.load(Ordering::Relaxed) {
                     for _ in 0..work.batch {
                         let p = imp.alloc();
                         // SAFETY: a live page of ours: the "fault" writes it.
-                        unsafe { p.as_ptr().cast::<u64>().write_volatile(r as u64) };
+                        unsafe { p.as_ptr().cast::<u64>().write_volatile(r) };
                         held.push(p);
                     }
+                    pages += work.batch;
                     for p in held.drain(..) {
                         if threads > 1 && rng.below(work.cross as u64) == 0 {
                             out.push(p.as_ptr() as usize);
@@ -195,32 +231,36 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work) -> Sample {
                         }
                     }
                     if !out.is_empty() {
-                        let mut pool = mine.lock().unwrap();
-                        if pool.len() < work.pool_cap * threads.div_ceil(2) {
-                            pool.append(&mut out);
+                        let mut b = outbox.lock().unwrap();
+                        if b.len() < work.pool_cap {
+                            b.append(&mut out);
                         }
-                        drop(pool);
+                        drop(b);
                         free_all(&mut out);
                     }
                     if threads > 1 {
-                        std::mem::swap(&mut mail, &mut *theirs.lock().unwrap());
+                        std::mem::swap(&mut mail, &mut *inbox.lock().unwrap());
                         freed_remote += mail.len();
                         free_all(&mut mail);
                     }
+                    r += 1;
                 }
                 done.wait();
-                std::mem::swap(&mut mail, &mut *theirs.lock().unwrap());
+                std::mem::swap(&mut mail, &mut *inbox.lock().unwrap());
                 freed_remote += mail.len();
                 free_all(&mut mail);
-                crossed.fetch_add(freed_remote, std::sync::atomic::Ordering::Relaxed);
+                allocated.fetch_add(pages, Ordering::Relaxed);
+                crossed.fetch_add(freed_remote, Ordering::Relaxed);
                 black_box(&held);
             });
         }
         start.wait();
         t0 = kmem_sys::clock::now_ns();
+        std::thread::sleep(Duration::from_millis(work.ms));
+        stop.store(true, Ordering::Relaxed);
     });
     let ns = kmem_sys::clock::now_ns().saturating_sub(t0).max(1);
-    let pages = rounds * threads * work.batch;
+    let pages = allocated.into_inner().max(1);
     let mut s = Sample {
         // One alloc and one free per page.
         ops_per_s: (2 * pages) as f64 / (ns as f64 / 1e9),
@@ -286,132 +326,275 @@ impl Suite for PagesSuite {
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
         let mut out = SuiteOutput::default();
         publish(&mut out);
-        let cpus = ctx.cpus.unwrap_or(16).clamp(2, 1024);
-        let threads: Vec<usize> = match ctx.threads {
-            Some(n) => vec![n.clamp(1, 1024)],
-            None => [1, 2, 4, 8, 16]
-                .into_iter()
-                .filter(|&n| n <= cpus.max(16))
-                .collect(),
-        };
         let work = Work {
-            cpus,
             batch: 128,
             cross: 4,
-            pages: ctx.scale.pick(16_384, 1 << 20, 8 << 20),
+            ms: ctx.scale.pick(20, 100, 300),
             pool_cap: 4 * 128,
         };
-        let rounds = ctx.scale.pick(1, 9, 15);
+        let rounds = ctx.scale.pick(1, 5, 9);
         // Room for every thread's batch, the pages in flight between threads
         // and the per-CPU caches, many times over.
         let bytes = ctx.scale.pick(64usize << 20, 128 << 20, 256 << 20);
+        let wanted = |max: usize| -> Vec<usize> {
+            let mut v: Vec<usize> = match ctx.threads {
+                Some(n) => vec![1, n.clamp(1, 1024)],
+                None => [1, 2, 4, 8, 16, max]
+                    .into_iter()
+                    .filter(|&n| n <= max)
+                    .collect(),
+            };
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        // Simulated: the seed's shape, 16 CPUs (or --cpus) in 2 packages.
+        let cpus = ctx.cpus.unwrap_or(16).clamp(2, 1024);
+        let sim_threads = wanted(cpus.max(16));
+        let real_cpus = kmem_sys::cpu::online_cpus().clamp(1, 1024);
+        let real_threads = wanted(real_cpus);
+        ctx.progress
+            .set_steps(2 + sim_threads.len() + real_threads.len());
+
         let packages = Topology::uniform(cpus, 2, 1).expect("2 packages of at least one CPU");
         let nodes = Topology::uniform(cpus, 2, 2).expect("2 nodes of at least one CPU");
-        let kmem =
-            PageAllocator::new(&packages, Cpus::Simulated, bytes).expect("reserve kmem's region");
-        let numa =
-            PageAllocator::with_config(&nodes, Cpus::Simulated, bytes, &Config::new().numa(true))
-                .expect("reserve kmem's NUMA region");
-        let old = UvmOld::new(&packages, Cpus::Simulated, bytes, kmem.colours(), &[])
-            .expect("reserve the baseline's region");
-        ctx.progress.set_steps(threads.len() + 1);
-        ctx.progress.step("warm-up (every frame touched once)");
-        // A kernel's frames are all backed; a region's are not until first
-        // touched, and a first touch costs a page fault. Touch every frame
-        // once so that no allocator is charged for faults in the samples.
-        for imp in [&kmem as &dyn PageSource, &numa, &old] {
-            touch_all(imp, cpus);
-        }
-        let warm = Work {
-            pages: work.pages.min(1 << 16),
-            ..work
-        };
-        for n in [cpus.min(16), 1] {
-            sample(&kmem, n, warm);
-            sample(&numa, n, warm);
-            sample(&old, n, warm);
-        }
-
-        let mut rows = Vec::new();
-        for &n in &threads {
-            ctx.progress.step(&format!("{n} threads"));
-            let (mut sk, mut sn, mut sb) = (Vec::new(), Vec::new(), Vec::new());
-            {
-                let mut cs = [
-                    Contender::new("kmem", || {
-                        let s = sample(&kmem, n, work);
-                        sk.push(s);
-                        s.ops_per_s
-                    }),
-                    Contender::new("kmem_numa", || {
-                        let s = sample(&numa, n, work);
-                        sn.push(s);
-                        s.ops_per_s
-                    }),
-                    Contender::new("baseline", || {
-                        let s = sample(&old, n, work);
-                        sb.push(s);
-                        s.ops_per_s
-                    }),
-                ];
-                interleave(rounds, &mut cs);
-            }
-            let (k, nu, b) = (med(&sk), med(&sn), med(&sb));
-            let case = format!("t{n}");
-            for (imp, s) in [("kmem", k), ("kmem_numa", nu), ("baseline", b)] {
-                out.measure(&case, imp, "ops_per_s", s.ops_per_s, "ops/s");
-                out.measure(&case, imp, "lock_acquisitions", s.acquisitions, "count");
-                out.measure(&case, imp, "lock_contended", s.contended, "count");
-                out.measure(&case, imp, "lock_wait_ms", s.wait_ms, "ms");
-                out.measure(
-                    &case,
-                    imp,
-                    "free_to_own_bucket_share",
-                    s.free_local,
-                    "ratio",
-                );
-                out.measure(
-                    &case,
-                    imp,
-                    "alloc_from_own_bucket_share",
-                    s.alloc_local,
-                    "ratio",
-                );
-                out.measure(&case, imp, "freed_by_other_thread_share", s.cross, "ratio");
-            }
-            for (imp, s) in [("kmem", k), ("kmem_numa", nu)] {
-                out.measure(&case, imp, "cache_hit_rate", s.cache_hit, "ratio");
-                out.measure(&case, imp, "stolen_share", s.stolen, "ratio");
-                out.measure(
-                    &case,
-                    imp,
-                    "percpu_lock_contended",
-                    s.cache_contended,
-                    "count",
-                );
-                out.measure(
-                    &case,
-                    imp,
-                    "speedup_vs_baseline",
-                    s.ops_per_s / b.ops_per_s,
-                    "x",
-                );
-                if b.contended > 0.0 {
-                    out.measure(
-                        &case,
-                        imp,
-                        "contended_share_of_baseline",
-                        s.contended / b.contended,
-                        "ratio",
-                    );
-                }
-            }
-            rows.push((n, k, nu, b));
-        }
-        tables(&mut out, &rows, work);
+        let sim = run_placement(
+            ctx,
+            &mut out,
+            "",
+            &sim_threads,
+            (&packages, &nodes, Cpus::Simulated),
+            Place::Simulated { cpus },
+            work,
+            rounds,
+            bytes,
+        );
+        let machine = Topology::from_system();
+        let real = run_placement(
+            ctx,
+            &mut out,
+            "real_",
+            &real_threads,
+            (&machine, &machine, Cpus::Real),
+            Place::Real { cpus: real_cpus },
+            work,
+            rounds,
+            bytes,
+        );
+        tables(&mut out, &sim, cpus, work);
+        scaling(
+            &mut out,
+            &sim,
+            &format!("{cpus} simulated CPUs in 2 packages"),
+            "",
+        );
+        scaling(
+            &mut out,
+            &real,
+            &format!("this machine's {real_cpus} CPUs, one thread pinned to each"),
+            "real_",
+        );
         ctx.progress.finish();
         out
     }
+}
+
+/// One row of results: threads, and the medians of kmem, kmem NUMA and the
+/// baseline.
+type Row = (usize, Sample, Sample, Sample);
+
+/// Builds the three allocators for one placement, warms them, and samples
+/// each thread count interleaved; records the measurements with cases
+/// `{prefix}t{n}`.
+#[allow(clippy::too_many_arguments)]
+fn run_placement(
+    ctx: &Ctx<'_>,
+    out: &mut SuiteOutput,
+    prefix: &str,
+    threads: &[usize],
+    (packages, nodes, cpus): (&Topology, &Topology, Cpus),
+    place: Place,
+    work: Work,
+    rounds: usize,
+    bytes: usize,
+) -> Vec<Row> {
+    let kmem = PageAllocator::new(packages, cpus, bytes).expect("reserve kmem's region");
+    let numa = PageAllocator::with_config(nodes, cpus, bytes, &Config::new().numa(true))
+        .expect("reserve kmem's NUMA region");
+    let old = UvmOld::new(packages, cpus, bytes, kmem.colours(), &[])
+        .expect("reserve the baseline's region");
+    ctx.progress.step(&format!(
+        "warm-up{} (every frame touched once)",
+        if prefix.is_empty() { "" } else { ", real CPUs" }
+    ));
+    // A kernel's frames are all backed; a region's are not until first
+    // touched, and a first touch costs a page fault. Touch every frame once
+    // so that no allocator is charged for faults in the samples.
+    for imp in [&kmem as &dyn PageSource, &numa, &old] {
+        touch_all(imp, packages.cpus());
+    }
+    let warm = Work {
+        ms: work.ms.min(20),
+        ..work
+    };
+    for &n in [threads.last().copied().unwrap_or(1), 1].iter() {
+        sample(&kmem, n, warm, place);
+        sample(&numa, n, warm, place);
+        sample(&old, n, warm, place);
+    }
+    let mut rows = Vec::new();
+    for &n in threads {
+        ctx.progress.step(&format!(
+            "{n} threads{}",
+            if prefix.is_empty() { "" } else { ", real CPUs" }
+        ));
+        let (mut sk, mut sn, mut sb) = (Vec::new(), Vec::new(), Vec::new());
+        {
+            let mut cs = [
+                Contender::new("kmem", || {
+                    let s = sample(&kmem, n, work, place);
+                    sk.push(s);
+                    s.ops_per_s
+                }),
+                Contender::new("kmem_numa", || {
+                    let s = sample(&numa, n, work, place);
+                    sn.push(s);
+                    s.ops_per_s
+                }),
+                Contender::new("baseline", || {
+                    let s = sample(&old, n, work, place);
+                    sb.push(s);
+                    s.ops_per_s
+                }),
+            ];
+            interleave(rounds, &mut cs);
+        }
+        let (k, nu, b) = (med(&sk), med(&sn), med(&sb));
+        let case = format!("{prefix}t{n}");
+        for (imp, s) in [("kmem", k), ("kmem_numa", nu), ("baseline", b)] {
+            out.measure(&case, imp, "ops_per_s", s.ops_per_s, "ops/s");
+            out.measure(&case, imp, "lock_acquisitions", s.acquisitions, "count");
+            out.measure(&case, imp, "lock_contended", s.contended, "count");
+            out.measure(&case, imp, "lock_wait_ms", s.wait_ms, "ms");
+            out.measure(
+                &case,
+                imp,
+                "free_to_own_bucket_share",
+                s.free_local,
+                "ratio",
+            );
+            out.measure(
+                &case,
+                imp,
+                "alloc_from_own_bucket_share",
+                s.alloc_local,
+                "ratio",
+            );
+            out.measure(&case, imp, "freed_by_other_thread_share", s.cross, "ratio");
+        }
+        for (imp, s) in [("kmem", k), ("kmem_numa", nu)] {
+            out.measure(&case, imp, "cache_hit_rate", s.cache_hit, "ratio");
+            out.measure(&case, imp, "stolen_share", s.stolen, "ratio");
+            out.measure(
+                &case,
+                imp,
+                "percpu_lock_contended",
+                s.cache_contended,
+                "count",
+            );
+            out.measure(
+                &case,
+                imp,
+                "speedup_vs_baseline",
+                s.ops_per_s / b.ops_per_s,
+                "x",
+            );
+            if b.contended > 0.0 {
+                out.measure(
+                    &case,
+                    imp,
+                    "contended_share_of_baseline",
+                    s.contended / b.contended,
+                    "ratio",
+                );
+            }
+        }
+        rows.push((n, k, nu, b));
+    }
+    // Throughput at n threads over throughput at 1.
+    if let Some(&(1, k1, n1, b1)) = rows.first() {
+        for &(n, k, nu, b) in &rows {
+            let case = format!("{prefix}t{n}");
+            for (imp, s, one) in [("kmem", k, k1), ("kmem_numa", nu, n1), ("baseline", b, b1)] {
+                out.measure(
+                    &case,
+                    imp,
+                    "scaling_vs_1_thread",
+                    s.ops_per_s / one.ops_per_s,
+                    "x",
+                );
+            }
+        }
+    }
+    rows
+}
+
+/// The scaling table and its chart, beside the linear line.
+fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: &str) {
+    let Some(&(1, k1, n1, b1)) = rows.first() else {
+        return;
+    };
+    let mut t = Table::new(
+        format!(
+            "Scaling on {place}: alloc+free ops/s, and over 1 thread (linear = the thread count)"
+        ),
+        &[
+            "threads",
+            "kmem",
+            "kmem x",
+            "kmem NUMA",
+            "NUMA x",
+            "baseline",
+            "baseline x",
+        ],
+    );
+    let mut series: [(String, Vec<(f64, f64)>); 4] = [
+        ("kmem".into(), Vec::new()),
+        ("kmem NUMA".into(), Vec::new()),
+        ("baseline (uvm_old)".into(), Vec::new()),
+        ("linear".into(), Vec::new()),
+    ];
+    for &(n, k, nu, b) in rows {
+        let x = [
+            k.ops_per_s / k1.ops_per_s,
+            nu.ops_per_s / n1.ops_per_s,
+            b.ops_per_s / b1.ops_per_s,
+        ];
+        t.row(vec![
+            n.to_string(),
+            fmt_num(k.ops_per_s),
+            fmt_ratio(x[0]),
+            fmt_num(nu.ops_per_s),
+            fmt_ratio(x[1]),
+            fmt_num(b.ops_per_s),
+            fmt_ratio(x[2]),
+        ]);
+        for (i, v) in x.into_iter().chain([n as f64]).enumerate() {
+            series[i].1.push((n as f64, v));
+        }
+    }
+    out.tables.push(t);
+    out.figures.push(Figure::Svg {
+        title: format!("Page churn: throughput over 1 thread on {place} ({prefix}t*)"),
+        svg: svg::line_chart(
+            &format!("Scaling with threads, {place}"),
+            "threads",
+            "throughput / 1 thread",
+            &series,
+            true,
+            true,
+        ),
+    });
 }
 
 /// The seed's own figures.
@@ -499,11 +682,11 @@ fn publish(out: &mut SuiteOutput) {
     );
 }
 
-fn tables(out: &mut SuiteOutput, rows: &[(usize, Sample, Sample, Sample)], work: Work) {
+fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Work) {
     let mut t = Table::new(
         format!(
-            "Page churn on {} simulated CPUs in 2 packages: batches of {} pages, 1 in {} freed by another thread (alloc+free ops/s, median)",
-            work.cpus, work.batch, work.cross
+            "Page churn on {} simulated CPUs in 2 packages: batches of {} pages, 1 in {} freed by another thread, {} ms a sample (alloc+free ops/s, median)",
+            cpus, work.batch, work.cross, work.ms
         ),
         &["threads", "kmem", "kmem NUMA", "baseline (uvm_old)", "kmem / baseline", "NUMA / baseline", "freed by another thread (kmem, baseline)"],
     );
@@ -521,7 +704,7 @@ fn tables(out: &mut SuiteOutput, rows: &[(usize, Sample, Sample, Sample)], work:
     out.tables.push(t);
 
     let mut t = Table::new(
-        "Lock contention per sample (kmem: its bucket locks summed; baseline: the one global lock)",
+        "Lock contention per sample, simulated CPUs (kmem: its bucket locks summed; baseline: the one global lock)",
         &[
             "threads",
             "baseline acquired",
@@ -632,11 +815,12 @@ fn tables(out: &mut SuiteOutput, rows: &[(usize, Sample, Sample, Sample)], work:
          here the throughput ratio kmem / baseline plays that part, for the allocator alone"
             .into(),
     );
-    out.notes.push(
-        "the machine has 2 cores: 16 threads act as 16 CPUs by Cpus::Simulated, and contention arises when the 2 running \
-         threads meet on a lock or a lock holder is preempted; the seed's numbers come from 48 hardware threads"
-            .into(),
-    );
+    out.notes.push(format!(
+        "simulated rows (t*): {cpus} threads act as {cpus} CPUs by Cpus::Simulated on this machine's {} CPUs, so \
+         contention arises when the running threads meet on a lock or a lock holder is preempted; real rows \
+         (real_t*): one thread pinned to each CPU; the seed's numbers come from 48 hardware threads",
+        kmem_sys::cpu::online_cpus()
+    ));
     out.notes.push(
         "kmem frees every page into the freeing CPU's bucket in package mode (100% by design); NUMA mode sends pages back to \
          their home node, so a page freed on the other node counts as not freed home. The baseline puts every freed page on \
@@ -676,17 +860,34 @@ mod tests {
                 );
                 assert!(out.value(&case, imp, "lock_contended").is_some());
             }
-            // The old allocator takes its lock for every alloc and free.
+            // The old allocator takes its lock for every alloc and free:
+            // at least a batch of 128 pages, allocated and freed, a sample.
             let b = out.value(&case, "baseline", "lock_acquisitions").unwrap();
             let k = out.value(&case, "kmem", "lock_acquisitions").unwrap();
-            assert!(b >= 16_384.0 * 2.0 * 0.9, "{case}: {b}");
+            assert!(b >= 256.0, "{case}: {b}");
             assert!(k < b, "{case}: the per-CPU cache batches bucket locking");
+            let x = out.value(&case, "kmem", "scaling_vs_1_thread").unwrap();
+            assert!(x > 0.0 && (n > 1 || x == 1.0), "{case}: {x}");
             assert_eq!(
                 out.value(&case, "kmem", "free_to_own_bucket_share"),
                 Some(1.0)
             );
         }
+        // Real CPUs: at least 1 thread, and the machine's CPU count.
+        let cpus = kmem_sys::cpu::online_cpus();
+        for n in [1, cpus] {
+            let case = format!("real_t{n}");
+            for imp in ["kmem", "kmem_numa", "baseline"] {
+                assert!(
+                    out.value(&case, imp, "ops_per_s").unwrap() > 0.0,
+                    "{case} {imp}"
+                );
+                assert!(out.value(&case, imp, "scaling_vs_1_thread").is_some());
+            }
+        }
         assert!(out.published.len() >= 4);
-        assert_eq!(out.tables.len(), 4);
+        // The seed's four tables, and a scaling table per placement.
+        assert_eq!(out.tables.len(), 6);
+        assert_eq!(out.figures.len(), 2);
     }
 }
