@@ -20,8 +20,17 @@
 //!                            pages: state | bucket | zero flag, list links
 //! ```
 //!
+//! It is the page supply of the whole workspace: [`GlobalPages`] (feature
+//! `os`) is one allocator over address space reserved on first use, under
+//! kmem-nta's global allocator and kmem-malloc; a kernel builds one over its
+//! boot memory map ([`PageAllocator::from_buffer`]). Frames can join on
+//! demand ([`Config::grow_on_demand`]), and an allocator over reserved space
+//! gives free pages back to the OS under kmem's return policy
+//! ([`PageAllocator::maintain`]). [`FixedSource`] and [`RegionSource`] are
+//! two simple bitmap run sources for callers who want no per-CPU state.
+//!
 //! Frames are the pages of one region: address space reserved through
-//! kmem-sys with `std` ([`PageAllocator::new`]), or a caller's buffer
+//! kmem-sys with `os` ([`PageAllocator::new`]), or a caller's buffer
 //! ([`PageAllocator::from_buffer`]) or another [`PageSource`]
 //! ([`PageAllocator::from_source`]) in `no_std`. The metadata (frame records,
 //! a listed bitmap per bucket, colour lists, per-CPU records and slots) comes from the same
