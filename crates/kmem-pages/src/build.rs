@@ -13,179 +13,13 @@ use kmem_core::{
     CachePadded, Counter, Cpus, Error, Lock, PageSource, Result, ReturnPolicy, Topology,
 };
 
-use crate::alloc::{BucketState, PageAllocator, PerCpu, MAX_FRAMES};
-use crate::cache::CpuCache;
-use crate::config::{CacheMode, Config, Order, Strategy};
+use crate::config::{Config, Order, Strategy};
 use crate::frame::*;
-use crate::{MAX_BUCKETS, MAX_FREELISTS};
-
-/// Longest per-CPU slot (pages of one colour).
-const MAX_DEPTH: usize = 64;
-
-/// Where the frames and the metadata came from, and what gives them back.
-pub(crate) enum Backing<'a> {
-    #[cfg(feature = "os")]
-    Regions {
-        _frames: kmem_sys::Region,
-        _meta: kmem_sys::Region,
-    },
-    Source {
-        src: &'a dyn PageSource,
-        frames: NonNull<u8>,
-        pages: usize,
-        meta: NonNull<u8>,
-        meta_pages: usize,
-    },
-    Buffer(PhantomData<&'a mut [u8]>),
-}
-
-/// Everything that construction derives from the configuration.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Params {
-    pub(crate) page_size: usize,
-    pub(crate) npages: usize,
-    pub(crate) ncolours: usize,
-    pub(crate) nfl: usize,
-    pub(crate) limits: [usize; MAX_FREELISTS - 1],
-    pub(crate) nlimits: usize,
-    pub(crate) nb: usize,
-    pub(crate) numa: bool,
-    pub(crate) ncpus: usize,
-    pub(crate) cache_on: bool,
-    pub(crate) depth: usize,
-    pub(crate) fill_target: usize,
-    pub(crate) zeroed: bool,
-    /// Frames join as needed (see `Config::grow_on_demand`).
-    pub(crate) grow: bool,
-}
-
-/// Offsets of the parts of the metadata area.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Layout {
-    frames: usize,
-    listed: usize,
-    lists: usize,
-    pcpu: usize,
-    slots: usize,
-    slots_per_cpu: usize,
-    pub(crate) total: usize,
-}
-
-/// Alignment the metadata area needs (per-CPU records are cache padded).
-pub(crate) const META_ALIGN: usize = 128;
-
-impl Params {
-    pub(crate) fn new(
-        npages: usize,
-        page_size: usize,
-        topo: &Topology,
-        config: &Config,
-        default_zeroed: bool,
-        default_grow: bool,
-    ) -> Result<Params> {
-        if !page_size.is_power_of_two() || page_size < 64 {
-            return Err(Error::BadConfig(
-                "page size must be a power of two of at least 64 bytes",
-            ));
-        }
-        if npages == 0 {
-            return Err(Error::BadConfig("no room for a single page frame"));
-        }
-        if npages > MAX_FRAMES {
-            return Err(Error::TooLarge {
-                size: npages as u64,
-                max: MAX_FRAMES as u64,
-            });
-        }
-        let ncolours = config.colour_count(page_size)?;
-        let l = config.freelist_limits(npages)?;
-        let mut limits = [0; MAX_FREELISTS - 1];
-        limits[..l.len()].copy_from_slice(l);
-        let nb = if config.numa {
-            if topo.nodes() > MAX_BUCKETS {
-                return Err(Error::BadConfig("NUMA mode serves at most 8 nodes"));
-            }
-            topo.nodes()
-        } else {
-            fold_packages(topo.packages()).0
-        };
-        let ncpus = topo.cpus();
-        let cache_on = match config.cache {
-            CacheMode::Auto => ncpus > nb,
-            CacheMode::On => true,
-            CacheMode::Off => false,
-        };
-        let budget = match config.cache_bytes {
-            Some(bytes) => (bytes / page_size).max(2),
-            None => crate::config::CACHE_PAGES_PER_COLOUR * ncolours,
-        };
-        let depth = budget.div_ceil(ncolours).clamp(2, MAX_DEPTH);
-        Ok(Params {
-            page_size,
-            npages,
-            ncolours,
-            nfl: l.len() + 1,
-            limits,
-            nlimits: l.len(),
-            nb,
-            numa: config.numa,
-            ncpus,
-            cache_on,
-            depth,
-            fill_target: (budget / 2).max(1),
-            zeroed: config.zeroed.unwrap_or(default_zeroed),
-            grow: {
-                let g = config.grow.unwrap_or(default_grow);
-                if g && !l.is_empty() {
-                    return Err(Error::BadConfig(
-                        "an allocator that grows on demand has one freelist",
-                    ));
-                }
-                g
-            },
-        })
-    }
-
-    pub(crate) fn layout(&self) -> Layout {
-        let up = |x: usize, a: usize| x.next_multiple_of(a);
-        let frames = 0;
-        let listed = up(frames + self.npages * core::mem::size_of::<Frame>(), 8);
-        let lists = up(listed + self.nb * self.npages.div_ceil(64) * 8, 16);
-        let pcpu = up(
-            lists + self.nb * self.nfl * self.ncolours * core::mem::size_of::<ColourList>(),
-            META_ALIGN,
-        );
-        let slots = up(
-            pcpu + self.ncpus * core::mem::size_of::<CachePadded<PerCpu>>(),
-            META_ALIGN,
-        );
-        let slots_per_cpu = if self.cache_on {
-            up(self.nfl * self.ncolours * (self.depth + 1) * 4, META_ALIGN)
-        } else {
-            0
-        };
-        Layout {
-            frames,
-            listed,
-            lists,
-            pcpu,
-            slots,
-            slots_per_cpu,
-            total: slots + self.ncpus * slots_per_cpu,
-        }
-    }
-}
-
-/// NetBSD's rule for more packages than buckets: halve until at most 8, and
-/// give each bucket `1 << shift` consecutive packages. Returns (buckets, shift).
-fn fold_packages(packages: usize) -> (usize, u32) {
-    let (mut n, mut shift) = (packages.max(1), 0);
-    while n > MAX_BUCKETS {
-        n = n.div_ceil(2);
-        shift += 1;
-    }
-    (n, shift)
-}
+use crate::state::{
+    fold_packages, Backing, BucketState, CpuCache, PageAllocator, Params, PerCpu, MAX_FRAMES,
+    META_ALIGN,
+};
+use crate::MAX_FREELISTS;
 
 #[cfg(feature = "os")]
 impl PageAllocator<'static> {
@@ -468,7 +302,7 @@ impl<'a> PageAllocator<'a> {
             control: Lock::new(0),
             run_hint: core::array::from_fn(|_| AtomicUsize::new(0)),
             grown: AtomicUsize::new(initial),
-            release: Lock::new(crate::release::Release::new()),
+            release: Lock::new(crate::state::Release::new()),
             freed_since: AtomicUsize::new(0),
             limit_floor: AtomicUsize::new(ReturnPolicy::DEFAULT.limit(0)),
             backing,

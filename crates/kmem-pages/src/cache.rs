@@ -2,42 +2,12 @@
 //! freelist and colour, filled from and spilled to the CPU's bucket in
 //! batches under one bucket lock, paused and resumed at run time.
 
-use core::ptr::NonNull;
-
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::Result;
 
-use crate::alloc::{clear_bit, set_bit, BucketState, PageAllocator, PerCpu};
 use crate::frame::*;
+use crate::state::{clear_bit, set_bit, BucketState, CpuCache, PageAllocator, PerCpu, SLOT_ZERO};
 use kmem_core::Error;
-
-/// A slot entry's flag bit: the page is known zero.
-pub(crate) const SLOT_ZERO: u32 = 1 << 31;
-
-/// One CPU's cache: `nfl * ncolours` slots of `depth` frame indexes each.
-pub(crate) struct CpuCache {
-    pub(crate) enabled: bool,
-    /// Slots in metadata memory: per slot a count, then `depth` entries.
-    pub(crate) slots: NonNull<u32>,
-}
-
-// SAFETY: `slots` points at this CPU's own slots; only the holder of the
-// CPU's cache lock touches them.
-unsafe impl Send for CpuCache {}
-
-impl CpuCache {
-    /// Slot `(fl, c)` as `[count, entries...]` of `depth + 1` words.
-    ///
-    /// CONTEXT: the CPU's cache lock.
-    #[inline(always)]
-    pub(crate) fn slot(&mut self, idx: usize, depth: usize) -> &mut [u32] {
-        // SAFETY: idx < nfl * ncolours, so the slot lies inside this CPU's
-        // slot area; exclusive through the lock guard.
-        unsafe {
-            core::slice::from_raw_parts_mut(self.slots.as_ptr().add(idx * (depth + 1)), depth + 1)
-        }
-    }
-}
 
 impl PageAllocator<'_> {
     /// Pops a page of colour `c` of freelist `fl` from the CPU's cache,

@@ -124,9 +124,9 @@ mod release;
 mod run;
 mod runs;
 mod source;
+mod state;
 mod stats;
 
-pub use alloc::PageAllocator;
 pub use config::{CacheMode, Config, Flags, Strategy, CACHE_PAGES_PER_COLOUR};
 pub use frame::{FrameInfo, FrameState};
 #[cfg(feature = "os")]
@@ -135,6 +135,7 @@ pub use kmem_core::PageSource;
 pub use runs::FixedSource;
 #[cfg(feature = "os")]
 pub use runs::RegionSource;
+pub use state::PageAllocator;
 pub use stats::Stats;
 
 /// Most buckets (NetBSD's `PGFL_MAX_BUCKETS`).

@@ -26,30 +26,14 @@
 use kmem_core::sync::Ordering::Relaxed;
 #[cfg(feature = "os")]
 use kmem_core::Due;
-use kmem_core::{Decay, LockGuard, ReturnPolicy};
+use kmem_core::{LockGuard, ReturnPolicy};
 
-use crate::alloc::{BucketState, PageAllocator};
 #[cfg(feature = "os")]
 use crate::frame::*;
+#[cfg(feature = "os")]
+use crate::state::Release;
+use crate::state::{BucketState, PageAllocator};
 use crate::MAX_BUCKETS;
-
-/// What the release lock guards.
-pub(crate) struct Release {
-    pub(crate) decay: Decay,
-    /// Purges so far, and frames they gave back.
-    pub(crate) purges: u64,
-    pub(crate) purged: u64,
-}
-
-impl Release {
-    pub(crate) const fn new() -> Release {
-        Release {
-            decay: Decay::new(ReturnPolicy::DEFAULT),
-            purges: 0,
-            purged: 0,
-        }
-    }
-}
 
 type Guards<'a> = [Option<LockGuard<'a, BucketState>>; MAX_BUCKETS];
 
@@ -139,7 +123,7 @@ impl PageAllocator<'_> {
     #[inline]
     fn releases(&self) -> bool {
         #[cfg(feature = "os")]
-        return matches!(self.backing, crate::build::Backing::Regions { .. });
+        return matches!(self.backing, crate::state::Backing::Regions { .. });
         #[cfg(not(feature = "os"))]
         false
     }
@@ -147,7 +131,7 @@ impl PageAllocator<'_> {
     /// CONTEXT: the release lock (`r`).
     #[cfg(feature = "os")]
     fn apply(&self, r: &mut Release, now: u64, everything: bool) {
-        let crate::build::Backing::Regions {
+        let crate::state::Backing::Regions {
             _frames: region, ..
         } = &self.backing
         else {

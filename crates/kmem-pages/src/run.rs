@@ -13,9 +13,9 @@ use core::ptr::NonNull;
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::{Error, Result};
 
-use crate::alloc::PageAllocator;
 use crate::config::{Flags, Order, Strategy};
 use crate::frame::*;
+use crate::state::PageAllocator;
 
 impl PageAllocator<'_> {
     /// Allocates `pages` physically contiguous frames whose address is

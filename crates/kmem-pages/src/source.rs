@@ -16,8 +16,8 @@ use core::ptr::NonNull;
 
 use kmem_core::{PageSource, Result};
 
-use crate::alloc::PageAllocator;
 use crate::config::{Flags, Strategy};
+use crate::state::PageAllocator;
 
 // SAFETY: every page handed out is a frame of the region this allocator owns,
 // `page_size` bytes long, readable and writable; a frame is handed out only

@@ -5,9 +5,9 @@ use core::fmt;
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::LockStats;
 
-use crate::alloc::PageAllocator;
-use crate::cache::SLOT_ZERO;
 use crate::frame::*;
+use crate::state::PageAllocator;
+use crate::state::SLOT_ZERO;
 use crate::{MAX_BUCKETS, MAX_FREELISTS};
 
 /// A snapshot of an allocator's counters (each exact; together a moment
