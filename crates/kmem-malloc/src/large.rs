@@ -139,6 +139,31 @@ impl Segment {
         Bitmap::new(w, self.pages)
     }
 
+    /// Calls `f(self, first, len)` for each free block as a page range cut
+    /// at `top`, highest first, until it returns false. The blocks are
+    /// gathered a few at a time: `f` may write the maps while the arena is
+    /// borrowed for reading only between gatherings.
+    fn each_free_block_down(
+        &mut self,
+        ps: usize,
+        mut f: impl FnMut(&mut Segment, usize, usize) -> bool,
+    ) {
+        let mut below = u64::MAX;
+        let mut blocks = [(0usize, 0usize); 16];
+        loop {
+            let nb = self.blocks_below(below, ps, &mut blocks);
+            if nb == 0 {
+                return;
+            }
+            below = (blocks[nb - 1].0 * ps + self.base()) as u64;
+            for &(first, len) in &blocks[..nb] {
+                if !f(self, first, len) {
+                    return;
+                }
+            }
+        }
+    }
+
     /// The free blocks as page ranges cut at `top` (nothing above is
     /// dirty: the untouched rest of the segment is never scanned), highest
     /// first, starting below `below` (an address), at most `out.len()` of
@@ -436,22 +461,14 @@ impl Large {
     fn age(s: &mut State, ps: usize) {
         let n = s.n;
         for g in s.segs[..n].iter_mut().flatten() {
-            let mut below = u64::MAX;
-            let mut blocks = [(0usize, 0usize); 16];
-            loop {
-                let nb = g.blocks_below(below, ps, &mut blocks);
-                if nb == 0 {
-                    break;
+            g.each_free_block_down(ps, |g, first, len| {
+                let mut at = first;
+                while let Some((d, dl)) = g.view(Map::Dirty).next_set_run(at, first + len) {
+                    g.map(Map::Old).set_range(d, dl);
+                    at = d + dl;
                 }
-                below = (blocks[nb - 1].0 * ps + g.base()) as u64;
-                for &(first, len) in &blocks[..nb] {
-                    let mut at = first;
-                    while let Some((d, dl)) = g.view(Map::Dirty).next_set_run(at, first + len) {
-                        g.map(Map::Old).set_range(d, dl);
-                        at = d + dl;
-                    }
-                }
-            }
+                true
+            });
         }
     }
 
@@ -465,43 +482,35 @@ impl Large {
         let ps = self.page;
         let mut left = s.dirty_pages - keep;
         let mut done = 0;
-        'segments: for g in s.segs[..s.n].iter_mut().rev().flatten() {
-            // The free blocks, highest first, gathered a few at a time: the
-            // maps are written while the arena is borrowed for reading.
-            let mut below = u64::MAX;
-            let mut blocks = [(0usize, 0usize); 16];
-            loop {
-                let nb = g.blocks_below(below, ps, &mut blocks);
-                if nb == 0 {
-                    break;
-                }
-                below = (blocks[nb - 1].0 * ps + g.base()) as u64;
-                for &(first, n) in &blocks[..nb] {
-                    let mut end = first + n;
-                    loop {
-                        let map = g.view(which);
-                        let Some(last) = map.find_prev_bit_from(first, end) else {
-                            break;
-                        };
-                        let lo = map
-                            .find_prev_zero_bit_from(first, last)
-                            .map_or(first, |z| z + 1);
-                        let len = (last + 1 - lo).min(left);
-                        let at = last + 1 - len;
-                        // A failed madvise leaves the pages backed and dirty.
-                        if g.region.purge(at * ps, len * ps).is_err() {
-                            break 'segments;
-                        }
-                        g.map(Map::Dirty).clear_range(at, len);
-                        g.map(Map::Old).clear_range(at, len);
-                        left -= len;
-                        done += len;
-                        if left == 0 {
-                            break 'segments;
-                        }
-                        end = at;
+        for g in s.segs[..s.n].iter_mut().rev().flatten() {
+            let mut refused = false;
+            g.each_free_block_down(ps, |g, first, n| {
+                let mut end = first + n;
+                while left > 0 {
+                    let map = g.view(which);
+                    let Some(last) = map.find_prev_bit_from(first, end) else {
+                        break;
+                    };
+                    let lo = map
+                        .find_prev_zero_bit_from(first, last)
+                        .map_or(first, |z| z + 1);
+                    let len = (last + 1 - lo).min(left);
+                    let at = last + 1 - len;
+                    // A failed madvise leaves the pages backed and dirty.
+                    if g.region.purge(at * ps, len * ps).is_err() {
+                        refused = true;
+                        break;
                     }
+                    g.map(Map::Dirty).clear_range(at, len);
+                    g.map(Map::Old).clear_range(at, len);
+                    left -= len;
+                    done += len;
+                    end = at;
                 }
+                left > 0 && !refused
+            });
+            if left == 0 || refused {
+                break;
             }
         }
         s.dirty_pages -= done;

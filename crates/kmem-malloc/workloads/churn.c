@@ -25,19 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  long a = 0, b = 0;
-  if (!f || fscanf(f, "%ld %ld", &a, &b) != 2) die("statm");
-  fclose(f);
-  return b * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 typedef struct {
   size_t lo, hi, live;

@@ -64,4 +64,23 @@ static inline uint64_t mix(uint64_t h, uint64_t v) {
   return h;
 }
 
+
+/* Resident memory of this process, KiB (from /proc/self/statm). */
+#include <time.h>
+#include <unistd.h>
+static inline long rss_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long a = 0, b = 0;
+  if (!f || fscanf(f, "%ld %ld", &a, &b) != 2) die("statm");
+  fclose(f);
+  return b * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* Monotonic milliseconds. */
+static inline double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 #endif
