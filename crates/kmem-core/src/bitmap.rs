@@ -8,14 +8,109 @@
 //!
 //! Every search (`find_next_bit`, `find_next_zero_bit`, `find_prev_*`,
 //! `find_next_zero_area`, `next_zero_run`) looks at 64 bits per step with
-//! `trailing_zeros`/`leading_zeros`, never bit by bit. The storage is anything
-//! that derefs to `[u64]`: a `&mut [u64]` carved from allocator metadata, an
-//! array, or a `Vec` in tests, so the same code serves `no_std`.
+//! `trailing_zeros`/`leading_zeros`, never bit by bit. The storage is any
+//! [`Words`]: plain words (anything that derefs to `[u64]`: a `&mut [u64]`
+//! carved from allocator metadata, an array, or a `Vec` in tests), or
+//! [`AtomicWords`], words read and written as relaxed atomics, for maps that
+//! a thread reads without the lock their writers hold (kmem-nta's node maps,
+//! kmem-pages' listed maps): one bitmap type for every kmem allocator.
 //!
 //! Indexes past `len` are a caller bug and panic in the mutating calls (an
 //! allocator must never reach them); searches simply return `None`.
 
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 const BITS: usize = 64;
+
+/// The storage of a [`Bitmap`]: a number of 64-bit words, read one at a time.
+pub trait Words {
+    /// How many words there are.
+    fn count(&self) -> usize;
+    /// Word `i` (`i < count()`).
+    fn get(&self, i: usize) -> u64;
+}
+
+/// Storage whose words can be written.
+pub trait WordsMut: Words {
+    /// Writes word `i` (`i < count()`).
+    fn put(&mut self, i: usize, v: u64);
+    /// Word `i` becomes `f(word i)` (one index check where the storage
+    /// allows).
+    #[inline(always)]
+    fn modify(&mut self, i: usize, f: impl FnOnce(u64) -> u64) {
+        let v = self.get(i);
+        self.put(i, f(v));
+    }
+}
+
+impl<S: AsRef<[u64]>> Words for S {
+    #[inline(always)]
+    fn count(&self) -> usize {
+        self.as_ref().len()
+    }
+    #[inline(always)]
+    fn get(&self, i: usize) -> u64 {
+        self.as_ref()[i]
+    }
+}
+
+impl<S: AsRef<[u64]> + AsMut<[u64]>> WordsMut for S {
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: u64) {
+        self.as_mut()[i] = v;
+    }
+    #[inline(always)]
+    fn modify(&mut self, i: usize, f: impl FnOnce(u64) -> u64) {
+        let w = &mut self.as_mut()[i];
+        *w = f(*w);
+    }
+}
+
+/// Words read and written as relaxed atomics: a plain `mov` on x86-64 and
+/// AArch64, never a locked instruction. Writers must still be serialised (by
+/// a lock the map belongs to): a read-modify-write of one bit is a load and a
+/// store. What the atomics buy is a reader without that lock, which sees
+/// whole words and is no data race.
+#[derive(Clone, Copy, Debug)]
+pub struct AtomicWords<'a>(pub &'a [AtomicU64]);
+
+impl AtomicWords<'_> {
+    /// `count` words at `ptr`, as atomics.
+    ///
+    /// # Safety
+    /// `ptr` must address `count` `u64`s, 8-aligned, that live for `'a` and
+    /// are only ever accessed as atomics (or by one thread at a time) while
+    /// this view lives.
+    #[inline(always)]
+    pub unsafe fn from_raw<'a>(ptr: *const u64, count: usize) -> AtomicWords<'a> {
+        // SAFETY: forwarded contract; AtomicU64 has the size and alignment
+        // of u64.
+        AtomicWords(unsafe { core::slice::from_raw_parts(ptr.cast::<AtomicU64>(), count) })
+    }
+}
+
+impl Words for AtomicWords<'_> {
+    #[inline(always)]
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+    #[inline(always)]
+    fn get(&self, i: usize) -> u64 {
+        self.0[i].load(Relaxed)
+    }
+}
+
+impl WordsMut for AtomicWords<'_> {
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: u64) {
+        self.0[i].store(v, Relaxed)
+    }
+    #[inline(always)]
+    fn modify(&mut self, i: usize, f: impl FnOnce(u64) -> u64) {
+        let w = &self.0[i];
+        w.store(f(w.load(Relaxed)), Relaxed);
+    }
+}
 
 #[inline(always)]
 const fn word(i: usize) -> usize {
@@ -76,29 +171,38 @@ impl<S> Bitmap<S> {
 }
 
 impl<S: AsRef<[u64]>> Bitmap<S> {
+    /// The words, least significant bit first.
+    #[inline]
+    pub fn words(&self) -> &[u64] {
+        &self.words.as_ref()[..Self::words_for(self.len)]
+    }
+}
+
+impl<S: Words> Bitmap<S> {
     /// Wraps `words` as a bitmap of `len` bits. The caller's words are taken as
     /// they are (clear them first for an empty map); bits past `len` in the
     /// last word must be zero.
     ///
     /// # Panics
     /// If `words` holds fewer than `words_for(len)` words.
+    #[inline(always)]
     pub fn new(words: S, len: usize) -> Bitmap<S> {
         assert!(
-            words.as_ref().len() >= Self::words_for(len),
+            words.count() >= Self::words_for(len),
             "bitmap storage too small for {len} bits"
         );
         Bitmap { words, len }
     }
 
-    /// The words, least significant bit first.
-    #[inline]
-    pub fn words(&self) -> &[u64] {
-        &self.words.as_ref()[..Self::words_for(self.len)]
+    /// Word `i` (`i < words_for(len)`).
+    #[inline(always)]
+    pub fn word(&self, i: usize) -> u64 {
+        self.words.get(i)
     }
 
     #[inline(always)]
     fn w(&self, i: usize) -> u64 {
-        self.words.as_ref()[i]
+        self.words.get(i)
     }
 
     /// Value of bit `i` (false past the end).
@@ -109,7 +213,9 @@ impl<S: AsRef<[u64]>> Bitmap<S> {
 
     /// Number of set bits.
     pub fn count_ones(&self) -> usize {
-        self.words().iter().map(|w| w.count_ones() as usize).sum()
+        (0..Self::words_for(self.len))
+            .map(|i| self.w(i).count_ones() as usize)
+            .sum()
     }
 
     /// Number of set bits in `[start, start + len)` (clipped to the map).
@@ -317,10 +423,13 @@ impl<S: AsRef<[u64]> + AsMut<[u64]>> Bitmap<S> {
         let n = Self::words_for(self.len);
         &mut self.words.as_mut()[..n]
     }
+}
 
+impl<S: WordsMut> Bitmap<S> {
+    /// Word `i` becomes `f(word i)`.
     #[inline(always)]
-    fn wm(&mut self, i: usize) -> &mut u64 {
-        &mut self.words.as_mut()[i]
+    fn update(&mut self, i: usize, f: impl FnOnce(u64) -> u64) {
+        self.words.modify(i, f);
     }
 
     #[inline(always)]
@@ -335,25 +444,25 @@ impl<S: AsRef<[u64]> + AsMut<[u64]>> Bitmap<S> {
     }
 
     /// Sets bit `i`.
-    #[inline]
+    #[inline(always)]
     pub fn set(&mut self, i: usize) {
         assert!(
             i < self.len,
             "bit {i} outside a bitmap of {} bits",
             self.len
         );
-        *self.wm(word(i)) |= bit(i);
+        self.update(word(i), |w| w | bit(i));
     }
 
     /// Clears bit `i`.
-    #[inline]
+    #[inline(always)]
     pub fn clear(&mut self, i: usize) {
         assert!(
             i < self.len,
             "bit {i} outside a bitmap of {} bits",
             self.len
         );
-        *self.wm(word(i)) &= !bit(i);
+        self.update(word(i), |w| w & !bit(i));
     }
 
     /// Sets or clears bit `i`.
@@ -373,22 +482,17 @@ impl<S: AsRef<[u64]> + AsMut<[u64]>> Bitmap<S> {
             return;
         }
         let (ws, we) = (word(start), word(end - 1));
-        let apply = |w: &mut u64, m: u64| {
-            if value {
-                *w |= m
-            } else {
-                *w &= !m
-            }
-        };
+        let apply = |w: u64, m: u64| if value { w | m } else { w & !m };
         if ws == we {
-            apply(self.wm(ws), mask_from(start) & mask_below(end));
+            let m = mask_from(start) & mask_below(end);
+            self.update(ws, |w| apply(w, m));
             return;
         }
-        apply(self.wm(ws), mask_from(start));
+        self.update(ws, |w| apply(w, mask_from(start)));
         for i in ws + 1..we {
-            *self.wm(i) = if value { !0 } else { 0 };
+            self.words.put(i, if value { !0 } else { 0 });
         }
-        apply(self.wm(we), mask_below(end));
+        self.update(we, |w| apply(w, mask_below(end)));
     }
 
     /// Sets bits `[start, start + len)`.
@@ -405,14 +509,16 @@ impl<S: AsRef<[u64]> + AsMut<[u64]>> Bitmap<S> {
 
     /// Clears every bit.
     pub fn clear_all(&mut self) {
-        self.words_mut().fill(0);
+        for i in 0..Self::words_for(self.len) {
+            self.words.put(i, 0);
+        }
     }
 }
 
 /// Naive bit-by-bit `find_next_zero_area`: one linear pass that tests every
 /// bit once and restarts the candidate after each set bit. The reference that
 /// the word-at-a-time search is tested and benchmarked against.
-pub fn naive_find_next_zero_area<S: AsRef<[u64]>>(
+pub fn naive_find_next_zero_area<S: Words>(
     map: &Bitmap<S>,
     start: usize,
     len: usize,
@@ -567,6 +673,36 @@ mod tests {
             let ones: Vec<usize> = b.iter_ones().collect();
             let model_ones: Vec<usize> = (0..n).filter(|&i| m[i]).collect();
             prop_assert_eq!(ones, model_ones);
+        }
+
+        /// The same bitmap over relaxed atomic words behaves exactly as
+        /// over plain ones.
+        #[test]
+        fn atomic_words_match_plain_words(n in 1usize..300, ops in proptest::collection::vec(op(300), 0..60),
+                                          queries in proptest::collection::vec((0usize..320, 0usize..320, 0usize..40), 0..20)) {
+            let words = Bitmap::<Vec<u64>>::words_for(n);
+            let mut plain = vec![0u64; words];
+            let atoms: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(0)).collect();
+            let mut p = Bitmap::new(&mut plain[..], n);
+            let mut a = Bitmap::new(AtomicWords(&atoms), n);
+            for o in ops {
+                match o {
+                    Op::Set(i) if i < n => { p.set(i); a.set(i); }
+                    Op::Clear(i) if i < n => { p.clear(i); a.clear(i); }
+                    Op::SetRange(s, l) if s + l <= n => { p.set_range(s, l); a.set_range(s, l); }
+                    Op::ClearRange(s, l) if s + l <= n => { p.clear_range(s, l); a.clear_range(s, l); }
+                    _ => {}
+                }
+            }
+            for w in 0..words { prop_assert_eq!(p.word(w), a.word(w)); }
+            for (s, e, len) in queries {
+                prop_assert_eq!(p.find_next_bit(s), a.find_next_bit(s));
+                prop_assert_eq!(p.find_prev_zero_bit_from(s, e), a.find_prev_zero_bit_from(s, e));
+                prop_assert_eq!(p.find_next_zero_area(s, len, 1), a.find_next_zero_area(s, len, 1));
+                prop_assert_eq!(p.next_zero_run(s, e), a.next_zero_run(s, e));
+            }
+            a.clear_all();
+            prop_assert_eq!(a.count_ones(), 0);
         }
     }
 }

@@ -37,7 +37,7 @@ pub mod stats;
 pub mod sync;
 pub mod topology;
 
-pub use bitmap::Bitmap;
+pub use bitmap::{AtomicWords, Bitmap, Words, WordsMut};
 pub use decay::{Decay, Due, ReturnPolicy};
 pub use error::{Error, Result};
 pub use list::{Link, List};

@@ -27,8 +27,8 @@ use kmem_core::sync::{
     Ordering::{Acquire, Relaxed},
 };
 use kmem_core::{
-    CachePadded, Counter, Cpus, Decay, Error, Lock, LockGuard, PageSource, Result, ReturnPolicy,
-    Topology,
+    AtomicWords, Bitmap, CachePadded, Counter, Cpus, Decay, Error, Lock, LockGuard, PageSource,
+    Result, ReturnPolicy, Topology,
 };
 
 use crate::config::{CacheMode, Config, Order};
@@ -564,20 +564,19 @@ impl CpuCache {
     }
 }
 
-/// Sets bit `i` of a listed map with a plain load and store.
+/// Sets bit `i` of a listed map: kmem-core's bitmap over relaxed atomic
+/// words (a plain load and store, no locked instruction).
 ///
 /// CONTEXT: the lock of the bucket that owns the map.
 #[inline(always)]
 pub(crate) fn set_bit(words: &[AtomicU64], i: usize) {
-    let w = &words[i / 64];
-    w.store(w.load(Relaxed) | 1 << (i % 64), Relaxed);
+    Bitmap::new(AtomicWords(words), words.len() * 64).set(i);
 }
 
 /// Clears bit `i` of a listed map; see [`set_bit`].
 #[inline(always)]
 pub(crate) fn clear_bit(words: &[AtomicU64], i: usize) {
-    let w = &words[i / 64];
-    w.store(w.load(Relaxed) & !(1 << (i % 64)), Relaxed);
+    Bitmap::new(AtomicWords(words), words.len() * 64).clear(i);
 }
 
 /// The error for a free whose frame state is `s` rather than `HEAD(n)`.
