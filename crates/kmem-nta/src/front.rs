@@ -215,10 +215,12 @@ impl FrontCache {
     }
 
     /// Takes a chunk of class `k` (1..=[`FRONT_CLASSES`]), or null when the
-    /// class is empty.
+    /// class is empty or out of range.
     #[inline(always)]
     pub fn pop(&mut self, k: usize) -> *mut u8 {
-        let p = self.heads[k];
+        let Some(&p) = self.heads.get(k) else {
+            return ptr::null_mut();
+        };
         if !p.is_null() {
             // SAFETY: cached chunks are allocated chunks this cache owns.
             unsafe {

@@ -1382,7 +1382,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// If `ptr` is a live allocation, nobody uses it afterwards.
     pub unsafe fn free(&self, ptr: NonNull<u8>) -> Result<()> {
         // SAFETY: forwarded.
-        unsafe { self.free_checked(ptr, 0) }
+        unsafe { self.free_checked(ptr, 0, 0) }
     }
 
     /// As [`free`](Self::free), also checking that `layout` matches the allocation.
@@ -1400,11 +1400,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             usize::MAX
         };
         // SAFETY: forwarded.
-        unsafe { self.free_checked(ptr, k) }
+        unsafe { self.free_checked(ptr, k, layout.size()) }
     }
 
-    /// k = 0: any size; usize::MAX: must be large; else k chunks.
-    unsafe fn free_checked(&self, ptr: NonNull<u8>, k: usize) -> Result<()> {
+    /// k = 0: any size; usize::MAX: must be large; else k chunks. `given`
+    /// is the size the caller claims, in bytes (for the error).
+    unsafe fn free_checked(&self, ptr: NonNull<u8>, k: usize, given: usize) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let (node, small) = self.locate(addr)?;
         if !small {
@@ -1413,7 +1414,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 if k != 0 && k != usize::MAX {
                     return Err(Error::WrongSize {
                         addr: addr as u64,
-                        given: (k << self.geo.chunk_shift) as u64,
+                        given: given as u64,
                         actual: (*node).size as u64,
                     });
                 }
@@ -1435,7 +1436,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             let actual = unsafe { self.validate(node, idx, 0, addr)? };
             return Err(Error::WrongSize {
                 addr: addr as u64,
-                given: u64::MAX,
+                given: given as u64,
                 actual: (actual << self.geo.chunk_shift) as u64,
             });
         }

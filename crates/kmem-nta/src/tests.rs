@@ -182,6 +182,12 @@ fn bad_input_is_an_error_and_changes_nothing() {
             nta.free_sized(a, l(64)),
             Err(Error::WrongSize { .. })
         ));
+        // A small allocation freed with a large layout: the error names the
+        // size the caller gave, not a placeholder.
+        assert!(matches!(
+            nta.free_sized(a, l(1 << 20)),
+            Err(Error::WrongSize { given, .. }) if given == 1 << 20
+        ));
         let big_mid = NonNull::new_unchecked(big.as_ptr().add(4096));
         assert!(nta.free(big_mid).is_err());
         assert!(matches!(
@@ -519,6 +525,9 @@ fn lookup_without_the_lock() {
             Err(Error::DoubleFree { .. })
         ));
         assert_eq!(front.pop(2), p);
+        // A class beyond the cache's is simply empty.
+        assert!(front.pop(crate::FRONT_CLASSES + 1).is_null());
+        assert!(front.pop(usize::MAX).is_null());
         assert_eq!(nta.lookup_unlocked(p as usize), Ok(2), "handed out again");
         front.push(&nta, p, 2);
         front.flush_all(&nta);
