@@ -335,14 +335,15 @@ impl<'a> Pow2Slab<'a> {
     }
 
     /// Bytes an allocation of `size` takes: the next power of two (64 at
-    /// least), or a power-of-two number of pages.
-    pub fn rounded(&self, size: usize) -> usize {
-        let s = size.max(1).next_power_of_two().max(1 << MIN_SHIFT);
-        if s <= self.page {
-            s
-        } else {
-            size.div_ceil(self.page).next_power_of_two() * self.page
+    /// least), or a power-of-two number of pages; `None` when that number
+    /// does not fit a `usize` (no allocation of `size` can exist).
+    pub fn rounded(&self, size: usize) -> Option<usize> {
+        if size <= self.page {
+            return Some(size.max(1 << MIN_SHIFT).next_power_of_two());
         }
+        size.div_ceil(self.page)
+            .checked_next_power_of_two()?
+            .checked_mul(self.page)
     }
 
     #[inline]
@@ -759,9 +760,10 @@ impl<'a> Pow2Slab<'a> {
         self.classes
     }
 
-    /// Object size of class `c` (64 << c).
-    pub fn class_size(&self, c: usize) -> usize {
-        1 << (MIN_SHIFT as usize + c)
+    /// Object size of class `c` (64 << c), or `None` for a class this
+    /// allocator does not have (`c >= classes()`).
+    pub fn class_size(&self, c: usize) -> Option<usize> {
+        (c < self.classes).then(|| 1 << (MIN_SHIFT as usize + c))
     }
 }
 

@@ -24,14 +24,22 @@ fn plain(cpus: usize) -> SlabConfig {
 fn rounds_to_powers_of_two() {
     let mut b = arena(64);
     let s = Pow2Slab::new(&mut b, 4096, plain(1), Cpus::Fixed(0)).unwrap();
-    assert_eq!(s.rounded(1), 64);
-    assert_eq!(s.rounded(65), 128);
-    assert_eq!(s.rounded(2049), 4096);
-    assert_eq!(s.rounded(4097), 8192);
-    assert_eq!(s.rounded(12289), 16384);
+    assert_eq!(s.rounded(1), Some(64));
+    assert_eq!(s.rounded(65), Some(128));
+    assert_eq!(s.rounded(2049), Some(4096));
+    assert_eq!(s.rounded(4097), Some(8192));
+    assert_eq!(s.rounded(12289), Some(16384));
+    // Sizes with no rounding that fits a usize have none (it was 64).
+    assert_eq!(s.rounded(usize::MAX), None);
+    assert_eq!(s.rounded(usize::MAX / 2 + 2), None);
+    assert_eq!(s.rounded(0), Some(64));
     assert_eq!(s.classes(), 7);
-    let sizes: Vec<usize> = (0..s.classes()).map(|c| s.class_size(c)).collect();
+    let sizes: Vec<usize> = (0..s.classes()).filter_map(|c| s.class_size(c)).collect();
     assert_eq!(sizes, vec![64, 128, 256, 512, 1024, 2048, 4096]);
+    // A class it does not have has no size (58 and up overflowed).
+    assert_eq!(s.class_size(7), None);
+    assert_eq!(s.class_size(58), None);
+    assert_eq!(s.class_size(usize::MAX), None);
     let l = Layout::from_size_align(100, 8).unwrap();
     let a = s.alloc(l).unwrap();
     let b2 = s.alloc(l).unwrap();
