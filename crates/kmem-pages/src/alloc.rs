@@ -407,10 +407,10 @@ impl<'a> PageAllocator<'a> {
     /// What frame `i` is doing (`i` below [`total_pages`](Self::total_pages);
     /// a frame that has not joined yet reads as free and known zero).
     pub fn frame_info_at(&self, i: usize) -> FrameInfo {
-        let s = self
-            .frames()
-            .get(i)
-            .map_or(free_state(self.initial_bucket(i), true), Frame::state);
+        let s = self.frames().get(i).map_or(
+            free_state(self.initial_bucket(i), true) | FRESH,
+            Frame::state,
+        );
         FrameInfo {
             index: i,
             state: decode_state(s),

@@ -312,7 +312,7 @@ impl<'a> PageAllocator<'a> {
         for i in 0..initial {
             let b = a.initial_bucket(i);
             let (fl, c) = (a.freelist_of(i), a.colour_of(i));
-            fr[i].set_state(free_state(b, p.zeroed));
+            fr[i].set_state(free_state(b, p.zeroed) | FRESH);
             let mut g = a.buckets[b].lock();
             g.insert(fr, p.ncolours, fl, c, i as u32, p.zeroed);
             a.mark_listed(b, i);
@@ -364,7 +364,7 @@ impl PageAllocator<'_> {
         for i in g..end {
             let b = self.initial_bucket(i);
             let (fl, c) = (self.freelist_of(i), self.colour_of(i));
-            fr[i].set_state(free_state(b, zero));
+            fr[i].set_state(free_state(b, zero) | FRESH);
             let bg = guards[b].as_mut().expect("every bucket is locked");
             bg.insert(fr, self.p.ncolours, fl, c, i as u32, zero);
             self.mark_listed(b, i);

@@ -85,7 +85,8 @@ impl PageAllocator<'_> {
                 }
                 let (j, z) = bg.take(fr, nc, fl, col, zero);
                 clear_bit(listed, j as usize);
-                fr[j as usize].set_state(cached_state(owner, z));
+                let fresh = fr[j as usize].state() & FRESH;
+                fr[j as usize].set_state(cached_state(owner, z) | fresh);
                 s[n + 1] = j | if z { SLOT_ZERO } else { 0 };
                 s[0] = n as u32 + 1;
                 pulled += 1;
@@ -140,7 +141,7 @@ impl PageAllocator<'_> {
                 let list = bg.list(fl, c, nc);
                 for &e in &s[keep + 1..=n] {
                     let (j, z) = ((e & !SLOT_ZERO) as usize, e & SLOT_ZERO != 0);
-                    fr[j].set_state(free_state(b, z));
+                    fr[j].set_state(free_state(b, z) | (fr[j].state() & FRESH));
                     list.insert(fr, j as u32, z);
                     set_bit(listed, j);
                 }

@@ -14,6 +14,8 @@
 //!   zero   the page is known to hold only zero bytes (FREE and CACHED only)
 //!   old    (in len's place, FREE only) freed before the return policy's
 //!          last tick (see `release`)
+//!   fresh  (in len's place, FREE and CACHED only) never handed out since
+//!          the frame joined: a free of it is `NotAllocated`, not a double free
 //! ```
 //!
 //! Links are frame indexes (`NIL` ends a list), so a record stays small and the
@@ -45,6 +47,10 @@ pub(crate) const LEN_SHIFT: u32 = 8;
 /// A FREE frame freed before the return policy's last tick (the length
 /// field's first bit: only HEAD states have a length).
 pub(crate) const OLD: u32 = 1 << LEN_SHIFT;
+/// A FREE or CACHED frame never handed out since it joined the allocator
+/// (the length field's second bit). Set when a frame joins; every state a
+/// handout writes lacks it, and moves between lists and caches keep it.
+pub(crate) const FRESH: u32 = 1 << (LEN_SHIFT + 1);
 /// Longest run a HEAD state can describe.
 pub(crate) const MAX_RUN: usize = (1 << (32 - LEN_SHIFT)) - 1;
 

@@ -236,7 +236,7 @@ impl PageAllocator<'_> {
                 let bg = g[b].as_mut().expect("every bucket is locked");
                 let list = bg.list(fl, c, nc);
                 list.unlink(fr, k as u32, false);
-                f.set_state(free_state(b, true));
+                f.set_state(free_state(b, true) | (s & FRESH));
                 list.insert(fr, k as u32, true);
             }
             *dirty -= hi - lo;

@@ -589,6 +589,7 @@ pub(crate) fn free_error(s: u32, n: usize, addr: u64) -> Error {
             actual: run_len(s) as u64,
         },
         K_TAIL => Error::NotAllocated { addr },
+        K_FREE | K_CACHED if s & FRESH != 0 => Error::NotAllocated { addr },
         _ => Error::DoubleFree { addr },
     }
 }

@@ -468,13 +468,23 @@ fn bad_input_is_refused_and_changes_nothing() {
             a.free_page(off(past, ps)),
             Err(Error::OutOfRange { .. })
         ));
-        // A frame never handed out (free in a bucket or a cache).
+        // A frame never handed out (free in a bucket or a cache) was never
+        // allocated: not a double free.
         let free_one = a.frame_address(200).unwrap();
         assert_eq!(
             a.free_page(free_one),
-            Err(Error::DoubleFree {
+            Err(Error::NotAllocated {
                 addr: addr(free_one)
             })
+        );
+        // So is one the refill for `p` put in the CPU's cache.
+        let cached = (0..256)
+            .find(|&i| a.frame_info_at(i).state == FrameState::Cached)
+            .expect("the first allocation filled the cache");
+        let cached = a.frame_address(cached).unwrap();
+        assert_eq!(
+            a.free_page(cached),
+            Err(Error::NotAllocated { addr: addr(cached) })
         );
     }
     assert_eq!(a.stats().free_pages, before.free_pages);

@@ -39,6 +39,9 @@ enum Op {
     DoubleFree {
         pick: usize,
     },
+    Never {
+        pick: usize,
+    },
     Outside {
         below: bool,
     },
@@ -56,6 +59,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::WrongLength { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Middle { pick }),
         1 => any::<usize>().prop_map(|pick| Op::DoubleFree { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Never { pick }),
         1 => any::<bool>().prop_map(|below| Op::Outside { below }),
         1 => Just(Op::Pause),
         1 => Just(Op::Resume),
@@ -77,6 +81,8 @@ struct Model {
     live: HashMap<usize, usize>,
     /// Frames handed out.
     owned: HashSet<usize>,
+    /// Frames ever handed out.
+    ever: HashSet<usize>,
     /// Addresses freed, most recent last.
     freed: Vec<usize>,
     paused: usize,
@@ -126,6 +132,7 @@ fn run_model(numa: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut m = Model {
         live: HashMap::new(),
         owned: HashSet::new(),
+        ever: HashSet::new(),
         freed: Vec::new(),
         paused: 0,
     };
@@ -145,6 +152,7 @@ fn run_model(numa: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         let p = p.as_ptr() as usize;
                         let i = (p - base) / ps;
                         prop_assert!(m.owned.insert(i), "step {step}: frame {i} handed out twice");
+                        m.ever.insert(i);
                         m.live.insert(p, 1);
                         let fi = a.frame_info_at(i);
                         prop_assert_eq!(fi.state, FrameState::Allocated(1));
@@ -240,6 +248,7 @@ fn run_model(numa: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 m.owned.insert(j),
                                 "step {step}: frame {j} handed out twice"
                             );
+                            m.ever.insert(j);
                             if j > i {
                                 prop_assert_eq!(a.frame_info_at(j).state, FrameState::Tail);
                             }
@@ -368,6 +377,16 @@ fn run_model(numa: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         let r = unsafe { a.free_page(NonNull::new(p as *mut u8).unwrap()) };
                         prop_assert_eq!(r, Err(Error::DoubleFree { addr: p as u64 }));
                     }
+                }
+            }
+            Op::Never { pick } => {
+                // A frame never handed out, free in a bucket or a cache.
+                let i = pick % PAGES;
+                if !m.ever.contains(&i) {
+                    let p = base + i * ps;
+                    // SAFETY: refused: the frame was never allocated.
+                    let r = unsafe { a.free_page(NonNull::new(p as *mut u8).unwrap()) };
+                    prop_assert_eq!(r, Err(Error::NotAllocated { addr: p as u64 }));
                 }
             }
             Op::Outside { below } => {
