@@ -87,6 +87,17 @@ pub unsafe trait PageSource: Send + Sync {
         false
     }
 
+    /// Whether the page at `ptr` was handed out and has since been given
+    /// back (and not handed out again), where the source keeps that record;
+    /// `false` where it does not, or the page is live, never handed out or
+    /// not the source's. Clients whose own record of an allocation went back
+    /// with its pages (a header in a page the source then purged) use it to
+    /// tell a second free from a pointer that was never theirs.
+    fn was_freed(&self, ptr: NonNull<u8>) -> bool {
+        let _ = ptr;
+        false
+    }
+
     /// Applies the source's memory-return policy now: freed pages that
     /// stayed past its delay go back to the OS (see [`ReturnPolicy`](crate::ReturnPolicy)).
     /// Allocators call it from their own slow paths, so that memory goes
@@ -130,6 +141,9 @@ unsafe impl<P: PageSource + ?Sized> PageSource for &P {
     fn keeps_span_mapped(&self) -> bool {
         (**self).keeps_span_mapped()
     }
+    fn was_freed(&self, ptr: NonNull<u8>) -> bool {
+        (**self).was_freed(ptr)
+    }
     fn maintain(&self) {
         (**self).maintain()
     }
@@ -169,6 +183,9 @@ unsafe impl<P: PageSource + ?Sized> PageSource for std::sync::Arc<P> {
     }
     fn keeps_span_mapped(&self) -> bool {
         (**self).keeps_span_mapped()
+    }
+    fn was_freed(&self, ptr: NonNull<u8>) -> bool {
+        (**self).was_freed(ptr)
     }
     fn maintain(&self) {
         (**self).maintain()

@@ -147,6 +147,9 @@ unsafe impl PageSource for MallocSource {
     fn keeps_span_mapped(&self) -> bool {
         self.0.keeps_span_mapped()
     }
+    fn was_freed(&self, ptr: NonNull<u8>) -> bool {
+        self.0.was_freed(ptr)
+    }
     fn maintain(&self) {
         self.0.maintain();
         if let Some(l) = LARGE.get() {

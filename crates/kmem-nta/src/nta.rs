@@ -1268,7 +1268,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if ok {
                 return Ok(hp);
             }
-        } else if c == seal_freed(hdr, self.secret()) {
+        } else if c == seal_freed(hdr, self.secret())
+            || NonNull::new(hp.cast::<u8>()).is_some_and(|p| self.source.was_freed(p))
+        {
+            // Freed: the seal says so, or, where the source purged the
+            // header page (its bytes read zero now), the source does.
             return Err(Error::DoubleFree { addr: a });
         }
         Err(Error::NotAllocated { addr: a })

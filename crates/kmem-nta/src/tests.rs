@@ -949,3 +949,28 @@ fn maintain_finishes_frees_stranded_on_an_idle_heap() {
     let kept = free_at_start - src.free_page_count().unwrap();
     assert!(kept <= 2, "{kept} pages still held after trim (the lists)");
 }
+
+#[test]
+fn second_free_of_a_purged_large_run_is_a_double_free() {
+    // Over kmem-pages, which hands the freed run's pages (the header with its
+    // freed seal among them) back to the OS on purge: they read zero after.
+    let t = kmem_core::Topology::uniform(1, 1, 1).unwrap();
+    let src = kmem_pages::PageAllocator::new(&t, Cpus::Fixed(0), 8 << 20).unwrap();
+    let nta = Nta::with_config(&src, cfg(), Cpus::Fixed(0)).unwrap();
+    let big = nta.alloc(l(200 << 10)).unwrap();
+    let hdr = big.as_ptr() as usize - PAGE;
+    // SAFETY: a live allocation, freed once; the second free is refused.
+    unsafe {
+        nta.free(big).unwrap();
+        src.purge();
+        // The header's bytes went back with its page.
+        assert_eq!((hdr as *const u64).read_volatile(), 0);
+        assert_eq!(
+            nta.free(big),
+            Err(Error::DoubleFree {
+                addr: big.as_ptr() as u64
+            })
+        );
+    }
+    nta.check().unwrap();
+}

@@ -274,6 +274,10 @@ unsafe impl PageSource for GlobalPages {
         true
     }
 
+    fn was_freed(&self, ptr: NonNull<u8>) -> bool {
+        self.built().is_some_and(|p| p.was_freed(ptr))
+    }
+
     fn maintain(&self) {
         if let Some(p) = self.built() {
             p.maintain();

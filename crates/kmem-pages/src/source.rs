@@ -9,6 +9,7 @@
 //!   free_pages_zeroed            keeps the known-zero flag of every frame
 //!   free_page_count              buckets plus per-CPU caches (plus frames
 //!                                that have not joined yet)
+//!   was_freed                    a free frame that is not fresh
 //!   maintain / purge             the return policy (`release`)
 //! ```
 
@@ -17,6 +18,7 @@ use core::ptr::NonNull;
 use kmem_core::{PageSource, Result};
 
 use crate::config::{Flags, Strategy};
+use crate::frame::{kind, FRESH, K_CACHED, K_FREE};
 use crate::state::PageAllocator;
 
 // SAFETY: every page handed out is a frame of the region this allocator owns,
@@ -89,6 +91,15 @@ unsafe impl PageSource for PageAllocator<'_> {
     /// stay the allocator's until it is dropped.
     fn keeps_span_mapped(&self) -> bool {
         true
+    }
+
+    /// A free or cached frame that is not fresh: it was handed out and given
+    /// back (the frame state says so; see `frame.rs`).
+    fn was_freed(&self, ptr: NonNull<u8>) -> bool {
+        self.index_of(ptr).is_ok_and(|i| {
+            let s = self.frame(i).state();
+            matches!(kind(s), K_FREE | K_CACHED) && s & FRESH == 0
+        })
     }
 
     fn maintain(&self) {
