@@ -106,6 +106,12 @@
 //! calling the source, a constructor or a destructor (which may take locks of
 //! their own, such as a pgd tracking list). The state bytes are atomics.
 //!
+//! **Panics.** A constructor or destructor may panic (where panics unwind):
+//! a constructor's page goes back to the source and the allocation fails by
+//! unwinding; a destructor's page (half destroyed) goes back to the source
+//! and the rest of its trim or drain batch, still constructed, back on the
+//! list it came from. Nothing is lost and [`Quicklists::check`] still passes.
+//!
 //! The lists name pages by their index in the source's span (a list's top
 //! word is `index + 1 | depth << 32`, and each page's link word holds the top
 //! below it), so the span must be under 2^32 - 1 pages (16 TiB of 4 KiB

@@ -262,6 +262,67 @@ impl<const NR: usize> Drop for Held<'_, NR> {
     }
 }
 
+/// A page fresh from the source while its constructor runs: dropped only
+/// when the constructor panics (it is forgotten otherwise), it gives the
+/// page back and counts the miss as failed (so `stats().live` stays true).
+struct GiveBack<'a, P: PageSource> {
+    source: &'a P,
+    page: NonNull<u8>,
+    failures: &'a Counter,
+}
+
+impl<P: PageSource> Drop for GiveBack<'_, P> {
+    #[cold]
+    fn drop(&mut self) {
+        // SAFETY: the page came from this source one page long and nobody
+        // else has it (the constructor that had it is unwinding).
+        let _ = unsafe { self.source.free_pages(self.page, 1) };
+        self.failures.add(1);
+    }
+}
+
+/// A page of a detached chain while its destructor runs, with the rest of
+/// the chain: dropped only when the destructor panics (it is forgotten
+/// otherwise), it gives the page back to the source and puts the rest, still
+/// constructed and recorded `CACHED`, back on the list they came from. The
+/// pushes counter is left alone, so `stats` counts them as they were; the
+/// pages given back before it are counted released.
+struct Relist<'q, P: PageSource, const NR: usize> {
+    q: &'q Quicklists<P, NR>,
+    cpu: usize,
+    list: usize,
+    page: usize,
+    rest: u64,
+    /// Pages of the chain already given back (and destroyed), not yet
+    /// counted.
+    done: u64,
+}
+
+impl<P: PageSource, const NR: usize> Drop for Relist<'_, P, NR> {
+    #[cold]
+    fn drop(&mut self) {
+        let q = self.q;
+        q.give_back(self.page);
+        let pc = q.percpu(self.cpu);
+        pc.released.add(self.done + 1);
+        pc.dtor_calls.add(self.done + 1);
+        let h = q.hold(self.cpu);
+        let w = &h.pc.lists[self.list];
+        let mut t = self.rest;
+        while let Some(i) = top_index(t) {
+            let p = q.owner.addr(i);
+            // SAFETY: a page of the detached chain: ours alone; its link
+            // word holds the rest of the chain.
+            t = unsafe { q.link(p).read() };
+            let top = w.top.load(Ordering::Relaxed);
+            // SAFETY: as above; the list is held.
+            unsafe { q.link(p).write(top) };
+            w.top
+                .store(pack_top(i, top_depth(top) + 1), Ordering::Relaxed);
+        }
+    }
+}
+
 /// What a restartable sequence did (see `kmem_sys::rseq::Step`).
 #[cfg_attr(not(feature = "std"), allow(dead_code))]
 enum Fast {
@@ -742,8 +803,17 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         };
         debug_assert!(matches!(self.owner.get(i), FREE | RELEASED));
         if let Some(ctor) = ctor {
+            // A constructor that panics leaves a page nobody would own: the
+            // guard gives it back to the source while unwinding (its record
+            // still says it is not ours).
+            let back = GiveBack {
+                source: &self.source,
+                page: p,
+                failures: &pc.failures,
+            };
             // SAFETY: the page is ours alone, page_size bytes, all initialised (zeroed).
             ctor(unsafe { core::slice::from_raw_parts_mut(p.as_ptr(), self.page_size) });
+            core::mem::forget(back);
             pc.ctor_calls.add(1);
             // The link word is ours: it reads zero on every page handed out,
             // fresh or recycled, so a constructed state cannot depend on it.
@@ -898,7 +968,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             self.depth(cpu, list)
         };
         pc.trim_above[list].store(bound.min(left.max(min) + batch), Ordering::Relaxed);
-        self.release_chain(pc, chain, dtor);
+        self.release_chain(cpu, list, chain, dtor);
         n
     }
 
@@ -911,10 +981,16 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         *chain = pack_top(i, 0);
     }
 
-    /// Gives a detached chain (linked through packed tops) back to the
-    /// source, restoring each page's constructed state (link word zero) and
-    /// running `dtor` on it first.
-    fn release_chain(&self, pc: &PerCpu<NR>, mut top: u64, dtor: Option<Dtor<'_>>) {
+    /// Gives a chain detached from CPU `cpu`'s list `list` (linked through
+    /// packed tops) back to the source, restoring each page's constructed
+    /// state (link word zero) and running `dtor` on it first.
+    ///
+    /// A destructor that panics leaves its page half destroyed: that page
+    /// goes back to the source, and the pages after it, still constructed,
+    /// back on the list they came from (see [`Relist`]), so that nothing is
+    /// lost and [`check`](Self::check) still passes.
+    fn release_chain(&self, cpu: usize, list: usize, mut top: u64, dtor: Option<Dtor<'_>>) {
+        let pc = self.percpu(cpu);
         let (mut n, mut dtors) = (0u64, 0u64);
         while let Some(i) = top_index(top) {
             let p = self.owner.addr(i);
@@ -923,18 +999,20 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             // SAFETY: as above.
             unsafe { self.link(p).write(0) };
             if let Some(d) = dtor {
+                let relist = Relist {
+                    q: self,
+                    cpu,
+                    list,
+                    page: i,
+                    rest: top,
+                    done: n,
+                };
                 // SAFETY: ours alone, page_size initialised bytes.
                 d(unsafe { core::slice::from_raw_parts_mut(p as *mut u8, self.page_size) });
+                core::mem::forget(relist);
                 dtors += 1;
             }
-            // Before the source can hand the page to anyone else.
-            self.owner.set(i, RELEASED);
-            // SAFETY: a one-page run this source gave us; nothing refers to it now.
-            let r = unsafe {
-                self.source
-                    .free_pages(NonNull::new_unchecked(p as *mut u8), 1)
-            };
-            debug_assert!(r.is_ok(), "the source refused its own page {p:#x}: {r:?}");
+            self.give_back(i);
             n += 1;
         }
         if n > 0 {
@@ -943,6 +1021,19 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         if dtors > 0 {
             pc.dtor_calls.add(dtors);
         }
+    }
+
+    /// Gives page `i` (ours alone, off every list) back to the source.
+    fn give_back(&self, i: usize) {
+        let p = self.owner.addr(i);
+        // Before the source can hand the page to anyone else.
+        self.owner.set(i, RELEASED);
+        // SAFETY: a one-page run this source gave us; nothing refers to it now.
+        let r = unsafe {
+            self.source
+                .free_pages(NonNull::new_unchecked(p as *mut u8), 1)
+        };
+        debug_assert!(r.is_ok(), "the source refused its own page {p:#x}: {r:?}");
     }
 
     /// Gives back every page of list `list` on every CPU, running `dtor` on
@@ -961,7 +1052,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
                 h.pc.lists[list].top.swap(0, Ordering::Relaxed)
             };
             total += top_depth(chain);
-            self.release_chain(pc, chain, dtor);
+            self.release_chain(cpu, list, chain, dtor);
         }
         Ok(total)
     }
@@ -1117,10 +1208,10 @@ impl<P: PageSource, const NR: usize> Drop for Quicklists<P, NR> {
     fn drop(&mut self) {
         for c in 0..self.ncpus {
             let pc = self.percpu(c);
-            for w in &pc.lists {
+            for (l, w) in pc.lists.iter().enumerate() {
                 // `&mut self`: no other thread, no sequence in flight on these.
                 let chain = w.top.swap(0, Ordering::Relaxed);
-                self.release_chain(pc, chain, None);
+                self.release_chain(c, l, chain, None);
             }
         }
         for c in 0..self.ncpus {

@@ -1085,3 +1085,112 @@ mod stress {
         }
     }
 }
+
+#[test]
+fn a_panicking_constructor_loses_no_page() {
+    let mut b = buffer(64);
+    let src = source(&mut b);
+    let topo = Topology::single(1).unwrap();
+    let ql: Quicklists<_, 1> =
+        Quicklists::new(&src, &topo, Cpus::Fixed(0), Config::default()).unwrap();
+    let free_before = src.free_page_count().unwrap();
+    let bad = |p: &mut [u8]| {
+        p[..64].fill(0x5a);
+        panic!("constructor fails");
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ql.alloc(0, Some(&bad));
+    }));
+    assert!(r.is_err(), "the constructor's panic reaches the caller");
+    // The page went back to the source; no allocation is counted live.
+    assert_eq!(src.free_page_count().unwrap(), free_before);
+    assert_eq!(ql.stats().live, 0);
+    ql.check().unwrap();
+    // And the quicklists go on working.
+    let good = |p: &mut [u8]| p[PAGE - 1] = 7;
+    let a = ql.alloc(0, Some(&good)).unwrap();
+    assert_eq!(
+        words(&a)[0],
+        0,
+        "a fresh page is zero but for the constructor's bytes"
+    );
+    ql.free(0, a, None).unwrap();
+    ql.check().unwrap();
+}
+
+/// A destructor that panics on its `nth` call (counting from 1).
+fn dtor_panicking_at(calls: &Cell<usize>, nth: usize) -> impl Fn(&mut [u8]) + '_ {
+    move |p: &mut [u8]| {
+        calls.set(calls.get() + 1);
+        if calls.get() == nth {
+            p[0] = 0xee;
+            panic!("destructor fails");
+        }
+        p[PAGE - 1] = 0;
+    }
+}
+
+#[test]
+fn a_panicking_destructor_loses_no_page() {
+    let mut b = buffer(256);
+    let src = source(&mut b);
+    let topo = Topology::single(1).unwrap();
+    let ql: Quicklists<_, 1> = Quicklists::new(
+        &src,
+        &topo,
+        Cpus::Fixed(0),
+        cfg(Policy::PerNodeFree16PerCpu, 0, 8),
+    )
+    .unwrap();
+    let total = src.free_page_count().unwrap();
+    let ctor = |p: &mut [u8]| p[PAGE - 1] = 0xc0;
+    let pages: Vec<_> = (0..40).map(|_| ql.alloc(0, Some(&ctor)).unwrap()).collect();
+    for p in pages {
+        ql.free(0, p, None).unwrap();
+    }
+    let listed = ql.total_pages();
+    assert!(listed > 3, "pages stay on the list ({listed})");
+    let accounted = |ql: &Quicklists<&FixedSource<'_>, 1>| {
+        ql.total_pages() + src.free_page_count().unwrap() + ql.stats().live as usize
+    };
+    let before = accounted(&ql);
+    let released = ql.stats().released;
+    // A drain whose destructor panics on its third page: two went back, the
+    // third (half destroyed) goes back too, the rest return to the list.
+    let calls = Cell::new(0);
+    let dtor = dtor_panicking_at(&calls, 3);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ql.drain(0, Some(&dtor));
+    }));
+    assert!(r.is_err());
+    ql.check().unwrap();
+    assert_eq!(ql.total_pages(), listed - 3);
+    assert_eq!(accounted(&ql), before, "no page lost");
+    assert_eq!(ql.stats().released, released + 3);
+    assert_eq!(ql.stats().dtor_calls, 3);
+    // The pages put back are still constructed.
+    let a = ql.alloc(0, Some(&ctor)).unwrap();
+    assert_eq!(words(&a)[PAGE / 8 - 1] >> 56, 0xc0);
+    assert_eq!(words(&a)[0], 0, "the link word reads zero");
+    ql.free(0, a, None).unwrap();
+    // A trim whose destructor panics on its first page (the source nearly
+    // empty, so that the bound is below the list's length).
+    let hogged = hog(&src, 16);
+    let before = accounted(&ql);
+    let calls = Cell::new(0);
+    let dtor = dtor_panicking_at(&calls, 1);
+    let n = ql.total_pages();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ql.trim_cpu(0, 0, Some(&dtor));
+    }));
+    assert!(r.is_err());
+    ql.check().unwrap();
+    assert_eq!(ql.total_pages(), n - 1);
+    assert_eq!(accounted(&ql), before, "no page lost");
+    unhog(&src, hogged);
+    // Everything still drains.
+    ql.drain(0, None).unwrap();
+    assert_eq!(ql.total_pages(), 0);
+    ql.check().unwrap();
+    assert_eq!(src.free_page_count().unwrap(), total);
+}
