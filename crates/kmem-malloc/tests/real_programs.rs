@@ -252,6 +252,7 @@ fn bad_frees_abort_with_one_line() {
         r#"#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdint.h>
 int main(int argc, char **argv) {
   int local = 0;
   char *p = malloc(100), *big = malloc(1 << 20), *mid = malloc(100000);
@@ -264,6 +265,41 @@ int main(int argc, char **argv) {
   else if (!strcmp(what, "big-middle")) free(big + 4096);
   else if (!strcmp(what, "mid-double")) { free(mid); free(mid); }
   else if (!strcmp(what, "realloc")) { free(p); p = realloc(p, 10); }
+  else if (!strcmp(what, "uaf-pointer")) {
+    /* A use after free writes a chosen pointer into a freed block's first
+       word; the allocator must not hand that address out. */
+    static char target[256] __attribute__((aligned(64)));
+    char *a = malloc(64), *b = malloc(64);
+    free(b); free(a);
+    *(void *volatile *)a = target; /* volatile: the compiler may drop a store to freed memory */
+    char *x = malloc(64), *y = malloc(64);
+    /* Through volatile, so that the compiler neither folds the comparison
+       (malloc never returns a static) nor drops the unused mallocs. */
+    char *volatile got[2] = {x, y};
+    void *volatile chosen = target;
+    if (got[0] == chosen || got[1] == chosen) { puts("chosen address returned"); return 0; }
+  }
+  else if (!strcmp(what, "overflow")) {
+    /* Zeros run over from a block into the freed block after it. The
+       addresses are kept as integers: a freed pointer's value is
+       indeterminate in C, and the compiler may drop code that reads one. */
+    char *v[64];
+    uintptr_t at[64];
+    for (int i = 0; i < 64; i++) { v[i] = malloc(64); at[i] = (uintptr_t)v[i]; }
+    for (int i = 1; i < 64; i++) free(v[i]);
+    for (int i = 1; i < 64; i++)
+      if (at[i] == at[0] + 64) {
+        /* Volatile stores: the compiler drops writes it can see run past
+           the end of the block. */
+        volatile char *w = v[0];
+        for (int k = 0; k < 80; k++) w[k] = 0;
+        break;
+      }
+    char *volatile sink;
+    for (int i = 1; i < 64; i++) sink = malloc(64);
+    (void)sink;
+    free(v[0]);
+  }
   else if (!strcmp(what, "none")) { free(p); free(big); free(mid); puts("fine"); return 0; }
   puts("not caught");
   return 0;
@@ -289,6 +325,8 @@ int main(int argc, char **argv) {
         "big-middle",
         "mid-double",
         "realloc",
+        "uaf-pointer",
+        "overflow",
     ] {
         let o = run(case);
         let err = String::from_utf8_lossy(&o.stderr);

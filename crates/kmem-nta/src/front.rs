@@ -45,6 +45,18 @@
 //! before and not handed out since: a double free, which aborts with one
 //! line naming the pointer, whichever thread's cache holds it.
 //!
+//! **Encoded links.** A cached chunk's first word, its link to the next one,
+//! is stored as `next ^ link_key`, where the key comes from the allocator's
+//! secret and has its two low bits set. A pointer written into
+//! a freed chunk (a use after free) therefore decodes to an address that is
+//! not chunk aligned, whatever pointer was written, unless the writer knows
+//! the secret; so do zero bytes or most other bytes run over from the chunk
+//! before (an overflow). `pop` checks the alignment and aborts with one line
+//! instead of handing out the written address. A
+//! chunk handed out has both words cleared, so the key never leaks through
+//! uninitialised memory. nta decodes the chains it is given back as it
+//! walks them (`free_batch`).
+//!
 //! **Units.** The allocator's chunks must be [`FRONT_CHUNK`] (64) bytes, so
 //! that class arithmetic is shifts by constants; a cache over any other
 //! geometry never caches (`refill` returns null, `push` frees at once).
@@ -53,7 +65,7 @@ use core::ptr;
 
 use kmem_core::{CpuSource, Error, PageSource};
 
-use crate::nta::{bad_free, cache_key, Nta, Semi};
+use crate::nta::{bad_free, cache_key, link_decode, link_encode, Nta, Semi};
 
 /// Chunk size the front cache works with: one x86-64 / aarch64 cache line.
 pub const FRONT_CHUNK: usize = 64;
@@ -125,6 +137,9 @@ pub const fn front_class(size: usize) -> Option<usize> {
 /// module documentation.
 #[repr(C)]
 pub struct FrontCache {
+    /// The key of the encoded links (see the module documentation); 0 until
+    /// the first chunk arrives.
+    link: usize,
     heads: [*mut Semi; FRONT_CLASSES + 1],
     counts: [u32; FRONT_CLASSES + 1],
     bytes: usize,
@@ -193,6 +208,7 @@ impl FrontCache {
     /// An empty cache (all zero bytes).
     pub const fn new() -> FrontCache {
         FrontCache {
+            link: 0,
             heads: [ptr::null_mut(); FRONT_CLASSES + 1],
             counts: [0; FRONT_CLASSES + 1],
             bytes: 0,
@@ -224,7 +240,9 @@ impl FrontCache {
         if !p.is_null() {
             // SAFETY: cached chunks are allocated chunks this cache owns.
             unsafe {
-                self.heads[k] = (*p).next;
+                let next = link_decode(p, (*p).next, self.link, FRONT_CHUNK);
+                self.heads[k] = next;
+                (*p).next = ptr::null_mut();
                 (*p).chunks = 0;
             }
             self.counts[k] -= 1;
@@ -258,9 +276,12 @@ impl FrontCache {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
             unsafe { self.flush(nta, k) };
         }
+        if self.link == 0 {
+            self.link = link_key(nta.secret());
+        }
         // SAFETY: as above.
         unsafe {
-            (*e).next = self.heads[k];
+            (*e).next = link_encode(self.heads[k], self.link);
             (*e).chunks = key;
         }
         self.heads[k] = e;
@@ -305,21 +326,36 @@ impl FrontCache {
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
         }
+        // The fresh chunks of class k are chained as they come, encoded and
+        // keyed; `got` heads the chain (the one to return), `tail` ends it.
         let mut got: *mut Semi = ptr::null_mut();
+        let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
-        let (heads, counts, bytes) = (&mut self.heads, &mut self.counts, &mut self.bytes);
+        let (heads, counts, bytes, link) = (
+            &mut self.heads,
+            &mut self.counts,
+            &mut self.bytes,
+            &mut self.link,
+        );
         let mut secret = nta.secret();
+        if *link == 0 && secret != 0 {
+            *link = link_key(secret);
+        }
         nta.alloc_batch(k, want, |p, kk| {
             let e: *mut Semi = p.cast();
             if secret == 0 {
                 // The first node was made by this very batch.
                 secret = nta.secret();
+                *link = link_key(secret);
             }
             if kk == k {
                 // SAFETY: a fresh (or recycled) allocation of k chunks.
                 unsafe {
-                    (*e).next = got;
-                    (*e).chunks = 0;
+                    (*e).next = link_encode(got, *link);
+                    (*e).chunks = cache_key(p as usize, secret);
+                }
+                if got.is_null() {
+                    tail = e;
                 }
                 got = e;
                 n += 1;
@@ -331,7 +367,7 @@ impl FrontCache {
             }
             // SAFETY: an allocation of kk chunks handed to us.
             unsafe {
-                (*e).next = heads[kk];
+                (*e).next = link_encode(heads[kk], *link);
                 (*e).chunks = cache_key(p as usize, secret);
             }
             heads[kk] = e;
@@ -342,26 +378,19 @@ impl FrontCache {
         if got.is_null() {
             return ptr::null_mut();
         }
-        // Keep all but the first; return that one.
-        // SAFETY: got is the head of n fresh chunks.
-        let rest = unsafe { (*got).next };
-        if !rest.is_null() {
-            let mut tail = rest;
-            // SAFETY: walking the fresh chain.
-            unsafe {
-                (*tail).chunks = cache_key(tail as usize, secret);
-                while !(*tail).next.is_null() {
-                    tail = (*tail).next;
-                    (*tail).chunks = cache_key(tail as usize, secret);
-                }
-                (*tail).next = self.heads[k];
+        // Keep all but the first; return that one, both its words clear.
+        // SAFETY: got heads n fresh chunks of ours, `tail` the last of them.
+        unsafe {
+            let rest = link_decode(got, (*got).next, self.link, FRONT_CHUNK);
+            if !rest.is_null() {
+                (*tail).next = link_encode(self.heads[k], self.link);
+                self.heads[k] = rest;
+                self.counts[k] += n - 1;
+                self.bytes += ((n - 1) as usize * k) << SHIFT;
             }
-            self.heads[k] = rest;
-            self.counts[k] += n - 1;
-            self.bytes += ((n - 1) as usize * k) << SHIFT;
+            (*got).next = ptr::null_mut();
+            (*got).chunks = 0;
         }
-        // SAFETY: the returned chunk is ours; clear its link word too.
-        unsafe { (*got).next = ptr::null_mut() };
         got.cast()
     }
 
@@ -400,12 +429,12 @@ impl FrontCache {
         // SAFETY: the class holds counts[k] >= n entries.
         unsafe {
             for _ in 1..n {
-                tail = (*tail).next;
+                tail = link_decode(tail, (*tail).next, self.link, FRONT_CHUNK);
             }
-            self.heads[k] = (*tail).next;
-            (*tail).next = ptr::null_mut();
+            self.heads[k] = link_decode(tail, (*tail).next, self.link, FRONT_CHUNK);
+            (*tail).next = link_encode(ptr::null_mut(), self.link);
             // SAFETY: a chain of n cached chunks of k chunks each.
-            nta.free_batch(head, k);
+            nta.free_batch(head, k, self.link);
         }
         self.counts[k] -= n;
         self.bytes -= (n as usize * k) << SHIFT;
@@ -445,7 +474,7 @@ impl FrontCache {
             self.counts[k] = 0;
             self.fills[k] = 0;
             // SAFETY: the whole class chain, nta's chunks.
-            unsafe { nta.free_batch(head, k) };
+            unsafe { nta.free_batch(head, k, self.link) };
         }
     }
 
@@ -460,12 +489,22 @@ impl FrontCache {
                 self.heads[k] = ptr::null_mut();
                 self.counts[k] = 0;
                 // SAFETY: the whole class chain, nta's chunks.
-                unsafe { nta.free_batch(head, k) };
+                unsafe { nta.free_batch(head, k, self.link) };
             }
         }
         self.bytes = 0;
     }
 }
+
+/// The key of a cache's encoded links: from the allocator's secret, with
+/// the two low bits set, so that an aligned pointer (or zero bytes, or any
+/// byte whose low bits are not both set) never decodes to an aligned one.
+#[inline(always)]
+fn link_key(secret: usize) -> usize {
+    (secret.rotate_left(29) ^ LINK_SALT) | 3
+}
+
+const LINK_SALT: usize = 0x9e37_79b9_7f4a_7c15_u64 as usize;
 
 #[cfg(test)]
 mod tests {
@@ -507,6 +546,29 @@ mod tests {
         assert_eq!(front_class(65), Some(2));
         assert_eq!(front_class(4096), Some(64));
         assert_eq!(front_class(4097), None);
+    }
+
+    #[test]
+    fn links_round_trip_and_a_written_pointer_never_decodes_aligned() {
+        for secret in [0usize, 1, 0x1234_5678_9abc_def0, usize::MAX] {
+            let key = link_key(secret);
+            for e in [0x1000usize, 0x7f00_dead_be40, 0x40] {
+                let e = e as *mut Semi;
+                for next in [0usize, 0x2000, 0x7f00_dead_be80] {
+                    let next = next as *mut Semi;
+                    assert_eq!(
+                        link_decode(e, link_encode(next, key), key, FRONT_CHUNK),
+                        next
+                    );
+                }
+                // Whatever aligned pointer (or zero) a use after free or an
+                // overflow writes into the link, it decodes misaligned.
+                for written in [0usize, 0x40, 0x5555_5555_5540, 0x4141_4141_4141_4141] {
+                    let got = written ^ key;
+                    assert_ne!(got & (FRONT_CHUNK - 1), 0, "{written:#x}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -209,6 +209,25 @@ pub(crate) fn semi_len(addr: usize, word: usize, secret: usize) -> usize {
     word ^ addr.rotate_left(23) ^ secret ^ SEMI_SALT
 }
 
+/// The stored form of a front-cache link to `next` under key `link`
+/// (see the front module's "Encoded links"; key 0 stores it plain).
+#[inline(always)]
+pub(crate) fn link_encode(next: *mut Semi, link: usize) -> *mut Semi {
+    (next as usize ^ link) as *mut Semi
+}
+
+/// The link stored in chunk `e` under key `link`; one that does not decode
+/// to an address aligned to `align` (the chunk size) was overwritten: abort
+/// with one line.
+#[inline(always)]
+pub(crate) fn link_decode(e: *mut Semi, stored: *mut Semi, link: usize, align: usize) -> *mut Semi {
+    let next = stored as usize ^ link;
+    if next & (align - 1) != 0 {
+        fatal_corruption(e as usize);
+    }
+    next as *mut Semi
+}
+
 /// The second word of a chunk parked in a front cache.
 #[inline(always)]
 pub(crate) fn cache_key(addr: usize, secret: usize) -> usize {
@@ -400,6 +419,22 @@ pub(crate) fn bad_free(e: Error) -> ! {
     kmem_sys::abort_with(format_args!("kmem-nta: bad free: {e}"));
     #[cfg(not(feature = "os"))]
     panic!("kmem-nta: bad free: {}", e)
+}
+
+/// Heap metadata in a freed chunk was overwritten (found where the chunk at
+/// `addr` was about to be handed out): the allocator cannot continue safely.
+#[cold]
+#[inline(never)]
+pub(crate) fn fatal_corruption(addr: usize) -> ! {
+    #[cfg(feature = "os")]
+    kmem_sys::abort_with(format_args!(
+        "kmem-nta: free chunk {addr:#x} was overwritten (use after free or overflow)"
+    ));
+    #[cfg(not(feature = "os"))]
+    panic!(
+        "kmem-nta: free chunk {:#x} was overwritten (use after free or overflow)",
+        addr
+    )
 }
 
 impl<P: PageSource> Nta<P, Cpus> {
@@ -1809,12 +1844,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// Frees a chain of allocations of `k` chunks each, linked through their
-    /// first word: the calling CPU's under one lock, others' onto their
-    /// owners' semi-free lists, one compare-and-swap per owner run.
+    /// first word (encoded under key `link`, 0 for plain pointers): the
+    /// calling CPU's under one lock, others' onto their owners' semi-free
+    /// lists, one compare-and-swap per owner run.
     ///
     /// # Safety
     /// Every entry is a live allocation of `k` chunks that the caller gives up.
-    pub(crate) unsafe fn free_batch(&self, mut head: *mut Semi, k: usize) {
+    pub(crate) unsafe fn free_batch(&self, mut head: *mut Semi, k: usize, link: usize) {
         let h = self.current_heap();
         // Taken at the first chunk of our own (a consumer that only frees
         // other CPUs' chunks never touches its heap's lock).
@@ -1828,11 +1864,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let mut ring = [ptr::null_mut::<Semi>(); SKIP];
         let mut len = 0usize;
         let bytes = k << self.geo.chunk_shift;
+        let chunk = 1 << self.geo.chunk_shift;
         while !head.is_null() {
             // SAFETY: entries are live allocations we give up.
             unsafe {
                 let e = head;
-                head = (*e).next;
+                head = link_decode(e, (*e).next, link, chunk);
                 let (node, idx) = self.node_of(e as usize);
                 let owner = (*node).owner as usize;
                 if owner == h {

@@ -596,7 +596,7 @@ fn free_batch_from_cpu1<P: PageSource>(nta: &Nta<P>, ptrs: &[usize], k: usize) {
                 head = e;
             }
             // SAFETY: a chain of live allocations of k chunks each.
-            unsafe { nta.free_batch(head, k) };
+            unsafe { nta.free_batch(head, k, 0) };
         });
     });
 }
