@@ -58,7 +58,9 @@ pub unsafe fn is_zero(p: usize, len: usize) -> bool {
 
 fn offsets(len: usize, stride: usize) -> impl Iterator<Item = usize> {
     let last = (len & !7) - 8;
-    (0..last).step_by(stride.max(8)).chain(std::iter::once(last))
+    (0..last)
+        .step_by(stride.max(8))
+        .chain(std::iter::once(last))
 }
 
 /// Live allocations by start address: length and tag. Refuses overlaps.

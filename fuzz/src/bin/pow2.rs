@@ -60,7 +60,11 @@ fuzz_target!(|input: Input| {
     let mut freed: Vec<usize> = Vec::new();
     for op in &input.ops {
         match *op {
-            Op::Alloc { cpu, size, align_log } => {
+            Op::Alloc {
+                cpu,
+                size,
+                align_log,
+            } => {
                 bind_simulated_cpu(cpu as usize % cpus);
                 let size = (size as usize % (2 * page)).max(8);
                 let align = 1usize << (align_log % 13).max(3);

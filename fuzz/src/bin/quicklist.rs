@@ -21,7 +21,7 @@ use std::sync::Once;
 use kmem_core::{bind_simulated_cpu, Cpus, PageSource, Topology};
 use kmem_fuzz::{fill, verify, Live};
 use kmem_pages::FixedSource;
-use kmem_quicklist::{Config, PageRef, Policy, Quicklists};
+use kmem_quicklist::{Config, Ctor, Dtor, PageRef, Policy, Quicklists};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 
@@ -33,17 +33,49 @@ const INJECTED: &str = "kmem-fuzz: injected panic";
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Alloc { cpu: u8, list: u8, ctor_panics: bool },
-    Free { cpu: u8, pick: u16, to: u8 },
-    Trim { cpu: u8, list: u8, dtor_panics_at: u8 },
-    TrimCpu { cpu: u8, list: u8 },
-    Drain { list: u8, dtor_panics_at: u8 },
-    Hog { pages: u8 },
-    Unhog { pages: u8 },
-    Foreign { page: u16 },
-    Inside { pick: u16, off: u16 },
-    Twice { pick: u16 },
-    BadList { pick: u16, list: u8 },
+    Alloc {
+        cpu: u8,
+        list: u8,
+        ctor_panics: bool,
+    },
+    Free {
+        cpu: u8,
+        pick: u16,
+        to: u8,
+    },
+    Trim {
+        cpu: u8,
+        list: u8,
+        dtor_panics_at: u8,
+    },
+    TrimCpu {
+        cpu: u8,
+        list: u8,
+    },
+    Drain {
+        list: u8,
+        dtor_panics_at: u8,
+    },
+    Hog {
+        pages: u8,
+    },
+    Unhog {
+        pages: u8,
+    },
+    Foreign {
+        page: u16,
+    },
+    Inside {
+        pick: u16,
+        off: u16,
+    },
+    Twice {
+        pick: u16,
+    },
+    BadList {
+        pick: u16,
+        list: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -84,7 +116,10 @@ fn assert_constructed(l: usize, link: usize, p: usize) {
         let want = if off == link { 0 } else { constructed(l, off) };
         // SAFETY: a page of ours, PAGE bytes.
         let got = unsafe { ((p + off) as *const u64).read() };
-        assert_eq!(got, want, "page {p:#x} of list {l} not constructed at +{off}");
+        assert_eq!(
+            got, want,
+            "page {p:#x} of list {l} not constructed at +{off}"
+        );
     }
 }
 
@@ -129,21 +164,23 @@ fuzz_target!(|input: Input| {
     let mut list_of = std::collections::HashMap::new();
     let mut freed: Vec<usize> = Vec::new();
     let mut hogged: Vec<NonNull<u8>> = Vec::new();
-    let ctors: [&dyn Fn(&mut [u8]); LISTS] = [
-        &|_| {},
-        &|p| construct(1, link, p),
-        &|p| construct(2, link, p),
-    ];
+    let ctors: [Ctor<'_>; LISTS] = [&|_| {}, &|p| construct(1, link, p), &|p| {
+        construct(2, link, p)
+    }];
     for op in &input.ops {
         match *op {
-            Op::Alloc { cpu, list, ctor_panics } => {
+            Op::Alloc {
+                cpu,
+                list,
+                ctor_panics,
+            } => {
                 bind_simulated_cpu(cpu as usize % cpus);
                 let l = list as usize % LISTS;
                 let panicking = |p: &mut [u8]| {
                     construct(l, link, p);
                     std::panic::panic_any(INJECTED);
                 };
-                let ctor: Option<&dyn Fn(&mut [u8])> = match (l, ctor_panics) {
+                let ctor: Option<Ctor<'_>> = match (l, ctor_panics) {
                     (0, false) => None,
                     (_, true) => Some(&panicking),
                     _ => Some(ctors[l]),
@@ -187,7 +224,11 @@ fuzz_target!(|input: Input| {
                     freed.push(p);
                 }
             }
-            Op::Trim { cpu, list, dtor_panics_at } => {
+            Op::Trim {
+                cpu,
+                list,
+                dtor_panics_at,
+            } => {
                 bind_simulated_cpu(cpu as usize % cpus);
                 let l = list as usize % LISTS;
                 run_dtor(l, link, dtor_panics_at, |d| ql.trim(l, Some(d)).map(|_| ()));
@@ -198,9 +239,14 @@ fuzz_target!(|input: Input| {
                 let r = ql.trim_cpu(c, l, None);
                 assert_eq!(r.is_err(), c >= cpus);
             }
-            Op::Drain { list, dtor_panics_at } => {
+            Op::Drain {
+                list,
+                dtor_panics_at,
+            } => {
                 let l = list as usize % LISTS;
-                run_dtor(l, link, dtor_panics_at, |d| ql.drain(l, Some(d)).map(|_| ()));
+                run_dtor(l, link, dtor_panics_at, |d| {
+                    ql.drain(l, Some(d)).map(|_| ())
+                });
             }
             Op::Hog { pages } => {
                 for _ in 0..pages % 32 {
@@ -276,12 +322,12 @@ fuzz_target!(|input: Input| {
 
 /// Runs a trim or drain of list `l` whose destructor checks each page's
 /// constructed state and panics at its `at`th call (0: never).
-fn run_dtor(l: usize, link: usize, at: u8, f: impl FnOnce(&dyn Fn(&mut [u8])) -> kmem_core::Result<()>) {
+fn run_dtor(l: usize, link: usize, at: u8, f: impl FnOnce(Dtor<'_>) -> kmem_core::Result<()>) {
     let calls = std::cell::Cell::new(0u8);
     let dtor = |p: &mut [u8]| {
         assert_constructed(l, link, p.as_ptr() as usize);
         calls.set(calls.get().wrapping_add(1));
-        if at % 8 != 0 && calls.get() == at % 8 {
+        if !at.is_multiple_of(8) && calls.get() == at % 8 {
             std::panic::panic_any(INJECTED);
         }
     };
@@ -295,6 +341,9 @@ fn refused(ql: &Quicklists<&FixedSource<'_>, LISTS>, q: usize, list: usize) {
     // callers check), or the list is out of range: `free` refuses it.
     let h = unsafe { PageRef::from_raw(NonNull::new(q as *mut u8).unwrap()) };
     let r = ql.free(list, h, None);
-    assert!(r.is_err(), "a bad free of {q:#x} (list {list}) was accepted");
+    assert!(
+        r.is_err(),
+        "a bad free of {q:#x} (list {list}) was accepted"
+    );
     assert_eq!(ql.stats(), before, "a refused free changed something");
 }

@@ -20,13 +20,32 @@ const PAGES: usize = 96;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Alloc { pages: u8, align_log: u8, zeroed: bool },
-    Free { pick: u16, zeroed: bool },
-    WrongLength { pick: u16, delta: i8 },
-    Middle { pick: u16, page: u8 },
-    ZeroLength { pick: u16 },
-    Foreign { page: u8 },
-    Twice { pick: u16 },
+    Alloc {
+        pages: u8,
+        align_log: u8,
+        zeroed: bool,
+    },
+    Free {
+        pick: u16,
+        zeroed: bool,
+    },
+    WrongLength {
+        pick: u16,
+        delta: i8,
+    },
+    Middle {
+        pick: u16,
+        page: u8,
+    },
+    ZeroLength {
+        pick: u16,
+    },
+    Foreign {
+        page: u8,
+    },
+    Twice {
+        pick: u16,
+    },
     Maintain,
     Purge,
 }
@@ -48,7 +67,11 @@ fn run<S: PageSource>(src: &S, check: impl Fn(&S) -> Result<(), &'static str>, o
     for op in ops {
         let before = src.free_page_count();
         match *op {
-            Op::Alloc { pages, align_log, zeroed } => {
+            Op::Alloc {
+                pages,
+                align_log,
+                zeroed,
+            } => {
                 let n = (pages as usize % 24) + 1;
                 let align = 1usize << (align_log % 6);
                 let r = if zeroed {
@@ -98,7 +121,8 @@ fn run<S: PageSource>(src: &S, check: impl Fn(&S) -> Result<(), &'static str>, o
                     let wrong = (n as isize + delta as isize).max(1) as usize;
                     if wrong != n {
                         // SAFETY: refused: the length is wrong.
-                        let r = unsafe { src.free_pages(NonNull::new(p as *mut u8).unwrap(), wrong) };
+                        let r =
+                            unsafe { src.free_pages(NonNull::new(p as *mut u8).unwrap(), wrong) };
                         assert!(r.is_err(), "free of {p:#x} with {wrong} pages, not {n}");
                     }
                 }
@@ -153,7 +177,8 @@ fn run<S: PageSource>(src: &S, check: impl Fn(&S) -> Result<(), &'static str>, o
         // SAFETY: live runs of ours, freed once.
         unsafe {
             verify(p, len, ps, tag);
-            src.free_pages(NonNull::new(p as *mut u8).unwrap(), len / ps).unwrap();
+            src.free_pages(NonNull::new(p as *mut u8).unwrap(), len / ps)
+                .unwrap();
         }
     }
     check(src).unwrap();
@@ -167,9 +192,8 @@ fuzz_target!(|input: Input| {
     } else {
         let mut buf = vec![0u64; (PAGES + 2) * PAGE / 8];
         // SAFETY: viewing the u64 buffer as bytes, for the source's life.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8)
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8) };
         let src = FixedSource::new(bytes, PAGE).unwrap();
         run(&src, |s| s.check(), &input.ops);
     }
