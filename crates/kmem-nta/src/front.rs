@@ -133,6 +133,24 @@ pub const fn front_class(size: usize) -> Option<usize> {
     }
 }
 
+/// `push` over an allocator whose chunks are not [`FRONT_CHUNK`] bytes:
+/// the chunk is freed at once, checked as [`Nta::free`] checks (a bad free
+/// aborts with one line, as a bad push does).
+///
+/// # Safety
+/// As [`FrontCache::push`].
+#[cold]
+#[inline(never)]
+unsafe fn free_now<P: PageSource, C: CpuSource>(nta: &Nta<P, C>, p: *mut u8) {
+    let Some(q) = ptr::NonNull::new(p) else {
+        bad_free(Error::NotAllocated { addr: 0 });
+    };
+    // SAFETY: the caller gives the allocation up.
+    if let Err(e) = unsafe { nta.free(q) } {
+        bad_free(e);
+    }
+}
+
 /// One thread's cache of recently freed chunks, by size in chunks. See the
 /// module documentation.
 #[repr(C)]
@@ -265,6 +283,10 @@ impl FrontCache {
         p: *mut u8,
         k: usize,
     ) {
+        if nta.geometry().chunk_shift != SHIFT {
+            // SAFETY: forwarded contract.
+            return unsafe { free_now(nta, p) };
+        }
         let e: *mut Semi = p.cast();
         let key = cache_key(p as usize, nta.secret());
         // SAFETY: the chunk holds at least 16 bytes and is ours now.

@@ -234,6 +234,26 @@ pub(crate) fn cache_key(addr: usize, secret: usize) -> usize {
     addr.rotate_left(17) ^ secret ^ CACHE_SALT
 }
 
+/// True when the allocation of `k` chunks at `addr` carries the mark of a
+/// chunk that waits, freed already: parked in a front cache
+/// ([`cache_key`]) or queued on a semi-free list ([`semi_tag`]). Every path
+/// that hands a chunk out clears the word, so a live allocation carries
+/// neither mark unless its owner writes one (it would need the secret).
+///
+/// # Safety
+/// `addr` is the start of an allocation of `k` chunks of a live node (16
+/// bytes or more are in every chunk).
+#[inline(always)]
+pub(crate) unsafe fn parked(addr: usize, k: usize, secret: usize) -> bool {
+    // Atomic because a cache or list holding the chunk may be writing it.
+    // SAFETY: the second word lies in the chunk (this function's contract).
+    let w = unsafe {
+        (*(addr as *const core::sync::atomic::AtomicUsize).add(1))
+            .load(core::sync::atomic::Ordering::Relaxed)
+    };
+    w == cache_key(addr, secret) || semi_len(addr, w, secret) == k
+}
+
 /// One CPU's heap. Guarded by its slot's lock.
 pub(crate) struct Heap {
     /// `lists[k]`: free chunks of exactly k chunks (1..=max); from the source.
@@ -1450,7 +1470,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         if !small {
             // SAFETY: a validated live large header.
             unsafe {
-                if k != 0 && k != usize::MAX {
+                // A large layout must name the allocation's page count.
+                let ps = self.source.page_size();
+                let pages_ok = k == usize::MAX && given.div_ceil(ps) * ps == (*node).size;
+                if k != 0 && !pages_ok {
                     return Err(Error::WrongSize {
                         addr: addr as u64,
                         given: given as u64,
@@ -1479,9 +1502,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 actual: (actual << self.geo.chunk_shift) as u64,
             });
         }
-        // SAFETY: live node owned by the locked heap.
+        // SAFETY: live node owned by the locked heap; a validated
+        // allocation's start.
         unsafe {
             let n = self.validate(node, idx, k, addr)?;
+            if parked(addr, n, self.secret()) {
+                return Err(Error::DoubleFree { addr: addr as u64 });
+            }
             self.release(&mut heap, node, idx, n);
         }
         Ok(())
@@ -1510,8 +1537,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         if load_check(node) != seal(node as usize, self.secret()) {
             return Err(Error::DoubleFree { addr: addr as u64 });
         }
-        // SAFETY: live node, owner locked.
+        // SAFETY: live node, owner locked; a validated allocation's start.
         let k = unsafe { self.validate(node, idx, 0, addr)? };
+        // SAFETY: as above.
+        if unsafe { parked(addr, k, self.secret()) } {
+            return Err(Error::DoubleFree { addr: addr as u64 });
+        }
         drop(heap);
         Ok(k << self.geo.chunk_shift)
     }
@@ -1579,11 +1610,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 return Err(bad);
             }
             let k = last + 1 - idx;
-            // The chunk's second word (16 bytes or more are in every chunk);
-            // atomic because a cache or list holding it may be writing it.
-            let w =
-                (*(addr as *const core::sync::atomic::AtomicUsize).add(1)).load(Ordering::Relaxed);
-            if w == cache_key(addr, secret) || semi_len(addr, w, secret) == k {
+            if parked(addr, k, secret) {
                 return Err(Error::DoubleFree { addr: addr as u64 });
             }
             Ok(k)

@@ -974,3 +974,119 @@ fn second_free_of_a_purged_large_run_is_a_double_free() {
     }
     nta.check().unwrap();
 }
+
+#[test]
+fn free_of_a_chunk_parked_in_a_front_cache_is_a_double_free() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let keep = nta.alloc(l(64)).unwrap();
+    let mut front = crate::FrontCache::new();
+    // SAFETY: a new cache, filled from nta only; p is a live 1-chunk
+    // allocation, pushed once; the frees of it while parked are refused.
+    unsafe {
+        let p = front.refill(&nta, 1);
+        assert!(!p.is_null());
+        front.push(&nta, p, 1);
+        let q = NonNull::new(p).unwrap();
+        let df = Err(Error::DoubleFree { addr: p as u64 });
+        assert_eq!(nta.free(q), df);
+        assert_eq!(nta.free_sized(q, l(64)), df);
+        assert_eq!(nta.usable_size(q).map(|_| ()), df);
+        nta.check().unwrap();
+        // Still parked, handed out once, clean.
+        assert_eq!(front.pop(1), p);
+        assert_eq!(nta.usable_size(q), Ok(64));
+        nta.free(q).unwrap();
+        front.flush_all(&nta);
+        nta.free(keep).unwrap();
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
+
+#[test]
+fn usable_size_of_a_queued_remote_free_is_a_double_free() {
+    let mut b = buf(128);
+    let src = source(&mut b);
+    let c = Config { heaps: 2, ..cfg() };
+    let nta = Nta::with_config(&src, c, Cpus::Simulated).unwrap();
+    let p = std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(0);
+            nta.alloc(l(200)).unwrap().as_ptr() as usize
+        })
+        .join()
+        .unwrap()
+    });
+    let q = NonNull::new(p as *mut u8).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(1);
+            let q = NonNull::new(p as *mut u8).unwrap();
+            // SAFETY: live, freed once, from CPU 1: queued for heap 0.
+            unsafe { nta.dealloc(q, l(200)) };
+        });
+    });
+    assert_eq!(nta.stats().remote_pending, 1);
+    // SAFETY: an address of the arena; the answer is an error.
+    assert_eq!(
+        unsafe { nta.usable_size(q) },
+        Err(Error::DoubleFree { addr: p as u64 })
+    );
+    nta.check().unwrap();
+    finish_queued_on_cpu0(&nta);
+    assert_eq!(nta.stats().bytes_held, 0);
+    nta.check().unwrap();
+}
+
+#[test]
+fn free_sized_of_a_large_run_with_another_page_count_is_wrong_size() {
+    let mut b = buf(64);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let size = 40 << 10;
+    let p = nta.alloc(l(size)).unwrap();
+    // SAFETY: a live allocation; the wrong layouts are refused, the right
+    // one (any size of the same page count) frees it.
+    unsafe {
+        for wrong in [size + PAGE, 2 * size, size - PAGE] {
+            assert_eq!(
+                nta.free_sized(p, l(wrong)),
+                Err(Error::WrongSize {
+                    addr: p.as_ptr() as u64,
+                    given: wrong as u64,
+                    actual: size as u64,
+                })
+            );
+            nta.check().unwrap();
+        }
+        nta.free_sized(p, l(size - 100)).unwrap();
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().large_runs, 0);
+}
+
+#[test]
+fn a_front_cache_over_other_chunks_frees_at_once() {
+    let mut b = buf(64);
+    let c = Config {
+        chunk_size: 16,
+        node_size: 8 << 10,
+        ..cfg()
+    };
+    let nta = Nta::with_config(source(&mut b), c, Cpus::Fixed(0)).unwrap();
+    let mut front = crate::FrontCache::new();
+    let keep = nta.alloc(l(16)).unwrap();
+    // SAFETY: live allocations of nta, each given to the cache once.
+    unsafe {
+        assert!(front.refill(&nta, 1).is_null());
+        for size in [16, 48, 64] {
+            let p = nta.alloc(l(size)).unwrap();
+            front.push(&nta, p.as_ptr(), 1);
+            assert_eq!(front.bytes(), 0);
+            nta.check().unwrap();
+        }
+        nta.free(keep).unwrap();
+    }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
