@@ -1,0 +1,1185 @@
+//! The network tree allocator (`kmem-nta`): an `Nta` over a `FixedSource`
+//! with 2 to 4 simulated CPUs (16-, 32- or 64-byte chunks, 4 to 32 KiB nodes,
+//! 0 to 2 reserve nodes, steal on or off) and two front caches, against a
+//! model of live allocations. Allocations (`alloc`, `alloc_bytes`,
+//! `GlobalAlloc::alloc`/`alloc_zeroed`, small, aligned and large) get a
+//! pattern that must survive until they are freed (`free`, `free_sized`,
+//! `dealloc`, `GlobalAlloc::dealloc`, `lookup_unlocked` + `free_small`) or
+//! moved (`realloc`, `GlobalAlloc::realloc`, `resize_small`); frees from a
+//! CPU other than the owner's go through the semi-free lists; front caches
+//! are popped, refilled, pushed and flushed, and what they hand out is a live
+//! allocation like any other. Zeroed allocations must read zero, no two live
+//! allocations overlap, `usable_size` / `owner_of` / `lookup_unlocked` agree
+//! with the model, and the stats are exact where they can be: bytes held by
+//! live small allocations (held, less queued remote frees and cached chunks),
+//! large runs and their pages, pages taken from the source, every node chunk
+//! either held or on a free list. Bad input (a pointer from elsewhere, an
+//! address inside the arena that is no allocation, the middle of one, a
+//! second free, also of a chunk parked in a front cache or queued on a
+//! semi-free list, `free_sized` with the wrong layout) must be the documented
+//! error and change nothing. `check()` after every step; at the end
+//! everything is freed, then trimmed (no node left) or dropped, and every
+//! page is back with the source.
+//!
+//! Not fuzzed: bad frees that the crate documents as aborting (`dealloc` or
+//! `GlobalAlloc::dealloc` with a wrong layout or twice, a second `push` of a
+//! chunk into a front cache).
+
+#![no_main]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::collections::HashMap;
+use std::ptr::NonNull;
+
+use kmem_core::{bind_simulated_cpu, Cpus, Error, PageSource};
+use kmem_fuzz::{fill, is_zero, verify, Live};
+use kmem_nta::{Config, FrontCache, Geometry, Nta, Stats, FRONT_CHUNK, FRONT_CLASSES};
+use kmem_pages::FixedSource;
+use libfuzzer_sys::arbitrary::{self, Arbitrary};
+use libfuzzer_sys::fuzz_target;
+
+const PAGE: usize = 4096;
+/// Pages of the arena (plus the source's metadata page).
+const PAGES: usize = 96;
+/// Readable pages below the source's span: the node boundary below any
+/// address of the span (what `lookup_unlocked` reads) stays in the buffer.
+const PAD: usize = 8;
+/// Simulated CPUs (more than the heaps: CPU numbers past them fold).
+const CPUS: usize = 5;
+/// Pattern stride: every chunk of an allocation carries a word of it.
+const STRIDE: usize = 64;
+/// Freed addresses remembered for second frees.
+const FREED: usize = 32;
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Size {
+    /// 0..=255 bytes (0: `ZeroSize`).
+    Tiny(u8),
+    /// 1..=the largest small size.
+    Small(u16),
+    /// A whole number of chunks, up to the largest small size.
+    Chunks(u16),
+    /// Past the largest small size: a page run of its own.
+    Large(u32),
+    /// Past what nta serves at all (`TooLarge`).
+    Huge(u8),
+}
+
+impl Size {
+    fn bytes(self, g: &Geometry) -> usize {
+        match self {
+            Size::Tiny(b) => b as usize,
+            Size::Small(v) => 1 + v as usize % g.max_small(),
+            Size::Chunks(k) => (1 + k as usize % g.max) << g.chunk_shift,
+            Size::Large(v) => g.max_small() + 1 + v as usize % (3 * g.node()),
+            Size::Huge(v) => isize::MAX as usize / 2 + 1 + v as usize,
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Alloc {
+        size: Size,
+        align_log: u8,
+        how: u8,
+        cpu: u8,
+    },
+    Free {
+        pick: u16,
+        how: u8,
+        cpu: u8,
+    },
+    Realloc {
+        pick: u16,
+        size: Size,
+        global: bool,
+        cpu: u8,
+    },
+    Resize {
+        pick: u16,
+        chunks: u16,
+        cpu: u8,
+    },
+    Query {
+        pick: u16,
+    },
+    Pop {
+        second: bool,
+        class: u8,
+        cpu: u8,
+    },
+    Push {
+        second: bool,
+        pick: u16,
+        cpu: u8,
+    },
+    /// Takes up to `n` chunks of one class from a cache (refilling it as
+    /// it empties), then pushes them all into a cache: full classes flush,
+    /// refills ramp up, idle classes go back.
+    Burst {
+        from: bool,
+        to: bool,
+        class: u8,
+        n: u16,
+        cpu: u8,
+    },
+    Flush {
+        second: bool,
+        cpu: u8,
+    },
+    Maintain {
+        how: u8,
+        cpu: u8,
+    },
+    Foreign {
+        off: u32,
+        outside: bool,
+    },
+    Middle {
+        pick: u16,
+        off: u32,
+    },
+    Twice {
+        pick: u16,
+    },
+    CachedTwice {
+        second: bool,
+        pick: u16,
+        cpu: u8,
+    },
+    QueuedTwice {
+        pick: u16,
+        cpu: u8,
+    },
+    WrongLayout {
+        pick: u16,
+        size: Size,
+        align_log: u8,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    /// At the end: trim and check that no node is left (else the queues
+    /// are finished by each heap and `Drop` gives the nodes back).
+    trim: bool,
+    chunk: u8,
+    node: u8,
+    heaps: u8,
+    reserve: u8,
+    steal: bool,
+    ops: Vec<Op>,
+}
+
+impl Input {
+    fn config(&self) -> Config {
+        let chunk = [64, 64, 32, 16][self.chunk as usize % 4];
+        // 4 to 32 KiB, holding 64..=1024 chunks.
+        let mut node = PAGE << (self.node % 4);
+        while node / chunk > 1024 {
+            node /= 2;
+        }
+        Config {
+            chunk_size: chunk,
+            node_size: node,
+            heaps: 2 + self.heaps as usize % 3,
+            reserve_nodes: self.reserve as usize % 3,
+            steal: self.steal,
+        }
+    }
+}
+
+type TheNta<'a> = Nta<&'a FixedSource<'a>, Cpus>;
+
+/// Alignments up to 16 KiB, and now and then one past the arena.
+fn align_of(log: u8) -> usize {
+    if log >= 240 {
+        1 << (20 + log % 16)
+    } else {
+        1 << (log % 15)
+    }
+}
+
+fn nn(a: usize) -> NonNull<u8> {
+    NonNull::new(a as *mut u8).expect("non-null")
+}
+
+/// Stats less the lock counters (which count the lookups themselves).
+fn state(s: Stats) -> Stats {
+    Stats {
+        locks: Default::default(),
+        lock_misses: 0,
+        ..s
+    }
+}
+
+/// What bad input must leave as it was: everything when no remote free
+/// waits; else (a checked free finishes the owner's queue first) what live
+/// allocations hold.
+fn same(before: &Stats, after: &Stats) {
+    if before.remote_pending == 0 {
+        assert_eq!(state(*before), state(*after), "bad input changed the stats");
+    } else {
+        let live = |s: &Stats| {
+            (
+                s.bytes_held - s.remote_pending_bytes,
+                s.large_runs,
+                s.large_pages,
+            )
+        };
+        assert_eq!(live(before), live(after), "bad input changed what is live");
+        assert_eq!(before.allocations, after.allocations);
+    }
+}
+
+fn is_bad(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::NotAllocated { .. } | Error::DoubleFree { .. } | Error::OutOfRange { .. }
+    )
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    size: usize,
+    align: usize,
+    /// The owner heap where the model knows it (chunks from a front cache
+    /// belong to whichever heap refilled or freed them).
+    owner: Option<usize>,
+}
+
+struct Model {
+    g: Geometry,
+    live: Live,
+    meta: HashMap<usize, Meta>,
+    freed: Vec<usize>,
+    small_bytes: usize,
+    large_runs: usize,
+    large_pages: usize,
+}
+
+impl Model {
+    /// Whether nta serves (size, align) from nodes (its `is_small`).
+    fn small(&self, size: usize, align: usize) -> bool {
+        let g = &self.g;
+        if size > g.max_small() {
+            return false;
+        }
+        if align <= g.chunk() {
+            return true;
+        }
+        if align > 4096 || align > g.node() / 8 {
+            return false;
+        }
+        let a = align >> g.chunk_shift;
+        g.hdr.next_multiple_of(a) + g.chunks_for(size) <= g.nchunks
+    }
+
+    /// Usable bytes of an allocation of (size, align): whole chunks or pages.
+    fn usable(&self, size: usize, align: usize) -> usize {
+        if self.small(size, align) {
+            self.g.chunks_for(size) << self.g.chunk_shift
+        } else {
+            size.div_ceil(PAGE) * PAGE
+        }
+    }
+
+    /// Pages of a large run: the data and the header page(s) before it.
+    fn run_pages(size: usize, align: usize) -> usize {
+        size.div_ceil(PAGE) + align.max(PAGE) / PAGE
+    }
+
+    fn pick(&self, pick: u16) -> Option<(usize, Meta)> {
+        let (p, _, _) = self.live.pick(pick as usize)?;
+        Some((p, self.meta[&p]))
+    }
+
+    /// Records a fresh allocation and writes its pattern.
+    ///
+    /// # Safety
+    /// `p` is a live allocation of (size, align) that nothing else uses.
+    unsafe fn add(&mut self, p: usize, size: usize, align: usize, owner: Option<usize>) {
+        let len = self.usable(size, align);
+        let tag = self.live.insert(p, len);
+        // SAFETY: forwarded: `len` usable bytes, chunk or page aligned.
+        unsafe { fill(p, len, STRIDE, tag) };
+        self.meta.insert(p, Meta { size, align, owner });
+        if self.small(size, align) {
+            self.small_bytes += len;
+        } else {
+            self.large_runs += 1;
+            self.large_pages += Self::run_pages(size, align);
+        }
+    }
+
+    /// Checks the pattern of the live allocation at `p` and forgets it (the
+    /// caller frees or moves it next).
+    ///
+    /// # Safety
+    /// `p` is a live allocation of the model.
+    unsafe fn take(&mut self, p: usize) -> Meta {
+        let (len, tag) = self.live.remove(p);
+        // SAFETY: live until now.
+        unsafe { verify(p, len, STRIDE, tag) };
+        let m = self.meta.remove(&p).expect("meta");
+        if self.small(m.size, m.align) {
+            self.small_bytes -= len;
+        } else {
+            self.large_runs -= 1;
+            self.large_pages -= Self::run_pages(m.size, m.align);
+        }
+        if self.freed.len() >= FREED {
+            self.freed.swap_remove(p % FREED);
+        }
+        self.freed.push(p);
+        m
+    }
+
+    fn verify(&self, p: usize) {
+        let (_, len, tag) = self.live.iter().find(|&(q, _, _)| q == p).expect("live");
+        // SAFETY: a live allocation of ours.
+        unsafe { verify(p, len, STRIDE, tag) };
+    }
+}
+
+/// The first `n` bytes at `p`.
+///
+/// # Safety
+/// `p` is readable for `n` bytes.
+unsafe fn snapshot(p: usize, n: usize) -> Vec<u8> {
+    // SAFETY: forwarded.
+    unsafe { std::slice::from_raw_parts(p as *const u8, n) }.to_vec()
+}
+
+struct Run<'a> {
+    src: &'a FixedSource<'a>,
+    nta: &'a TheNta<'a>,
+    m: Model,
+    caches: [FrontCache; 2],
+    /// The source's span: first data byte and length.
+    base: usize,
+    len: usize,
+    total: usize,
+    /// The simulated CPU the run acts as.
+    cpu: usize,
+}
+
+impl Run<'_> {
+    fn cached(&self) -> usize {
+        self.caches[0].bytes() + self.caches[1].bytes()
+    }
+
+    /// Acts as CPU `cpu` (folded onto the simulated CPUs).
+    fn bind(&mut self, cpu: u8) {
+        self.cpu = cpu as usize % CPUS;
+        bind_simulated_cpu(self.cpu);
+    }
+
+    /// The heap of the CPU the run acts as.
+    fn heap(&self) -> usize {
+        self.cpu % self.nta.heaps()
+    }
+
+    /// The invariants and the model's exact counts, after every step.
+    fn check(&self) {
+        let nta = self.nta;
+        nta.check().unwrap();
+        let s = nta.stats();
+        let g = self.m.g;
+        assert_eq!(
+            s.bytes_held as isize - s.remote_pending_bytes as isize - self.cached() as isize,
+            self.m.small_bytes as isize,
+            "bytes held by live small allocations: {s:?}"
+        );
+        assert_eq!(
+            s.bytes_held + s.free_bytes,
+            s.nodes * (g.max << g.chunk_shift),
+            "node chunks neither held nor free: {s:?}"
+        );
+        assert_eq!(s.large_runs, self.m.large_runs, "large runs");
+        assert_eq!(s.large_pages, self.m.large_pages, "large pages");
+        assert!(s.empty_nodes <= s.nodes);
+        // Pages out of the source: nodes, pooled nodes, large runs, and the
+        // size lists of the heaps that grew.
+        let np = g.node() / PAGE;
+        let out = self.total - self.src.free_page_count().unwrap();
+        let lists = ((g.max + 1) * 8).div_ceil(PAGE);
+        let rest = out
+            .checked_sub((s.nodes + s.pooled_nodes) * np + s.large_pages)
+            .expect("fewer pages out than nodes and runs");
+        assert!(
+            rest.is_multiple_of(lists) && rest <= nta.heaps() * lists,
+            "pages out of the source: {out}, {s:?}"
+        );
+        for (p, len, tag) in self.m.live.iter().take(3) {
+            // SAFETY: live allocations of ours.
+            unsafe { verify(p, len, STRIDE, tag) };
+        }
+    }
+
+    /// Records a fresh allocation of (size, align) made on this CPU.
+    fn got(&mut self, p: NonNull<u8>, size: usize, align: usize) {
+        let p = p.as_ptr() as usize;
+        let g = self.m.g;
+        assert_eq!(p % align, 0, "{p:#x} not aligned to {align}");
+        let len = self.m.usable(size, align);
+        assert!(
+            p >= self.base && p + len <= self.base + self.len,
+            "{p:#x}+{len} outside the arena"
+        );
+        if self.m.small(size, align) {
+            assert_eq!(p % g.chunk(), 0);
+            assert_eq!(
+                p & !(g.node() - 1),
+                (p + len - 1) & !(g.node() - 1),
+                "small allocation {p:#x}+{len} crosses its node"
+            );
+        } else {
+            assert_eq!(p % PAGE, 0);
+        }
+        // SAFETY: a fresh allocation of (size, align).
+        unsafe { self.m.add(p, size, align, Some(self.heap())) };
+    }
+
+    fn alloc(&mut self, size: usize, align: usize, how: u8) {
+        let nta = self.nta;
+        let layout = Layout::from_size_align(size, align).unwrap();
+        let mut zeroed = false;
+        let r = match how % 4 {
+            1 if align == 1 => nta.alloc_bytes(size).map_err(Some),
+            2 | 3 if size > 0 => {
+                zeroed = how % 4 == 2;
+                // SAFETY: a layout of non-zero size.
+                let p = unsafe {
+                    if zeroed {
+                        GlobalAlloc::alloc_zeroed(nta, layout)
+                    } else {
+                        GlobalAlloc::alloc(nta, layout)
+                    }
+                };
+                NonNull::new(p).ok_or(None)
+            }
+            _ => nta.alloc(layout).map_err(Some),
+        };
+        match r {
+            Ok(p) => {
+                assert!(size > 0);
+                if zeroed {
+                    // SAFETY: `size` bytes were just allocated.
+                    assert!(
+                        unsafe { is_zero(p.as_ptr() as usize, size) },
+                        "zeroed {p:p}"
+                    );
+                }
+                self.got(p, size, align);
+            }
+            Err(None) => {}
+            Err(Some(Error::ZeroSize)) => assert_eq!(size, 0),
+            Err(Some(e)) => assert!(
+                matches!(
+                    e,
+                    Error::OutOfMemory { .. } | Error::BadAlign { .. } | Error::TooLarge { .. }
+                ),
+                "alloc({size}, {align}): {e:?}"
+            ),
+        }
+    }
+
+    fn free(&mut self, pick: u16, how: u8) {
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        let nta = self.nta;
+        let layout = Layout::from_size_align(m.size, m.align).unwrap();
+        let small = self.m.small(m.size, m.align);
+        let k = self.m.g.chunks_for(m.size);
+        // SAFETY: a live allocation, checked and forgotten, then freed once.
+        unsafe {
+            self.m.take(p);
+            match how % 5 {
+                0 => nta.free(nn(p)).unwrap(),
+                1 => nta.free_sized(nn(p), layout).unwrap(),
+                2 => nta.dealloc(nn(p), layout),
+                3 => GlobalAlloc::dealloc(nta, p as *mut u8, layout),
+                _ if small => {
+                    assert_eq!(nta.lookup_unlocked(p), Ok(k), "lookup of live {p:#x}");
+                    nta.free_small(p, k);
+                }
+                _ => nta.free(nn(p)).unwrap(),
+            }
+        }
+    }
+
+    fn realloc(&mut self, pick: u16, size: Size, global: bool) {
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        let nta = self.nta;
+        let g = self.m.g;
+        let new_size = size.bytes(&g);
+        let global = global && new_size > 0;
+        self.m.verify(p);
+        let keep = m.size.min(new_size);
+        // SAFETY: live, at least m.size bytes.
+        let before = unsafe { snapshot(p, keep) };
+        let old = Layout::from_size_align(m.size, m.align).unwrap();
+        // SAFETY: a live allocation made with `old`.
+        let r = unsafe {
+            if global {
+                NonNull::new(GlobalAlloc::realloc(nta, p as *mut u8, old, new_size)).ok_or(None)
+            } else {
+                nta.realloc(nn(p), old, new_size).map_err(Some)
+            }
+        };
+        match r {
+            Ok(q) => {
+                let q = q.as_ptr() as usize;
+                let (os, ns) = (
+                    self.m.small(m.size, m.align),
+                    self.m.small(new_size, m.align),
+                );
+                if os && ns && g.chunks_for(new_size) <= g.chunks_for(m.size) {
+                    assert_eq!(q, p, "a small realloc that does not grow moved");
+                }
+                if !os && !ns && m.size.div_ceil(PAGE) == new_size.div_ceil(PAGE) {
+                    assert_eq!(q, p, "a large realloc of the same pages moved");
+                }
+                // SAFETY: the result holds at least `keep` bytes.
+                assert!(unsafe { snapshot(q, keep) } == before, "realloc lost data");
+                // The old allocation's pattern is gone past `keep`: forget it
+                // without its check.
+                let (len, _) = self.m.live.remove(p);
+                self.m.meta.remove(&p);
+                if os {
+                    self.m.small_bytes -= len;
+                } else {
+                    self.m.large_runs -= 1;
+                    self.m.large_pages -= Model::run_pages(m.size, m.align);
+                }
+                let owner = if q == p { m.owner } else { Some(self.heap()) };
+                if q != p && self.m.freed.len() < FREED {
+                    self.m.freed.push(p);
+                }
+                // SAFETY: the live allocation realloc returned.
+                unsafe { self.m.add(q, new_size, m.align, owner) };
+                if q != p {
+                    self.got_checks(q, new_size, m.align);
+                }
+            }
+            Err(None) => self.m.verify(p),
+            Err(Some(e)) => {
+                if new_size == 0 {
+                    assert_eq!(e, Error::ZeroSize);
+                } else {
+                    assert!(
+                        matches!(e, Error::OutOfMemory { .. } | Error::TooLarge { .. }),
+                        "realloc: {e:?}"
+                    );
+                }
+                self.m.verify(p);
+            }
+        }
+    }
+
+    /// Placement checks of a moved allocation (as `got`, already recorded).
+    fn got_checks(&self, q: usize, size: usize, align: usize) {
+        let len = self.m.usable(size, align);
+        assert_eq!(q % align, 0);
+        assert!(q >= self.base && q + len <= self.base + self.len);
+    }
+
+    fn resize(&mut self, pick: u16, chunks: u16) {
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        if !self.m.small(m.size, m.align) {
+            return;
+        }
+        let g = self.m.g;
+        let ko = g.chunks_for(m.size);
+        let kn = chunks as usize % (g.max + 2);
+        self.m.verify(p);
+        let keep = (ko.min(kn) << g.chunk_shift).min(m.size);
+        // SAFETY: live, at least m.size bytes.
+        let before = unsafe { snapshot(p, keep) };
+        // SAFETY: a live small allocation of ko chunks.
+        let ok = unsafe { self.nta.resize_small(p, ko, kn) };
+        if kn == 0 || kn > g.max {
+            assert!(!ok, "resize to {kn} chunks");
+        } else if kn <= ko {
+            assert!(ok, "shrink in place refused");
+        }
+        if !ok {
+            self.m.verify(p);
+            return;
+        }
+        // SAFETY: still live, at least `keep` bytes.
+        assert!(unsafe { snapshot(p, keep) } == before, "resize lost data");
+        let (len, _) = self.m.live.remove(p);
+        self.m.meta.remove(&p);
+        self.m.small_bytes -= len;
+        // An aligned small allocation of kn chunks may not fit a node at its
+        // alignment: the layout freed with from now on has chunk alignment.
+        let align = m.align.min(g.chunk());
+        // SAFETY: live, now kn chunks.
+        unsafe { self.m.add(p, kn << g.chunk_shift, align, m.owner) };
+    }
+
+    fn query(&self, pick: u16) {
+        let nta = self.nta;
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        let g = self.m.g;
+        // SAFETY: p is a live allocation of ours.
+        unsafe {
+            assert_eq!(nta.usable_size(nn(p)), Ok(self.m.usable(m.size, m.align)));
+            let owner = nta.owner_of(nn(p)).unwrap();
+            assert!(owner < nta.heaps());
+            if let Some(o) = m.owner {
+                assert_eq!(owner, o, "owner of {p:#x}");
+            }
+            let l = nta.lookup_unlocked(p);
+            if self.m.small(m.size, m.align) {
+                assert_eq!(l, Ok(g.chunks_for(m.size)), "lookup of live {p:#x}");
+            } else {
+                assert!(matches!(l, Err(Error::NotAllocated { .. })), "{l:?}");
+            }
+        }
+        let s = nta.stats();
+        let mut lens = vec![0usize; g.max + 1];
+        nta.list_lengths(&mut lens);
+        assert_eq!(lens.iter().sum::<usize>(), s.free_chunks);
+        let mut nodes = 0;
+        nta.for_each_node(|_, u, e| {
+            assert_eq!((u.len(), e.len()), (g.words, g.words));
+            nodes += 1;
+        });
+        assert_eq!(nodes, s.nodes);
+    }
+
+    fn pop(&mut self, which: usize, class: u8) {
+        let nta = self.nta;
+        let g = self.m.g;
+        let k = class as usize % (FRONT_CLASSES + 2);
+        let c = &mut self.caches[which];
+        let mut p = c.pop(k);
+        if p.is_null() {
+            // SAFETY: the caches only ever hold nta's chunks.
+            p = unsafe { c.refill(nta, k) };
+        }
+        if p.is_null() {
+            return;
+        }
+        assert!(
+            (1..=FRONT_CLASSES).contains(&k) && k * FRONT_CHUNK <= nta.max_small(),
+            "class {k} served"
+        );
+        assert_eq!(
+            g.chunk(),
+            FRONT_CHUNK,
+            "a cache over {}-byte chunks served",
+            g.chunk()
+        );
+        let size = k * FRONT_CHUNK;
+        assert_eq!(p as usize % FRONT_CHUNK, 0);
+        let p = NonNull::new(p).unwrap();
+        let a = p.as_ptr() as usize;
+        assert!(a >= self.base && a + size <= self.base + self.len);
+        // SAFETY: a live allocation of k chunks the cache handed out.
+        unsafe { self.m.add(a, size, 8, None) };
+    }
+
+    /// Pushes the picked live allocation into a cache; returns it and its
+    /// layout, if one was pushed.
+    fn push(&mut self, which: usize, pick: u16) -> Option<(usize, Layout)> {
+        let g = self.m.g;
+        let (p, m) = self.m.pick(pick)?;
+        if !self.m.small(m.size, m.align) {
+            return None;
+        }
+        let k = g.chunks_for(m.size);
+        if k > FRONT_CLASSES {
+            return None;
+        }
+        let before = self.nta.stats();
+        // SAFETY: a live allocation of k chunks, checked, forgotten and given
+        // to the cache, whose chunks are all nta's.
+        unsafe {
+            self.m.take(p);
+            self.caches[which].push(self.nta, p as *mut u8, k);
+        }
+        if g.chunk() != FRONT_CHUNK {
+            // The docs: over another geometry, push frees at once.
+            assert_eq!(
+                self.caches[which].bytes(),
+                0,
+                "cached a {}-byte chunk",
+                g.chunk()
+            );
+            // Freed at once (the free first finishes the owner's queued
+            // remote frees, which leave held and pending alike).
+            let s = self.nta.stats();
+            let drained = before.remote_pending_bytes - s.remote_pending_bytes;
+            assert_eq!(
+                s.bytes_held + (k << g.chunk_shift) + drained,
+                before.bytes_held
+            );
+        }
+        Some((p, Layout::from_size_align(m.size, m.align).unwrap()))
+    }
+
+    fn maintain(&mut self, how: u8) {
+        let nta = self.nta;
+        match how % 3 {
+            0 => nta.maintain(),
+            1 => nta.trim(),
+            _ => {
+                // Every lock taken and given back, as around a fork.
+                nta.fork_prepare();
+                // SAFETY: this thread took them all just now.
+                unsafe { nta.fork_release() };
+                return;
+            }
+        }
+        let s = nta.stats();
+        assert_eq!((s.remote_pending, s.pooled_nodes), (0, 0), "{s:?}");
+        if how % 3 == 1 {
+            assert_eq!(s.empty_nodes, 0, "{s:?}");
+        }
+    }
+
+    fn burst(&mut self, from: usize, to: usize, class: u8, n: u16) {
+        let g = self.m.g;
+        let k = 1 + class as usize % FRONT_CLASSES;
+        if g.chunk() != FRONT_CHUNK || k * FRONT_CHUNK > g.max_small() {
+            return;
+        }
+        let mut got = Vec::new();
+        for _ in 0..n % 320 {
+            let c = &mut self.caches[from];
+            let mut p = c.pop(k);
+            if p.is_null() {
+                // SAFETY: the caches only ever hold nta's chunks.
+                p = unsafe { c.refill(self.nta, k) };
+            }
+            if p.is_null() {
+                break;
+            }
+            let a = p as usize;
+            assert!(
+                a.is_multiple_of(FRONT_CHUNK)
+                    && a >= self.base
+                    && a + k * FRONT_CHUNK <= self.base + self.len
+            );
+            // SAFETY: a live allocation of k chunks the cache handed out.
+            unsafe { self.m.add(a, k * FRONT_CHUNK, 8, None) };
+            got.push(a);
+        }
+        self.check();
+        for a in got {
+            // SAFETY: live allocations of k chunks, checked, forgotten and
+            // given to a cache of nta's chunks.
+            unsafe {
+                self.m.take(a);
+                self.caches[to].push(self.nta, a as *mut u8, k);
+            }
+        }
+    }
+
+    fn foreign(&mut self, off: u32, outside: bool) {
+        let nta = self.nta;
+        let before = nta.stats();
+        if outside {
+            let elsewhere = vec![0u64; 64];
+            let q = elsewhere.as_ptr() as usize + (off as usize % 64) * 8;
+            // SAFETY: not nta's: refused before anything is read.
+            unsafe {
+                for r in [
+                    nta.free(nn(q)),
+                    nta.usable_size(nn(q)).map(|_| ()),
+                    nta.owner_of(nn(q)).map(|_| ()),
+                    nta.free_sized(nn(q), Layout::from_size_align(64, 8).unwrap()),
+                ] {
+                    assert!(matches!(r, Err(Error::OutOfRange { .. })), "{q:#x}: {r:?}");
+                }
+            }
+        } else {
+            let q = self.base + (off as usize * 16) % self.len;
+            if self.m.live.starts(q) {
+                return;
+            }
+            self.bad_address(q);
+        }
+        same(&before, &nta.stats());
+    }
+
+    /// `q` lies in the arena and is no live allocation's start: everything
+    /// that looks it up must refuse it.
+    fn bad_address(&self, q: usize) {
+        let nta = self.nta;
+        let pending = nta.stats().remote_pending;
+        // SAFETY: the node boundary below q and q + 16 lie in the buffer.
+        let l = unsafe { nta.lookup_unlocked(q) };
+        assert!(l.is_err(), "lookup of {q:#x}: {l:?}");
+        // A chunk a refill put in a cache is unknown to the model, and the
+        // checked calls only see that it is allocated.
+        if self.cached() != 0 {
+            return;
+        }
+        // SAFETY: no allocation of ours: refused.
+        unsafe {
+            if pending == 0 {
+                let r = nta.usable_size(nn(q));
+                assert!(
+                    r.as_ref().is_err_and(is_bad),
+                    "usable_size of {q:#x}: {r:?}"
+                );
+            }
+            let r = nta.free(nn(q));
+            assert!(r.as_ref().is_err_and(is_bad), "free of {q:#x}: {r:?}");
+        }
+    }
+
+    fn middle(&mut self, pick: u16, off: u32) {
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        let nta = self.nta;
+        let len = self.m.usable(m.size, m.align);
+        let q = p + 1 + off as usize % (len - 1);
+        let before = nta.stats();
+        // SAFETY: inside a live allocation: refused.
+        unsafe {
+            let l = nta.lookup_unlocked(q);
+            assert!(
+                matches!(l, Err(Error::NotAllocated { .. })),
+                "lookup of {q:#x}: {l:?}"
+            );
+            let r = nta.usable_size(nn(q));
+            assert!(
+                matches!(r, Err(Error::NotAllocated { .. })),
+                "usable of {q:#x}: {r:?}"
+            );
+            let r = nta.free(nn(q));
+            assert!(
+                matches!(r, Err(Error::NotAllocated { .. })),
+                "free of {q:#x}: {r:?}"
+            );
+        }
+        same(&before, &nta.stats());
+        self.m.verify(p);
+    }
+
+    fn twice(&mut self, pick: u16) {
+        if self.m.freed.is_empty() {
+            return;
+        }
+        let q = self.m.freed[pick as usize % self.m.freed.len()];
+        if self.m.live.starts(q) {
+            return;
+        }
+        let before = self.nta.stats();
+        self.bad_address(q);
+        same(&before, &self.nta.stats());
+    }
+
+    fn cached_twice(&mut self, which: usize, pick: u16) {
+        let nta = self.nta;
+        let Some((p, layout)) = self.push(which, pick) else {
+            return;
+        };
+        if self.m.g.chunk() != FRONT_CHUNK {
+            return;
+        }
+        self.check();
+        let before = nta.stats();
+        // SAFETY: p is parked in a cache: freed already.
+        unsafe {
+            let l = nta.lookup_unlocked(p);
+            assert!(
+                matches!(l, Err(Error::DoubleFree { .. })),
+                "lookup of cached {p:#x}: {l:?}"
+            );
+            let r = nta.free(nn(p));
+            assert!(
+                matches!(r, Err(Error::DoubleFree { .. })),
+                "free of cached {p:#x}: {r:?}"
+            );
+            let r = nta.free_sized(nn(p), layout);
+            assert!(
+                matches!(r, Err(Error::DoubleFree { .. })),
+                "free_sized of cached {p:#x}: {r:?}"
+            );
+        }
+        same(&before, &nta.stats());
+    }
+
+    fn queued_twice(&mut self, pick: u16, cpu: u8) {
+        let nta = self.nta;
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        if !self.m.small(m.size, m.align) {
+            return;
+        }
+        // SAFETY: live.
+        let owner = unsafe { nta.owner_of(nn(p)) }.unwrap();
+        let Some(c) = (0..CPUS as u8)
+            .map(|i| cpu.wrapping_add(i))
+            .find(|&c| (c as usize % CPUS) % nta.heaps() != owner)
+        else {
+            return;
+        };
+        self.bind(c);
+        let layout = Layout::from_size_align(m.size, m.align).unwrap();
+        let pending = nta.stats().remote_pending;
+        // SAFETY: a live allocation freed once, from a CPU not its owner's:
+        // queued on the owner's semi-free list.
+        unsafe {
+            self.m.take(p);
+            nta.dealloc(nn(p), layout);
+        }
+        let s = nta.stats();
+        assert_eq!(s.remote_pending, pending + 1, "a remote free not queued");
+        self.check();
+        // SAFETY: p is queued: freed already.
+        unsafe {
+            let l = nta.lookup_unlocked(p);
+            assert!(
+                matches!(l, Err(Error::DoubleFree { .. })),
+                "lookup of queued {p:#x}: {l:?}"
+            );
+            let r = nta.usable_size(nn(p));
+            assert!(
+                matches!(r, Err(Error::DoubleFree { .. })),
+                "usable_size of queued {p:#x}: {r:?}"
+            );
+            if self.cached() == 0 {
+                let r = nta.free(nn(p));
+                assert!(
+                    matches!(r, Err(Error::DoubleFree { .. })),
+                    "free of queued {p:#x}: {r:?}"
+                );
+            }
+        }
+        same(&s, &nta.stats());
+    }
+
+    fn wrong_layout(&mut self, pick: u16, size: Size, align_log: u8) {
+        let Some((p, m)) = self.m.pick(pick) else {
+            return;
+        };
+        let nta = self.nta;
+        let g = self.m.g;
+        let (size, align) = (size.bytes(&g), align_of(align_log));
+        let os = self.m.small(m.size, m.align);
+        let expect_zero = size == 0;
+        if !expect_zero {
+            let ns = self.m.small(size, align);
+            if os && ns && g.chunks_for(size) == g.chunks_for(m.size) {
+                return;
+            }
+            if !os && !ns && size.div_ceil(PAGE) == m.size.div_ceil(PAGE) {
+                return;
+            }
+        }
+        let before = nta.stats();
+        let layout = Layout::from_size_align(size, align).unwrap();
+        // SAFETY: the wrong layout: refused.
+        let r = unsafe { nta.free_sized(nn(p), layout) };
+        if expect_zero {
+            assert_eq!(r, Err(Error::ZeroSize));
+        } else {
+            assert!(
+                matches!(r, Err(Error::WrongSize { .. })),
+                "free_sized({p:#x}) of ({}, {}) as ({size}, {align}): {r:?}",
+                m.size,
+                m.align
+            );
+        }
+        same(&before, &nta.stats());
+        self.m.verify(p);
+    }
+
+    fn step(&mut self, op: &Op) {
+        let g = self.m.g;
+        match *op {
+            Op::Alloc {
+                size,
+                align_log,
+                how,
+                cpu,
+            } => {
+                self.bind(cpu);
+                self.alloc(size.bytes(&g), align_of(align_log), how);
+            }
+            Op::Free { pick, how, cpu } => {
+                self.bind(cpu);
+                self.free(pick, how);
+            }
+            Op::Realloc {
+                pick,
+                size,
+                global,
+                cpu,
+            } => {
+                self.bind(cpu);
+                self.realloc(pick, size, global);
+            }
+            Op::Resize { pick, chunks, cpu } => {
+                self.bind(cpu);
+                self.resize(pick, chunks);
+            }
+            Op::Query { pick } => self.query(pick),
+            Op::Pop { second, class, cpu } => {
+                self.bind(cpu);
+                self.pop(second as usize, class);
+            }
+            Op::Push { second, pick, cpu } => {
+                self.bind(cpu);
+                self.push(second as usize, pick);
+            }
+            Op::Burst {
+                from,
+                to,
+                class,
+                n,
+                cpu,
+            } => {
+                self.bind(cpu);
+                self.burst(from as usize, to as usize, class, n);
+            }
+            Op::Flush { second, cpu } => {
+                self.bind(cpu);
+                // SAFETY: the caches only ever hold nta's chunks.
+                unsafe { self.caches[second as usize].flush_all(self.nta) };
+                assert_eq!(self.caches[second as usize].bytes(), 0);
+            }
+            Op::Maintain { how, cpu } => {
+                self.bind(cpu);
+                self.maintain(how);
+            }
+            Op::Foreign { off, outside } => self.foreign(off, outside),
+            Op::Middle { pick, off } => self.middle(pick, off),
+            Op::Twice { pick } => self.twice(pick),
+            Op::CachedTwice { second, pick, cpu } => {
+                self.bind(cpu);
+                self.cached_twice(second as usize, pick);
+            }
+            Op::QueuedTwice { pick, cpu } => self.queued_twice(pick, cpu),
+            Op::WrongLayout {
+                pick,
+                size,
+                align_log,
+            } => self.wrong_layout(pick, size, align_log),
+        }
+        self.check();
+    }
+
+    /// Frees everything: the caches, every live allocation, the queues
+    /// (by `maintain`, or by an allocation and a free on each heap); then
+    /// trims, and no node may be left, or leaves the nodes to `Drop`.
+    fn finish(&mut self, trim: bool) {
+        let nta = self.nta;
+        self.bind(0);
+        for c in &mut self.caches {
+            // SAFETY: the caches only ever hold nta's chunks.
+            unsafe { c.flush_all(nta) };
+        }
+        let ptrs: Vec<usize> = self.m.live.iter().map(|(p, _, _)| p).collect();
+        for p in ptrs {
+            // SAFETY: live, checked, freed once.
+            unsafe {
+                self.m.take(p);
+                nta.free(nn(p)).unwrap();
+            }
+        }
+        self.check();
+        if trim {
+            nta.maintain();
+        } else {
+            let one = Layout::from_size_align(1, 1).unwrap();
+            for cpu in 0..nta.heaps() {
+                self.bind(cpu as u8);
+                // The heap finishes its queue first, even when it then
+                // finds no room (other heaps' reserves may hold the arena).
+                match nta.alloc(one) {
+                    // SAFETY: just allocated with `one`.
+                    Ok(p) => unsafe { nta.dealloc(p, one) },
+                    Err(e) => assert!(matches!(e, Error::OutOfMemory { .. }), "{e:?}"),
+                }
+            }
+        }
+        let s = nta.stats();
+        assert_eq!(
+            (s.bytes_held, s.large_runs, s.large_pages, s.remote_pending),
+            (0, 0, 0, 0),
+            "{s:?}"
+        );
+        if trim {
+            nta.trim();
+            let s = nta.stats();
+            assert_eq!(
+                (s.nodes, s.empty_nodes, s.pooled_nodes, s.free_chunks),
+                (0, 0, 0, 0),
+                "{s:?}"
+            );
+        }
+        self.check();
+    }
+}
+
+/// `NTA_FUZZ_PRINT=1` prints each input's decoded operations (to read a
+/// crash).
+fn printing() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| std::env::var_os("NTA_FUZZ_PRINT").is_some())
+}
+
+fuzz_target!(|input: Input| {
+    if printing() {
+        eprintln!("{:?}\n{input:#?}", input.config());
+    }
+    let mut buf = vec![0u64; (PAD + PAGES + 2) * PAGE / 8];
+    // SAFETY: viewing the u64 buffer past the pad as bytes, for the source's
+    // life; the pad stays untouched and readable.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(
+            buf.as_mut_ptr().cast::<u8>().add(PAD * PAGE),
+            buf.len() * 8 - PAD * PAGE,
+        )
+    };
+    let src = FixedSource::new(bytes, PAGE).unwrap();
+    let total = src.free_page_count().unwrap();
+    let (base, npages) = src.span().expect("one range");
+    let nta = Nta::with_config(&src, input.config(), Cpus::Simulated).unwrap();
+    bind_simulated_cpu(0);
+    let mut run = Run {
+        src: &src,
+        nta: &nta,
+        m: Model {
+            g: nta.geometry(),
+            live: Live::default(),
+            meta: HashMap::new(),
+            freed: Vec::new(),
+            small_bytes: 0,
+            large_runs: 0,
+            large_pages: 0,
+        },
+        caches: [FrontCache::new(), FrontCache::new()],
+        base: base.as_ptr() as usize,
+        len: npages * PAGE,
+        total,
+        cpu: 0,
+    };
+    for op in &input.ops {
+        run.step(op);
+    }
+    run.finish(input.trim);
+    drop(run);
+    drop(nta);
+    assert_eq!(src.free_page_count(), Some(total), "pages lost");
+    src.check().unwrap();
+});
