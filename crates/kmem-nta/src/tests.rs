@@ -1029,10 +1029,8 @@ fn usable_size_of_a_queued_remote_free_is_a_double_free() {
     });
     assert_eq!(nta.stats().remote_pending, 1);
     // SAFETY: an address of the arena; the answer is an error.
-    assert_eq!(
-        unsafe { nta.usable_size(q) },
-        Err(Error::DoubleFree { addr: p as u64 })
-    );
+    let r = unsafe { nta.usable_size(q) };
+    assert_eq!(r, Err(Error::DoubleFree { addr: p as u64 }));
     nta.check().unwrap();
     finish_queued_on_cpu0(&nta);
     assert_eq!(nta.stats().bytes_held, 0);
