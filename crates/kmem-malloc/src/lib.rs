@@ -57,6 +57,7 @@
 #![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]
 
+pub mod harden;
 mod large;
 pub mod options;
 mod out;
@@ -216,10 +217,23 @@ const T_FAST: u8 = 1;
 const T_DIRECT: u8 = 2;
 /// `engine=pow2`.
 const T_POW2: u8 = 3;
+/// Front cache in use, through the hardened paths ([`harden`]: `debug` or
+/// `secure`); `malloc`'s inline pop is skipped.
+const T_HARD: u8 = 4;
 
 struct Thread {
     mode: Cell<u8>,
+    /// Calls since the last full check (debug mode).
+    calls: Cell<u32>,
+    /// The thread's random sequence (secure mode).
+    rng: Cell<u64>,
     front: UnsafeCell<FrontCache>,
+}
+
+/// True when `mode` uses the thread's front cache.
+#[inline(always)]
+fn cached(mode: u8) -> bool {
+    mode == T_FAST || mode == T_HARD
 }
 
 // The thread's `Thread` lives in the library's own TLS block, initial-exec
@@ -328,7 +342,11 @@ fn thread_start(t: &Thread) {
             // SAFETY: a key we created; any non-null value makes the
             // destructor run at thread exit.
             Some(&k) if unsafe { libc::pthread_setspecific(k, ptr::dangling::<c_void>()) } == 0 => {
-                T_FAST
+                if harden::modes() != 0 {
+                    T_HARD
+                } else {
+                    T_FAST
+                }
             }
             _ => T_DIRECT,
         }
@@ -387,6 +405,13 @@ fn init_once() {
     debug_assert!(NTA.source().keeps_span_mapped());
     let o = Options::from_env();
     OPTS.set(o);
+    if (o.debug || o.secure) && o.engine == Engine::Pow2 {
+        say!("kmem: KMEM_OPTIONS: debug and secure apply to engine=nta; ignored");
+    } else {
+        // Before anything that may allocate: every block is made under the
+        // modes it will be freed under.
+        harden::enable(&o);
+    }
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: key is a valid out pointer; the destructor is a plain fn.
     if unsafe { libc::pthread_key_create(&mut key, Some(thread_exit)) } == 0 {
@@ -444,7 +469,7 @@ fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
 /// The pthread key's destructor: the exiting thread's cache goes back.
 extern "C" fn thread_exit(_: *mut c_void) {
     let t = thread();
-    if t.mode.get() == T_FAST {
+    if cached(t.mode.get()) {
         t.mode.set(T_DIRECT);
         // SAFETY: this thread's cache, not borrowed elsewhere (the allocator
         // does not re-enter here); it only ever holds NTA's chunks.
@@ -534,6 +559,9 @@ fn alloc_slow(size: usize, align: usize, zero: bool) -> *mut u8 {
     if t.mode.get() == T_NEW {
         thread_start(t);
     }
+    if harden::modes() != 0 {
+        return alloc_hardened(t, size.max(1), align, zero);
+    }
     let size = size.max(1);
     let (p, zeroed) = alloc_in(t, size, align, zero);
     if p.is_null() {
@@ -574,6 +602,13 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
                     return (p, false);
                 }
             }
+        } else if mode == T_HARD && align <= 64 {
+            if let Some(k) = front_class(size) {
+                let p = pop_hardened(t, k);
+                if !p.is_null() {
+                    return (p, false);
+                }
+            }
         }
         let l = Layout::from_size_align(size, align).expect("checked sizes");
         return match NTA.alloc(l) {
@@ -585,6 +620,18 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
         return (ptr::null_mut(), false);
     }
     match LARGE.get() {
+        Some(l) if harden::modes() & harden::SECURE != 0 => {
+            // A guard page after the block's last page.
+            let ps = kmem_sys::page_size();
+            match l.alloc(size + ps, align, zero) {
+                Ok(g) => {
+                    let end = g.addr + l.usable_size(g.addr).expect("a block just made");
+                    harden::guard(end - ps, ps);
+                    (g.addr as *mut u8, g.zeroed)
+                }
+                Err(_) => (ptr::null_mut(), false),
+            }
+        }
         Some(l) => match l.alloc(size, align, zero) {
             Ok(g) => (g.addr as *mut u8, g.zeroed),
             Err(_) => (ptr::null_mut(), false),
@@ -627,7 +674,9 @@ fn free_in(what: &str, p: *mut u8) {
             }
         }
     } else if let Some(l) = large_of(a) {
-        if let Err(e) = l.free(a) {
+        if harden::modes() != 0 {
+            free_large_hardened(what, l, p);
+        } else if let Err(e) = l.free(a) {
             die(what, p, &e)
         }
     } else if let Some(s) = pow2_of(a) {
@@ -658,12 +707,25 @@ unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
             return;
         }
     }
+    if harden::modes() != 0 {
+        // SAFETY: forwarded.
+        return unsafe { free_small_hardened(t, p, k) };
+    }
     // SAFETY: forwarded.
     unsafe { NTA.free_small(p as usize, k) };
 }
 
-/// The usable size of the live allocation `p`, or one line and abort.
+/// The usable size of the live allocation `p`, or one line and abort
+/// (in debug mode: the size requested, after checking the canary).
 fn usable(what: &str, p: *mut u8) -> usize {
+    if harden::modes() != 0 {
+        return usable_hardened(what, p);
+    }
+    usable_raw(what, p)
+}
+
+/// The bytes of the live block `p`, as its allocator keeps it.
+fn usable_raw(what: &str, p: *mut u8) -> usize {
     let a = p as usize;
     let r = if in_nta(a) {
         // SAFETY: as in free_in.
@@ -690,6 +752,12 @@ fn usable(what: &str, p: *mut u8) -> usize {
 }
 
 fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
+    if harden::modes() != 0 {
+        // Always a new block: its canary is written for the new size, and
+        // a use of the old pointer finds junk.
+        let old = usable_hardened("realloc", p);
+        return move_to(p, old, size);
+    }
     let a = p as usize;
     let chunk = NTA.geometry().chunk();
     if in_nta(a) {
@@ -742,6 +810,139 @@ fn move_to(p: *mut u8, old: usize, size: usize) -> *mut u8 {
 
 fn aligned(align: usize, size: usize) -> *mut u8 {
     alloc_slow(size, align, false)
+}
+
+// ---- the hardened paths (KMEM_OPTIONS=debug, secure) ----------------------
+
+/// `alloc_slow` with the modes on: the debug canary's room, junk and
+/// marks; the periodic check.
+#[cold]
+#[inline(never)]
+fn alloc_hardened(t: &Thread, size: usize, align: usize, zero: bool) -> *mut u8 {
+    harden::tick(&t.calls);
+    let debug = harden::modes() & harden::DEBUG != 0;
+    let Some(req) = size.checked_add(if debug { harden::EXTRA } else { 0 }) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    let (p, zeroed) = alloc_in(t, req, align, zero);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+        return p;
+    }
+    if zero && !zeroed {
+        // SAFETY: p holds at least size bytes.
+        unsafe { ptr::write_bytes(p, 0, size) };
+    }
+    if debug {
+        let n = block_bytes("malloc", p);
+        // SAFETY: a new block of n >= size + EXTRA bytes (a multiple of 64
+        // or of the page), at least 16-aligned.
+        unsafe { harden::mark_new(p, size, n, zero) };
+    }
+    p
+}
+
+/// A pop from the thread's cache in hardened mode: the chunk's key is
+/// checked; in secure mode a refilled class is shuffled before the first
+/// chunk is taken from it.
+fn pop_hardened(t: &Thread, k: usize) -> *mut u8 {
+    // SAFETY: this thread's cache; no other borrow is live; it holds only
+    // NTA's chunks.
+    let f = unsafe { &mut *t.front.get() };
+    // SAFETY: as above.
+    let p = unsafe { f.pop_checked(&NTA, k) };
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: as above.
+    let p = unsafe { f.refill(&NTA, k) };
+    if p.is_null() || harden::modes() & harden::SECURE == 0 {
+        return p;
+    }
+    // SAFETY: p is the live k-chunk block the refill returned, given back
+    // to the cache it came from; then the class is shuffled and popped.
+    unsafe {
+        f.push(&NTA, p, k);
+        f.shuffle(k, || harden::next_random(&t.rng));
+        f.pop_checked(&NTA, k)
+    }
+}
+
+/// The bytes a hardened block may use: the block less its guard page
+/// (secure mode, large blocks).
+fn block_bytes(what: &str, p: *mut u8) -> usize {
+    let n = usable_raw(what, p);
+    if harden::modes() & harden::SECURE != 0 && large_of(p as usize).is_some() {
+        n - kmem_sys::page_size()
+    } else {
+        n
+    }
+}
+
+/// `malloc_usable_size` and `realloc`'s old size in hardened mode.
+fn usable_hardened(what: &str, p: *mut u8) -> usize {
+    let n = block_bytes(what, p);
+    if harden::modes() & harden::DEBUG != 0 {
+        // SAFETY: a live block of n bytes (usable_raw checked it).
+        unsafe { harden::requested(what, p, n) }
+    } else {
+        n
+    }
+}
+
+/// `free` of nta's live `k`-chunk block `p` in hardened mode.
+///
+/// # Safety
+/// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
+unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
+    harden::tick(&t.calls);
+    let n = k * NTA.geometry().chunk();
+    if harden::modes() & harden::DEBUG != 0 {
+        // SAFETY: a live block of n bytes, given up.
+        unsafe {
+            harden::requested("free", p, n);
+            harden::junk_freed(p, n);
+        }
+    }
+    // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
+    unsafe {
+        if t.mode.get() == T_HARD && k <= FRONT_CLASSES {
+            (*t.front.get()).push(&NTA, p, k);
+        } else {
+            NTA.free_small(p as usize, k);
+        }
+    }
+}
+
+/// `free` of a block of the large arena in hardened mode: checked, its
+/// canary checked and junk written (debug), its guard page lifted
+/// (secure), then freed.
+#[cold]
+#[inline(never)]
+fn free_large_hardened(what: &str, l: &Large, p: *mut u8) {
+    harden::tick(&thread().calls);
+    let a = p as usize;
+    let n = match l.usable_size(a) {
+        Ok(n) => n,
+        Err(e) => die(what, p, &e),
+    };
+    let mut user = n;
+    if harden::modes() & harden::SECURE != 0 {
+        let ps = kmem_sys::page_size();
+        harden::unguard(a + n - ps, ps);
+        user -= ps;
+    }
+    if harden::modes() & harden::DEBUG != 0 {
+        // SAFETY: a live block of `user` bytes, given up.
+        unsafe {
+            harden::requested(what, p, user);
+            harden::junk_freed(p, user);
+        }
+    }
+    if let Err(e) = l.free(a) {
+        die(what, p, &e)
+    }
 }
 
 // ---- the C ABI --------------------------------------------------------------
@@ -1017,7 +1218,7 @@ pub fn nta_stats() -> kmem_nta::Stats {
 /// Gives the calling thread's front cache back to nta (as thread exit does).
 pub fn flush_thread_cache() {
     let t = thread();
-    if t.mode.get() == T_FAST {
+    if cached(t.mode.get()) {
         // SAFETY: this thread's cache, holding only NTA's chunks.
         unsafe { (*t.front.get()).flush_all(&NTA) };
     }

@@ -10,6 +10,12 @@
 //! | `nocache`       | no per-thread front cache: every call is the seed's nta path |
 //! | `retain=N`      | freed bytes kept backed with no time limit, per source (`K`, `M`, `G` suffixes; default 4M) |
 //! | `decay=MS`      | milliseconds within which freed memory past `retain` goes back to the OS (default 1000; 0: at once) |
+//! | `debug`, `debug=N` | junk on allocation and free, a canary after every block checked on free, `check()` of every allocator every N calls of a thread (default 1024; 0: never) |
+//! | `secure`        | guard pages after large blocks, front-cache chunks in random order and checked on every pop |
+//!
+//! The hardening modes (`debug`, `secure`, both allowed) are described in
+//! [`crate::harden`]; the nine bad inputs that abort with one line are
+//! caught in every mode.
 //!
 //! The memory-return policy ([`kmem_core::ReturnPolicy`]), in one sentence:
 //! freed memory stays backed for reuse up to `retain` bytes in each of
@@ -46,6 +52,13 @@ pub struct Options {
     pub front_cache: bool,
     /// When freed memory goes back to the OS.
     pub policy: ReturnPolicy,
+    /// Debug mode: junk, canaries, and `check()` every `check_every` calls
+    /// of a thread (0: never).
+    pub debug: bool,
+    /// Calls of one thread between two full checks in debug mode.
+    pub check_every: u32,
+    /// Secure mode: guard pages, random order, checked pops.
+    pub secure: bool,
 }
 
 impl Options {
@@ -56,6 +69,9 @@ impl Options {
         engine: Engine::Nta,
         front_cache: true,
         policy: ReturnPolicy::DEFAULT,
+        debug: false,
+        check_every: 1024,
+        secure: false,
     };
 
     /// Parses `s`; `unknown` is called with each option it does not know.
@@ -70,6 +86,8 @@ impl Options {
                 b"nocache" => o.front_cache = false,
                 b"engine=nta" => o.engine = Engine::Nta,
                 b"engine=pow2" => o.engine = Engine::Pow2,
+                b"debug" => o.debug = true,
+                b"secure" => o.secure = true,
                 _ => match tok
                     .iter()
                     .position(|&b| b == b'=')
@@ -79,6 +97,15 @@ impl Options {
                         Some(n) => o.policy.retain = n,
                         None => unknown(tok),
                     },
+                    Some((b"debug", v)) => {
+                        match parse_size(v).and_then(|n| u32::try_from(n).ok()) {
+                            Some(n) => {
+                                o.debug = true;
+                                o.check_every = n;
+                            }
+                            None => unknown(tok),
+                        }
+                    }
                     Some((b"decay", v)) => {
                         match parse_size(v).and_then(|n| u32::try_from(n).ok()) {
                             Some(ms) => o.policy.delay_ms = ms,
@@ -111,12 +138,15 @@ impl Options {
                 Err(e) => core::str::from_utf8(&shown[..e.valid_up_to()]).unwrap_or(""),
             };
             let more = if shown.len() < tok.len() { "..." } else { "" };
-            let what = if tok.starts_with(b"retain=") || tok.starts_with(b"decay=") {
+            let what = if tok.starts_with(b"retain=")
+                || tok.starts_with(b"decay=")
+                || tok.starts_with(b"debug=")
+            {
                 "bad value in option"
             } else {
                 "unknown option"
             };
-            crate::out::say!("kmem: KMEM_OPTIONS: {what} '{name}{more}' ignored (known: stats, verbose, nocache, engine=nta, engine=pow2, retain=BYTES[K|M|G], decay=MS)");
+            crate::out::say!("kmem: KMEM_OPTIONS: {what} '{name}{more}' ignored (known: stats, verbose, nocache, engine=nta, engine=pow2, retain=BYTES[K|M|G], decay=MS, debug[=N], secure)");
         })
     }
 }
@@ -177,5 +207,20 @@ mod tests {
         );
         assert_eq!(bad, 5);
         assert_eq!(o.policy, kmem_core::ReturnPolicy::DEFAULT);
+    }
+
+    #[test]
+    fn parses_the_hardening_modes() {
+        let o = Options::parse(b"debug,secure", |t| panic!("{t:?}"));
+        assert!(o.debug && o.secure);
+        assert_eq!(o.check_every, 1024);
+        let o = Options::parse(b"debug=0", |t| panic!("{t:?}"));
+        assert!(o.debug && !o.secure);
+        assert_eq!(o.check_every, 0);
+        assert_eq!(Options::parse(b"debug=1K", |_| panic!()).check_every, 1024);
+        let mut bad = 0;
+        let o = Options::parse(b"debug=x,debug=99999999999,secure=1", |_| bad += 1);
+        assert_eq!(bad, 3);
+        assert!(!o.debug && !o.secure);
     }
 }

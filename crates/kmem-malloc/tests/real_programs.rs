@@ -280,25 +280,29 @@ int main(int argc, char **argv) {
     if (got[0] == chosen || got[1] == chosen) { puts("chosen address returned"); return 0; }
   }
   else if (!strcmp(what, "overflow")) {
-    /* Zeros run over from a block into the freed block after it. The
-       addresses are kept as integers: a freed pointer's value is
+    /* Zeros run over from a block into the freed block after it (the
+       nearest block above any, whatever the mode's block size and order).
+       The addresses are kept as integers: a freed pointer's value is
        indeterminate in C, and the compiler may drop code that reads one. */
     char *v[64];
     uintptr_t at[64];
     for (int i = 0; i < 64; i++) { v[i] = malloc(64); at[i] = (uintptr_t)v[i]; }
-    for (int i = 1; i < 64; i++) free(v[i]);
-    for (int i = 1; i < 64; i++)
-      if (at[i] == at[0] + 64) {
-        /* Volatile stores: the compiler drops writes it can see run past
-           the end of the block. */
-        volatile char *w = v[0];
-        for (int k = 0; k < 80; k++) w[k] = 0;
-        break;
-      }
+    int a = 0;
+    uintptr_t gap = 0;
+    for (int i = 0; i < 64; i++)
+      for (int j = 0; j < 64; j++)
+        if (at[j] > at[i] && (gap == 0 || at[j] - at[i] < gap)) { gap = at[j] - at[i]; a = i; }
+    for (int i = 0; i < 64; i++) if (i != a) free(v[i]);
+    if (gap != 0 && gap <= 4096) {
+      /* Volatile stores: the compiler drops writes it can see run past
+         the end of the block. */
+      volatile char *w = v[a];
+      for (uintptr_t k = 0; k < gap + 16; k++) w[k] = 0;
+    }
     char *volatile sink;
     for (int i = 1; i < 64; i++) sink = malloc(64);
     (void)sink;
-    free(v[0]);
+    free(v[a]);
   }
   else if (!strcmp(what, "none")) { free(p); free(big); free(mid); puts("fine"); return 0; }
   puts("not caught");
@@ -308,15 +312,27 @@ int main(int argc, char **argv) {
     )
     .unwrap();
     let exe = compile("bad", &src, &d);
+    // Every bad free aborts with one line in every mode.
+    for mode in ["", "debug", "secure", "debug,secure"] {
+        bad_frees_in_mode(&exe, mode);
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+fn bad_frees_in_mode(exe: &Path, mode: &str) {
     let run = |case: &str| {
-        Command::new(&exe)
+        Command::new(exe)
             .arg(case)
             .env("LD_PRELOAD", lib())
+            .env("KMEM_OPTIONS", mode)
             .output()
             .expect("run")
     };
     let ok = run("none");
-    assert!(ok.status.success() && ok.stdout == b"fine\n");
+    assert!(
+        ok.status.success() && ok.stdout == b"fine\n",
+        "[{mode}] {ok:?}"
+    );
     for case in [
         "stack",
         "double",
@@ -330,19 +346,151 @@ int main(int argc, char **argv) {
     ] {
         let o = run(case);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{case}: not caught; stderr: {err}");
+        assert!(
+            !o.status.success(),
+            "[{mode}] {case}: not caught; stderr: {err}"
+        );
         assert!(
             std::os::unix::process::ExitStatusExt::signal(&o.status) == Some(libc::SIGABRT),
-            "{case}: {:?}",
+            "[{mode}] {case}: {:?}",
             o.status
         );
         let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("kmem")).collect();
-        assert_eq!(lines.len(), 1, "{case}: one line expected, got {err}");
+        assert_eq!(
+            lines.len(),
+            1,
+            "[{mode}] {case}: one line expected, got {err}"
+        );
         assert!(
             lines[0].contains("0x"),
-            "{case}: the line names the pointer: {err}"
+            "[{mode}] {case}: the line names the pointer: {err}"
         );
     }
+}
+
+/// `KMEM_OPTIONS=debug` and `secure` (see kmem_malloc::harden): what each
+/// promises, seen from a C program.
+#[test]
+fn hardening_modes_catch_what_they_promise() {
+    let d = scratch("harden");
+    let src = d.join("h.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdint.h>
+#include <malloc.h>
+int main(int argc, char **argv) {
+  const char *what = argv[1];
+  char *volatile p = malloc(24), *volatile big = malloc(100000);
+  if (!p || !big) return 2;
+  if (!strcmp(what, "usable")) {
+    /* debug: the size asked for; new bytes are junk, calloc's zero. */
+    unsigned char *c = calloc(10, 10);
+    int zero = 1;
+    for (int i = 0; i < 100; i++) zero &= c[i] == 0;
+    printf("%zu %zu %02x %02x %d\n", malloc_usable_size(p), malloc_usable_size(big),
+           (unsigned char)p[5], (unsigned char)big[99999], zero);
+    char *q = realloc(p, 1000);
+    printf("%zu\n", malloc_usable_size(q));
+    free(q); free(big); free(c);
+    return 0;
+  }
+  if (!strcmp(what, "small-overflow")) { ((volatile char *)p)[24] = 0; free(p); }
+  else if (!strcmp(what, "large-overflow")) { ((volatile char *)big)[100003] = 7; free(big); }
+  else if (!strcmp(what, "realloc-overflow")) { ((volatile char *)p)[30] = 0; p = realloc(p, 48); }
+  else if (!strcmp(what, "guard")) {
+    /* secure: the page after a large block's last page is a guard. */
+    size_t n = malloc_usable_size(big);
+    ((volatile char *)big)[(n + 4095) / 4096 * 4096] = 1;
+  }
+  else if (!strcmp(what, "metadata")) {
+    /* debug=1: a broken node header is caught by the next call's check. */
+    uintptr_t node = (uintptr_t)p & ~(uintptr_t)(64 * 1024 - 1);
+    ((volatile uint64_t *)node)[0] ^= 0x5a5a;
+    char *volatile q = malloc(32);
+    (void)q;
+  }
+  puts("not caught");
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = compile("h", &src, &d);
+    let run = |mode: &str, case: &str| {
+        Command::new(&exe)
+            .arg(case)
+            .env("LD_PRELOAD", lib())
+            .env("KMEM_OPTIONS", mode)
+            .output()
+            .expect("run")
+    };
+    let o = run("debug", "usable");
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "24 100000 d0 d0 1\n1000\n"
+    );
+    let o = run("secure", "usable");
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("64 102400 "), "{out}");
+    let aborts = |mode: &str, case: &str, says: &str| {
+        let o = run(mode, case);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&o.status),
+            Some(libc::SIGABRT),
+            "[{mode}] {case}: {err}"
+        );
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("kmem")).collect();
+        assert_eq!(lines.len(), 1, "[{mode}] {case}: {err}");
+        assert!(lines[0].contains(says), "[{mode}] {case}: {err}");
+    };
+    aborts("debug", "small-overflow", "byte 24 of a 24-byte block");
+    aborts(
+        "debug,secure",
+        "large-overflow",
+        "byte 100003 of a 100000-byte block",
+    );
+    aborts("debug", "realloc-overflow", "byte 30 of a 24-byte block");
+    aborts("debug=1", "metadata", "heap check failed");
+    // Without debug, an overflow inside the block's rounding goes unseen.
+    let o = run("", "small-overflow");
+    assert!(o.status.success() && o.stdout == b"not caught\n", "{o:?}");
+    let o = run("secure", "guard");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&o.status),
+        Some(libc::SIGSEGV),
+        "{o:?}"
+    );
+    let o = run("", "guard");
+    assert!(o.status.success(), "no guard by default: {o:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Real programs behave the same with both modes on.
+#[test]
+fn real_programs_under_debug_and_secure() {
+    let script = "import random\nrandom.seed(3)\nd = {str(i) * (i % 9): [i] * (i % 50) for i in range(60000)}\nb = [bytes(random.randrange(1, 300000)) for _ in range(40)]\nprint(len(d), sum(map(len, d.values())), sum(map(len, b)))\n";
+    let (g, k) = both(|| {
+        let mut c = Command::new("python3");
+        c.arg("-c").arg(script).env("KMEM_OPTIONS", "debug,secure");
+        c
+    });
+    assert_same("python3 (debug,secure)", &g, &k);
+    let d = scratch("mtfork-harden");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/mt_fork_test.c");
+    let exe = compile("mt_fork_test", &src, &d);
+    let (g, k) = both(|| {
+        let mut c = Command::new(&exe);
+        c.args(["4", "5000", "3"])
+            .env("KMEM_OPTIONS", "debug=64,secure");
+        c
+    });
+    assert_same("mt_fork_test (debug,secure)", &g, &k);
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -65,7 +65,7 @@ use core::ptr;
 
 use kmem_core::{CpuSource, Error, PageSource};
 
-use crate::nta::{bad_free, cache_key, link_decode, link_encode, Nta, Semi};
+use crate::nta::{bad_free, cache_key, fatal_corruption, link_decode, link_encode, Nta, Semi};
 
 /// Chunk size the front cache works with: one x86-64 / aarch64 cache line.
 pub const FRONT_CHUNK: usize = 64;
@@ -267,6 +267,65 @@ impl FrontCache {
             self.bytes -= k << SHIFT;
         }
         p.cast()
+    }
+
+    /// [`pop`](Self::pop) with the checks of a hardened allocator: the
+    /// chunk must still carry its key (a cached chunk's second word, see
+    /// "Double frees"), so that a use after free that wrote over the second
+    /// word, not only the link, aborts with one line instead of handing the
+    /// chunk out.
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    #[inline]
+    pub unsafe fn pop_checked<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        k: usize,
+    ) -> *mut u8 {
+        let Some(&p) = self.heads.get(k) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: a cached chunk of ours holds at least 16 bytes.
+        if !p.is_null() && unsafe { (*p).chunks } != cache_key(p as usize, nta.secret()) {
+            fatal_corruption(p as usize);
+        }
+        self.pop(k)
+    }
+
+    /// Puts class `k`'s chunks in a random order (Fisher-Yates over its
+    /// first 256 entries; `rand` gives uniform words), so that
+    /// which address the next allocation gets cannot be predicted from the
+    /// order of earlier frees or from a node's layout: a hardened
+    /// allocator's answer to heap feng shui. Off the default paths: it costs
+    /// a walk of the class.
+    pub fn shuffle(&mut self, k: usize, mut rand: impl FnMut() -> u64) {
+        let Some(&head) = self.heads.get(k) else {
+            return;
+        };
+        // The first 256 (a class holds more only right after a refill of
+        // a class that was not empty); the rest follow them.
+        let n = (self.counts[k] as usize).min(256);
+        if n < 2 {
+            return;
+        }
+        let mut v = [ptr::null_mut::<Semi>(); 256];
+        let mut e = head;
+        for slot in v.iter_mut().take(n) {
+            *slot = e;
+            // SAFETY: the class holds n chunks of ours, linked.
+            e = unsafe { link_decode(e, (*e).next, self.link, FRONT_CHUNK) };
+        }
+        for i in (1..n).rev() {
+            let j = (rand() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+        for i in 0..n {
+            let next = if i + 1 < n { v[i + 1] } else { e };
+            // SAFETY: as above; each chunk is linked once.
+            unsafe { (*v[i]).next = link_encode(next, self.link) };
+        }
+        self.heads[k] = v[0];
     }
 
     /// Gives a chunk of class `k` to the cache (flushing half the class to
@@ -600,5 +659,80 @@ mod tests {
         let z: FrontCache = unsafe { core::mem::zeroed() };
         assert_eq!(z.bytes(), 0);
         assert!((1..=FRONT_CLASSES).all(|k| z.count(k) == 0 && z.heads[k].is_null()));
+    }
+}
+
+#[cfg(test)]
+mod shuffle_tests {
+    extern crate std;
+
+    use std::collections::BTreeSet;
+    use std::vec;
+    use std::vec::Vec;
+
+    use kmem_core::Cpus;
+    use kmem_pages::FixedSource;
+
+    use super::FrontCache;
+    use crate::{Config, Nta};
+
+    #[test]
+    fn shuffle_keeps_every_chunk_and_changes_the_order() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes =
+            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let cfg = Config {
+            chunk_size: 64,
+            node_size: 32 << 10,
+            heaps: 1,
+            reserve_nodes: 1,
+            steal: false,
+        };
+        let nta = Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap();
+        let mut front = FrontCache::new();
+        let mut seed = 7u64;
+        // SAFETY: a cache filled from nta only; every chunk popped is given
+        // back once.
+        unsafe {
+            // Three refills: 16 + 32 + 64 one-chunk entries, less the three
+            // handed out.
+            let mut first = Vec::new();
+            for _ in 0..3 {
+                let p = front.refill(&nta, 1);
+                assert!(!p.is_null());
+                first.push(p);
+            }
+            let n = front.count(1);
+            assert_eq!(n, 109);
+            let order = |f: &mut FrontCache| {
+                let v: Vec<usize> = (0..n).map(|_| f.pop_checked(&nta, 1) as usize).collect();
+                for &p in v.iter().rev() {
+                    f.push(&nta, p as *mut u8, 1);
+                }
+                v
+            };
+            let before = order(&mut front);
+            front.shuffle(1, || {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                seed >> 11
+            });
+            assert_eq!(front.count(1), n);
+            let after = order(&mut front);
+            assert_ne!(before, after, "the order changed");
+            let a: BTreeSet<usize> = before.iter().copied().collect();
+            let b: BTreeSet<usize> = after.iter().copied().collect();
+            assert_eq!(a, b, "the same chunks");
+            assert_eq!(a.len(), n);
+            for p in first {
+                front.push(&nta, p, 1);
+            }
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
     }
 }

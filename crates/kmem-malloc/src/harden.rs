@@ -1,0 +1,236 @@
+//! The hardening modes, in one place: `KMEM_OPTIONS=debug` and
+//! `KMEM_OPTIONS=secure` (both may be on).
+//!
+//! ```text
+//!   always     front-cache links encoded with a per-process secret and checked
+//!              on every pop; double, foreign, interior and stale frees abort
+//!              with one line on every path (nta's bitmaps and parked marks,
+//!              the large arena's busy map)
+//!   debug      junk: 0xd0 in every new block (calloc's stay zero), 0xdf over
+//!              every freed one; a canary after every block: the request
+//!              grows by 16 bytes, the bytes between the requested end and
+//!              the block's last word hold 0xfd, the last word the requested
+//!              size keyed by a per-process secret; `free`, `realloc` and
+//!              `malloc_usable_size` check both and abort with one line on
+//!              an overrun; `check()` of every allocator every N calls of a
+//!              thread (`debug=N`, default 1024)
+//!   secure     a PROT_NONE guard page after every large block; a refilled
+//!              front-cache class is shuffled (the next addresses cannot be
+//!              told from the node's layout); every pop also checks the
+//!              chunk's key (its second word), not only its link
+//! ```
+//!
+//! Both modes route every call through the slow paths (`malloc`'s
+//! front-cache pop is skipped; the cache itself is still used): the default
+//! build pays one predictable branch on the cache-miss and cache-bypass
+//! paths and nothing on the hits. The modes are decided once, at
+//! initialisation, before the first block is handed out, so that every
+//! block the program frees was made under the same rules. They apply to
+//! `engine=nta` (the default); with `engine=pow2` they are refused with a
+//! line. The measured cost of each is in docs/kmem-malloc.md.
+
+use core::cell::Cell;
+use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering::Relaxed};
+
+use crate::options::Options;
+use crate::out::die;
+
+/// Debug mode is on.
+pub(crate) const DEBUG: u8 = 1;
+/// Secure mode is on.
+pub(crate) const SECURE: u8 = 2;
+
+static MODES: AtomicU8 = AtomicU8::new(0);
+static KEY: AtomicUsize = AtomicUsize::new(0);
+static CHECK_EVERY: AtomicU32 = AtomicU32::new(0);
+
+/// Written over every new block in debug mode (calloc's excepted).
+pub(crate) const JUNK_NEW: u8 = 0xd0;
+/// Written over every freed block in debug mode.
+pub(crate) const JUNK_FREED: u8 = 0xdf;
+/// The bytes between a block's requested end and its end word.
+pub(crate) const CANARY: u8 = 0xfd;
+/// Bytes debug mode adds to every request: at least 8 canary bytes and
+/// the end word.
+pub(crate) const EXTRA: usize = 16;
+
+/// Turns the modes `o` asks for on (the initialising thread, before any
+/// block is handed out).
+pub(crate) fn enable(o: &Options) {
+    let m = if o.debug { DEBUG } else { 0 } | if o.secure { SECURE } else { 0 };
+    if m == 0 {
+        return;
+    }
+    KEY.store(random_word() | 1, Relaxed);
+    CHECK_EVERY.store(o.check_every, Relaxed);
+    MODES.store(m, Relaxed);
+}
+
+/// The modes on (0 in the default build).
+#[inline(always)]
+pub(crate) fn modes() -> u8 {
+    MODES.load(Relaxed)
+}
+
+/// A word from the 16 random bytes the kernel gives every process
+/// (`AT_RANDOM`), mixed with the address of a stack slot and the clock, so
+/// that two processes' keys differ even where the auxiliary vector is
+/// missing.
+fn random_word() -> usize {
+    // SAFETY: getauxval has no precondition; AT_RANDOM, when present,
+    // points at 16 readable bytes for the life of the process.
+    let r = unsafe { libc::getauxval(libc::AT_RANDOM) } as *const u8;
+    let mut w = 0u64;
+    if !r.is_null() {
+        // SAFETY: as above (8 of the 16 bytes; unaligned read).
+        w = unsafe { r.cast::<u64>().read_unaligned() };
+    }
+    let here = &w as *const u64 as u64;
+    mix(w ^ here.rotate_left(32) ^ kmem_sys::clock::coarse_ns()) as usize
+}
+
+/// splitmix64's finaliser: every input bit reaches every output bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The next word of a thread's random sequence (splitmix64 over a counter
+/// seeded from the key and the thread's state address).
+pub(crate) fn next_random(state: &Cell<u64>) -> u64 {
+    let mut s = state.get();
+    if s == 0 {
+        s = (KEY.load(Relaxed) as u64) ^ (state as *const Cell<u64> as u64);
+    }
+    s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    state.set(s);
+    mix(s)
+}
+
+/// One call of a thread in debug mode: every `debug=N`th runs `check()` of
+/// every allocator and aborts with one line when it fails.
+#[inline]
+pub(crate) fn tick(calls: &Cell<u32>) {
+    let every = CHECK_EVERY.load(Relaxed);
+    if every == 0 || modes() & DEBUG == 0 {
+        return;
+    }
+    let n = calls.get() + 1;
+    if n < every {
+        calls.set(n);
+        return;
+    }
+    calls.set(0);
+    if let Err(why) = crate::check() {
+        kmem_sys::abort_with(format_args!(
+            "kmem: heap check failed: {why} (KMEM_OPTIONS=debug); aborting"
+        ));
+    }
+}
+
+/// The end word of a block at `p` for a request of `size` bytes.
+#[inline]
+fn end_word(p: usize, size: usize) -> usize {
+    size ^ p.rotate_left(29) ^ KEY.load(Relaxed)
+}
+
+/// Debug mode, a new block: junk over the request unless it is known zero,
+/// the canary after it and the end word in the last 8 of its `usable`
+/// bytes.
+///
+/// # Safety
+/// `p` is a live block of `usable` bytes (a multiple of 8, at least
+/// `size + EXTRA`), aligned to 8.
+pub(crate) unsafe fn mark_new(p: *mut u8, size: usize, usable: usize, zero: bool) {
+    debug_assert!(size + EXTRA <= usable);
+    // SAFETY: every write lies in the block (this function's contract).
+    unsafe {
+        if !zero {
+            core::ptr::write_bytes(p, JUNK_NEW, size);
+        }
+        core::ptr::write_bytes(p.add(size), CANARY, usable - 8 - size);
+        p.add(usable - 8)
+            .cast::<usize>()
+            .write(end_word(p as usize, size));
+    }
+}
+
+/// Debug mode: the size the program asked for at `p`, a block of `usable`
+/// bytes, after checking its end word and canary; an overrun prints one
+/// line naming the pointer and the first byte past the request that was
+/// overwritten, and aborts.
+///
+/// # Safety
+/// `p` is a live block of `usable` bytes (a multiple of 8), aligned to 8.
+pub(crate) unsafe fn requested(what: &str, p: *mut u8, usable: usize) -> usize {
+    if usable < EXTRA {
+        die(what, p, &"block too small to carry a canary");
+    }
+    // SAFETY: the last word lies in the block.
+    let w = unsafe { p.add(usable - 8).cast::<usize>().read() };
+    let size = w ^ (p as usize).rotate_left(29) ^ KEY.load(Relaxed);
+    if size > usable - EXTRA {
+        die(
+            what,
+            p,
+            &"its end word was overwritten (a buffer overflow ran past the canary)",
+        );
+    }
+    // SAFETY: [size, usable - 8) lies in the block.
+    let tail = unsafe { core::slice::from_raw_parts(p.add(size), usable - 8 - size) };
+    if let Some(i) = tail.iter().position(|&b| b != CANARY) {
+        die(what, p, &Overrun { size, at: size + i });
+    }
+    size
+}
+
+struct Overrun {
+    size: usize,
+    at: usize,
+}
+
+impl core::fmt::Display for Overrun {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "byte {} of a {}-byte block was overwritten (buffer overflow)",
+            self.at, self.size
+        )
+    }
+}
+
+/// Debug mode: junk over a freed block of `usable` bytes.
+///
+/// # Safety
+/// `p` is a block of `usable` bytes that the caller gives up.
+pub(crate) unsafe fn junk_freed(p: *mut u8, usable: usize) {
+    // SAFETY: the caller's block.
+    unsafe { core::ptr::write_bytes(p, JUNK_FREED, usable) };
+}
+
+/// Secure mode: makes the page `[at, at + page)` inaccessible (the guard
+/// after a large block). A failure (the kernel's map count limit) leaves
+/// the block without its guard; nothing else changes.
+pub(crate) fn guard(at: usize, page: usize) {
+    // SAFETY: a page of the large arena's reservation, which stays mapped;
+    // no block uses it (it is past the block's usable bytes).
+    unsafe { libc::mprotect(at as *mut libc::c_void, page, libc::PROT_NONE) };
+}
+
+/// Secure mode: makes a guard page usable again before its block is freed.
+pub(crate) fn unguard(at: usize, page: usize) {
+    // SAFETY: as in `guard`; read and write is how the arena mapped it.
+    let r = unsafe {
+        libc::mprotect(
+            at as *mut libc::c_void,
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    if r != 0 {
+        kmem_sys::abort_with(format_args!(
+            "kmem: secure: cannot unprotect the guard page at {at:#x}; aborting"
+        ));
+    }
+}
