@@ -13,7 +13,7 @@
 //!              size keyed by a per-process secret; `free`, `realloc` and
 //!              `malloc_usable_size` check both and abort with one line on
 //!              an overrun; `check()` of every allocator every N calls of a
-//!              thread (`debug=N`, default 1024)
+//!              thread (`debug=N`, default 65536: a check walks every node)
 //!   secure     a PROT_NONE guard page after every large block; a refilled
 //!              front-cache class is shuffled (the next addresses cannot be
 //!              told from the node's layout); every pop also checks the

@@ -51,8 +51,10 @@
 //! already freed prints one line naming the pointer and aborts; nothing is
 //! changed before the check. A request that cannot be met returns NULL with
 //! `errno = ENOMEM`; bad alignments give `EINVAL` as POSIX says.
+//! `KMEM_OPTIONS=debug` adds junk, canaries and periodic checks, `secure`
+//! guard pages and random order ([`harden`]).
 //!
-//! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,engine=pow2`.
+//! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,engine=pow2,debug,secure`.
 
 #![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]

@@ -10,7 +10,7 @@
 //! | `nocache`       | no per-thread front cache: every call is the seed's nta path |
 //! | `retain=N`      | freed bytes kept backed with no time limit, per source (`K`, `M`, `G` suffixes; default 4M) |
 //! | `decay=MS`      | milliseconds within which freed memory past `retain` goes back to the OS (default 1000; 0: at once) |
-//! | `debug`, `debug=N` | junk on allocation and free, a canary after every block checked on free, `check()` of every allocator every N calls of a thread (default 1024; 0: never) |
+//! | `debug`, `debug=N` | junk on allocation and free, a canary after every block checked on free, `check()` of every allocator every N calls of a thread (default 65536; 0: never) |
 //! | `secure`        | guard pages after large blocks, front-cache chunks in random order and checked on every pop |
 //!
 //! The hardening modes (`debug`, `secure`, both allowed) are described in
@@ -70,7 +70,7 @@ impl Options {
         front_cache: true,
         policy: ReturnPolicy::DEFAULT,
         debug: false,
-        check_every: 1024,
+        check_every: 1 << 16,
         secure: false,
     };
 
@@ -213,7 +213,7 @@ mod tests {
     fn parses_the_hardening_modes() {
         let o = Options::parse(b"debug,secure", |t| panic!("{t:?}"));
         assert!(o.debug && o.secure);
-        assert_eq!(o.check_every, 1024);
+        assert_eq!(o.check_every, 1 << 16);
         let o = Options::parse(b"debug=0", |t| panic!("{t:?}"));
         assert!(o.debug && !o.secure);
         assert_eq!(o.check_every, 0);

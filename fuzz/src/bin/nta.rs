@@ -664,7 +664,21 @@ impl Run<'_> {
         let g = self.m.g;
         let k = class as usize % (FRONT_CLASSES + 2);
         let c = &mut self.caches[which];
-        let mut p = c.pop(k);
+        // The top bit of `class`: the hardened pop (the key checked) after
+        // a shuffle of the class (secure mode's order).
+        let mut p = if class >= 128 {
+            let mut r = class as u64;
+            c.shuffle(k, || {
+                r = r
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                r >> 17
+            });
+            // SAFETY: the caches only ever hold nta's chunks.
+            unsafe { c.pop_checked(nta, k) }
+        } else {
+            c.pop(k)
+        };
         if p.is_null() {
             // SAFETY: the caches only ever hold nta's chunks.
             p = unsafe { c.refill(nta, k) };
