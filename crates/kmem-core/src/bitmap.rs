@@ -14,11 +14,13 @@
 //! [`AtomicWords`], words read and written as relaxed atomics, for maps that
 //! a thread reads without the lock their writers hold (kmem-nta's node maps,
 //! kmem-pages' listed maps): one bitmap type for every kmem allocator.
+//! Their atomics come from [`crate::sync`], so under `cfg(loom)` loom sees
+//! every word a lock-free reader looks at.
 //!
 //! Indexes past `len` are a caller bug and panic in the mutating calls (an
 //! allocator must never reach them); searches simply return `None`.
 
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::{AtomicU64, Ordering::Relaxed};
 
 const BITS: usize = 64;
 
@@ -81,6 +83,10 @@ impl AtomicWords<'_> {
     /// `ptr` must address `count` `u64`s, 8-aligned, that live for `'a` and
     /// are only ever accessed as atomics (or by one thread at a time) while
     /// this view lives.
+    ///
+    /// Not under `cfg(loom)`: loom's atomics are handles into its model, not
+    /// words in memory, so no `u64` can be viewed as one.
+    #[cfg(not(loom))]
     #[inline(always)]
     pub unsafe fn from_raw<'a>(ptr: *const u64, count: usize) -> AtomicWords<'a> {
         // SAFETY: forwarded contract; AtomicU64 has the size and alignment

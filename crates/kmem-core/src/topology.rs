@@ -237,8 +237,17 @@ mod simulated {
     const UNBOUND: usize = usize::MAX;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+    #[cfg(not(loom))]
     std::thread_local! {
         static CPU: Cell<usize> = const { Cell::new(UNBOUND) };
+    }
+
+    // loom runs its threads as coroutines on one OS thread, where a std
+    // thread-local would be one binding shared by every modelled thread: the
+    // binding is loom's thread-local there (same `with`), one per loom thread.
+    #[cfg(loom)]
+    loom::thread_local! {
+        static CPU: Cell<usize> = Cell::new(UNBOUND);
     }
 
     #[inline(always)]

@@ -127,6 +127,9 @@ mod source;
 mod state;
 mod stats;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 pub use config::{CacheMode, Config, Flags, Strategy, CACHE_PAGES_PER_COLOUR};
 pub use frame::{FrameInfo, FrameState};
 #[cfg(feature = "os")]

@@ -498,8 +498,16 @@ impl Params {
     pub(crate) fn layout(&self) -> Layout {
         let up = |x: usize, a: usize| x.next_multiple_of(a);
         let frames = 0;
-        let listed = up(frames + self.npages * core::mem::size_of::<Frame>(), 8);
-        let lists = up(listed + self.nb * self.npages.div_ceil(64) * 8, 16);
+        // Sizes and alignments of the atomics from `kmem_core::sync` (8 bytes
+        // a word; larger model handles under loom).
+        let listed = up(
+            frames + self.npages * core::mem::size_of::<Frame>(),
+            core::mem::align_of::<AtomicU64>(),
+        );
+        let lists = up(
+            listed + self.nb * self.npages.div_ceil(64) * core::mem::size_of::<AtomicU64>(),
+            16,
+        );
         let pcpu = up(
             lists + self.nb * self.nfl * self.ncolours * core::mem::size_of::<ColourList>(),
             META_ALIGN,

@@ -142,3 +142,6 @@ pub use quicklists::{Ctor, Dtor, FreeError, Meminfo, PageRef, Quicklists, Stats}
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(all(test, loom))]
+mod loom_tests;

@@ -48,20 +48,36 @@ pub(crate) struct OwnerMap {
 }
 
 impl OwnerMap {
-    /// Bytes of metadata for a span of `pages` pages.
+    /// Bytes of metadata for a span of `pages` pages (one byte a page; a
+    /// model handle a page under loom).
     pub(crate) fn bytes_for(pages: usize) -> usize {
-        pages
+        pages * core::mem::size_of::<AtomicU8>()
     }
 
     /// # Safety
-    /// `states` must point to `pages` zeroed bytes that the new map owns
-    /// exclusively for its whole life.
+    /// `states` must point to [`bytes_for(pages)`](Self::bytes_for) zeroed
+    /// bytes, aligned for `AtomicU8`, that the new map owns exclusively for
+    /// its whole life.
     pub(crate) unsafe fn new(
         states: NonNull<u8>,
         base: usize,
         pages: usize,
         shift: u32,
     ) -> OwnerMap {
+        // Zeroed bytes are `FREE` atomics; loom's atomics are handles into
+        // its model that must be made (every state starts `FREE`).
+        #[cfg(loom)]
+        for i in 0..pages {
+            // SAFETY: slot `i` lies inside the `bytes_for(pages)` bytes the
+            // caller gives this map, aligned as the caller promises.
+            unsafe {
+                states
+                    .cast::<AtomicU8>()
+                    .as_ptr()
+                    .add(i)
+                    .write(AtomicU8::new(FREE))
+            };
+        }
         OwnerMap {
             states: states.cast(),
             base,
@@ -105,7 +121,8 @@ impl OwnerMap {
         debug_assert!(i < self.pages);
         // SAFETY: `i < pages` (callers index through `index` or loop below
         // `pages`), and AtomicU8 has the size, alignment and validity of u8:
-        // the zeroed bytes are valid atomics owned by this map.
+        // the zeroed bytes are valid atomics owned by this map (under loom,
+        // `new` made each one).
         unsafe { &*self.states.as_ptr().add(i) }
     }
 

@@ -4,8 +4,8 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::mem::{align_of, size_of};
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use kmem_core::sync::{AtomicU64, AtomicUsize, Ordering};
 use kmem_core::{Counter, Cpus, Error, LockStats, PageSource, RawCountingLock, Result, Topology};
 
 use crate::owner::{OwnerMap, CACHED, FREE, LIVE, RELEASED};
@@ -525,20 +525,22 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
                     .write(PerCpu::new(on_node, config.min_pages))
             };
         }
-        // SAFETY: `states` is `owner_pages` zeroed pages (at least `span_pages`
-        // bytes) that only this map will use until `drop` frees them.
+        // SAFETY: `states` is `owner_pages` zeroed, page-aligned pages (at
+        // least `OwnerMap::bytes_for(span_pages)` bytes) that only this map
+        // will use until `drop` frees them.
         let owner = unsafe { OwnerMap::new(states, base, span_pages, page_size.trailing_zeros()) };
+        // Never under loom: the sequences work on the words as plain memory,
+        // which loom's atomics are not (the loom models cover the lock path).
         #[cfg(feature = "std")]
-        let fast = (matches!(cpus, Cpus::Real) && kmem_sys::rseq::fence_register()).then_some(
-            kmem_sys::rseq::StackLayout {
+        let fast = (!cfg!(loom) && matches!(cpus, Cpus::Real) && kmem_sys::rseq::fence_register())
+            .then_some(kmem_sys::rseq::StackLayout {
                 areas: percpu.as_ptr() as usize,
                 stride: size_of::<PerCpu<NR>>(),
                 units: ncpus,
                 pages: base,
                 page_size,
                 link: config.link_offset,
-            },
-        );
+            });
         Ok(Quicklists {
             percpu,
             ncpus,
@@ -682,6 +684,14 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             kmem_sys::rseq::fence_cpu(cpu);
         }
         Held { pc }
+    }
+
+    /// True when CPU `cpu`'s lists are held by nobody: its lock free and
+    /// `taken` clear (for the loom models, between operations).
+    #[cfg(all(test, loom))]
+    pub(crate) fn is_released(&self, cpu: usize) -> bool {
+        let pc = self.percpu(cpu);
+        !pc.lock.is_locked() && pc.taken.load(Ordering::Relaxed) == 0
     }
 
     /// Pops list `w` (held by the caller).
