@@ -84,7 +84,9 @@ pub const GLOBAL_CONFIG: Config = Config {
 
 pub use crate::front::{FRONT_BYTES, FRONT_CLASSES, FRONT_MAX};
 
-#[cfg(feature = "std")]
+// Not under loom: its `static` Nta needs `const_new`, which loom's atomics
+// cannot be (see the loom models in `remote`).
+#[cfg(all(feature = "std", not(loom)))]
 mod kmem_alloc;
-#[cfg(feature = "std")]
+#[cfg(all(feature = "std", not(loom)))]
 pub use kmem_alloc::KmemNta;

@@ -80,15 +80,16 @@
 pub mod front;
 pub mod node;
 mod nta;
+mod remote;
 
 #[cfg(feature = "os")]
 pub mod global;
 
 pub use front::{front_class, FrontCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX};
-#[cfg(feature = "std")]
+#[cfg(all(feature = "std", not(loom)))]
 pub use global::KmemNta;
 pub use node::{Geometry, MAX_NODE_CHUNKS};
 pub use nta::{Config, Nta, Stats, MAINTAIN_MS, MAX_HEAPS};
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

@@ -3,7 +3,7 @@
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
-use kmem_core::sync::{AtomicPtr, AtomicUsize, Ordering};
+use kmem_core::sync::{AtomicUsize, Ordering};
 use kmem_core::{
     CachePadded, Counter, CpuSource, Cpus, Error, Lock, LockGuard, LockStats, PageSource, Result,
 };
@@ -12,6 +12,7 @@ use crate::node::{
     bits, end_map, load_check, seal, seal_freed, used_map, Geometry, Node, KIND_LARGE, KIND_SMALL,
     MAX_NODE_CHUNKS,
 };
+use crate::remote::RemoteList;
 
 /// Most per-CPU heaps an allocator has; CPU numbers past the configured count
 /// are folded onto the heaps.
@@ -373,7 +374,7 @@ impl Heap {
 pub(crate) struct Slot {
     pub(crate) heap: Lock<Heap>,
     misses: Counter,
-    pub(crate) semi: CachePadded<AtomicPtr<Semi>>,
+    pub(crate) semi: CachePadded<RemoteList>,
 }
 
 impl Slot {
@@ -382,7 +383,16 @@ impl Slot {
         Slot {
             heap: Lock::new(Heap::new()),
             misses: Counter::new(),
-            semi: CachePadded(AtomicPtr::new(ptr::null_mut())),
+            semi: CachePadded(RemoteList::new()),
+        }
+    }
+
+    #[cfg(loom)]
+    fn new() -> Slot {
+        Slot {
+            heap: Lock::new(Heap::new()),
+            misses: Counter::new(),
+            semi: CachePadded(RemoteList::new()),
         }
     }
 }
@@ -457,6 +467,44 @@ pub(crate) fn fatal_corruption(addr: usize) -> ! {
     )
 }
 
+/// The body of [`Nta::const_new`], in its `const` form and its loom form
+/// (loom's atomics have no `const fn new`): one field list for both.
+macro_rules! nta_new {
+    ($source:ident, $cfg:ident, $cpus:ident, $slots:expr) => {{
+        let geo = match Geometry::new($cfg.chunk_size, $cfg.node_size) {
+            Ok(g) => g,
+            Err(e) => panic!("{}", e),
+        };
+        assert!(
+            $cfg.heaps >= 1 && $cfg.heaps <= MAX_HEAPS,
+            "heaps must be 1..=64"
+        );
+        Nta {
+            $source,
+            $cpus,
+            geo,
+            nheaps: $cfg.heaps,
+            reserve: $cfg.reserve_nodes,
+            steal: $cfg.steal,
+            secret: AtomicUsize::new(0),
+            grown: AtomicUsize::new(0),
+            lo: AtomicUsize::new(usize::MAX),
+            hi: AtomicUsize::new(0),
+            large_runs: AtomicUsize::new(0),
+            large_pages: AtomicUsize::new(0),
+            large_allocs: Counter::new(),
+            large_frees: Counter::new(),
+            large_requested: Counter::new(),
+            pool: Lock::new(NodePool {
+                nodes: [0; NODE_POOL],
+                n: 0,
+            }),
+            next_tick_ms: AtomicUsize::new(0),
+            slots: $slots,
+        }
+    }};
+}
+
 impl<P: PageSource> Nta<P, Cpus> {
     /// An allocator over `source` with [`Config::for_this_machine`] (`os`) or
     /// [`Config::new`] (bare no_std), choosing heaps by the real CPU (`os`)
@@ -491,37 +539,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// If [`Config::validate`] fails (at compile time in a `static`).
     #[cfg(not(loom))]
     pub const fn const_new(source: P, cfg: Config, cpus: C) -> Nta<P, C> {
-        let geo = match Geometry::new(cfg.chunk_size, cfg.node_size) {
-            Ok(g) => g,
-            Err(e) => panic!("{}", e),
-        };
-        assert!(
-            cfg.heaps >= 1 && cfg.heaps <= MAX_HEAPS,
-            "heaps must be 1..=64"
-        );
-        Nta {
-            source,
-            cpus,
-            geo,
-            nheaps: cfg.heaps,
-            reserve: cfg.reserve_nodes,
-            steal: cfg.steal,
-            secret: AtomicUsize::new(0),
-            grown: AtomicUsize::new(0),
-            lo: AtomicUsize::new(usize::MAX),
-            hi: AtomicUsize::new(0),
-            large_runs: AtomicUsize::new(0),
-            large_pages: AtomicUsize::new(0),
-            large_allocs: Counter::new(),
-            large_frees: Counter::new(),
-            large_requested: Counter::new(),
-            pool: Lock::new(NodePool {
-                nodes: [0; NODE_POOL],
-                n: 0,
-            }),
-            next_tick_ms: AtomicUsize::new(0),
-            slots: [const { Slot::new() }; MAX_HEAPS],
-        }
+        nta_new!(source, cfg, cpus, [const { Slot::new() }; MAX_HEAPS])
+    }
+
+    /// [`const_new`](Self::const_new) under loom, not `const`.
+    #[cfg(loom)]
+    pub fn const_new(source: P, cfg: Config, cpus: C) -> Nta<P, C> {
+        nta_new!(source, cfg, cpus, core::array::from_fn(|_| Slot::new()))
     }
 
     /// The node geometry in use.
@@ -931,7 +955,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     pub fn maintain(&self) {
         let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
         for j in 0..grown {
-            if self.slots[j].semi.load(Ordering::Relaxed).is_null() {
+            if self.slots[j].semi.is_empty() {
                 continue;
             }
             if let Some(mut heap) = self.slots[j].heap.try_lock() {
@@ -1071,7 +1095,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             ptr::write(
                 node,
                 Node {
-                    check: AtomicUsize::new(0),
+                    check: core::sync::atomic::AtomicUsize::new(0),
                     kind: KIND_SMALL,
                     owner: h as u32,
                     used: 0,
@@ -1103,7 +1127,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Finishes the frees other CPUs queued for heap `h`.
     #[inline(always)]
     fn drain(&self, heap: &mut Heap, h: usize) {
-        if !self.slots[h].semi.load(Ordering::Relaxed).is_null() {
+        if !self.slots[h].semi.is_empty() {
             self.drain_slow(heap, h);
         }
     }
@@ -1125,7 +1149,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // economy, never needed for correctness.
         let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
         for j in 0..grown {
-            if j == h || self.slots[j].semi.load(Ordering::Relaxed).is_null() {
+            if j == h || self.slots[j].semi.is_empty() {
                 continue;
             }
             if let Some(mut heap) = self.slots[j].heap.try_lock() {
@@ -1136,10 +1160,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     #[cold]
     fn drain_slow(&self, heap: &mut Heap, h: usize) {
-        let mut e = self.slots[h].semi.swap(ptr::null_mut(), Ordering::Acquire);
+        let mut e = self.slots[h].semi.take();
         while !e.is_null() {
             // SAFETY: entries are chunks of this heap's nodes queued by
-            // `semi_push`; the Acquire swap makes their contents visible.
+            // `semi_push`; the Acquire take makes their contents visible.
             unsafe {
                 let next = (*e).next;
                 let k = semi_len(e as usize, (*e).chunks, self.secret());
@@ -1156,23 +1180,15 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// Queues a chain `head ..= tail` of `count` freed chunks on heap `owner`'s
-    /// semi-free list (lock-free: a compare-and-swap on the list head).
+    /// semi-free list (lock-free: [`RemoteList::push`]).
     ///
     /// # Safety
     /// Each entry is a live allocation of a node owned by `owner`, which the
     /// caller gives up; `tail.next` may be overwritten.
     #[inline]
     pub(crate) unsafe fn semi_push(&self, owner: usize, head: *mut Semi, tail: *mut Semi) {
-        let semi = &self.slots[owner].semi;
-        let mut cur = semi.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: `tail` is the caller's chunk.
-            unsafe { (*tail).next = cur };
-            match semi.compare_exchange_weak(cur, head, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(now) => cur = now,
-            }
-        }
+        // SAFETY: the caller gives up the chain, written completely.
+        unsafe { self.slots[owner].semi.push(head, tail) };
     }
 
     // ---- public allocation API ------------------------------------------
@@ -1260,7 +1276,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             ptr::write(
                 hdr,
                 Node {
-                    check: AtomicUsize::new(seal(hdr as usize, self.secret())),
+                    check: core::sync::atomic::AtomicUsize::new(seal(hdr as usize, self.secret())),
                     kind: KIND_LARGE,
                     owner: self.current_heap() as u32,
                     used: 0,
@@ -1431,7 +1447,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// Frees the allocation at `ptr` without its size (the C `free` shape),
     /// checking everything: a pointer from elsewhere, the middle of an
-    /// allocation or a second free is an error and changes nothing.
+    /// allocation or a second free is an error and changes nothing. A chunk
+    /// parked in a front cache or queued on a semi-free list was freed
+    /// already: `DoubleFree` (its mark says so).
     ///
     /// The check reads the header where `ptr`'s node would be; that memory is
     /// within the span of runs this allocator got from its source, which must
@@ -1444,7 +1462,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe { self.free_checked(ptr, 0, 0) }
     }
 
-    /// As [`free`](Self::free), also checking that `layout` matches the allocation.
+    /// As [`free`](Self::free), also checking that `layout` matches the
+    /// allocation: the same number of chunks, or for a large one the same
+    /// number of pages (else `WrongSize`).
     ///
     /// # Safety
     /// As `free`.
@@ -1798,11 +1818,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // Frees queued by other CPUs: chunks of exactly k are handed out as
         // they are (still marked allocated, so nothing to split or merge);
         // the rest are finished as usual.
-        if !self.slots[h].semi.load(Ordering::Relaxed).is_null() {
-            let mut e = self.slots[h].semi.swap(ptr::null_mut(), Ordering::Acquire);
+        if !self.slots[h].semi.is_empty() {
+            let mut e = self.slots[h].semi.take();
             while !e.is_null() {
                 // SAFETY: queued entries are live allocations of this heap's
-                // nodes (the Acquire swap makes their words visible).
+                // nodes (the Acquire take makes their words visible).
                 unsafe {
                     let next = (*e).next;
                     let kk = semi_len(e as usize, (*e).chunks, self.secret());
@@ -1971,7 +1991,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     }
                 }
             }
-            let mut e = slot.semi.load(Ordering::Acquire);
+            let mut e = slot.semi.first();
             while !e.is_null() {
                 s.remote_pending += 1;
                 // SAFETY: queued entries stay valid while we hold the heap's
@@ -2164,7 +2184,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 return Err("a free run is missing from the lists");
             }
             // Queued remote frees: live allocations of this heap's nodes.
-            let mut e = slot.semi.load(Ordering::Acquire);
+            let mut e = slot.semi.first();
             let mut count = 0;
             while !e.is_null() {
                 count += 1;

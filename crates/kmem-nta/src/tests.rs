@@ -626,9 +626,7 @@ fn remote_batches_carry_jump_pointers_inside_their_run() {
     free_batch_from_cpu1(&nta, &b2, 2);
     nta.check().unwrap();
     let mut walked = Vec::new();
-    let mut e = nta.slots[0]
-        .semi
-        .load(core::sync::atomic::Ordering::Acquire);
+    let mut e = nta.slots[0].semi.first();
     while !e.is_null() {
         walked.push(e as usize);
         // SAFETY: entries of the list, which nobody drains meanwhile.

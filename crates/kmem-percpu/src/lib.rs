@@ -1097,5 +1097,5 @@ impl<B: Backend> Drop for PerCpuAllocator<B> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;

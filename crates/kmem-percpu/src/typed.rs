@@ -161,9 +161,11 @@ impl<'a, B: Backend> PerCpuCounter<'a, B> {
         let slots = PerCpu::new(alloc, |_| AtomicU64::new(0))?;
         let p = slots.as_ptr();
         let cpus = alloc.cpus();
-        #[cfg(feature = "std")]
+        // Never under loom: its atomics are model handles, not the plain
+        // words a restartable add writes.
+        #[cfg(all(feature = "std", not(loom)))]
         let rseq = matches!(cpus, Cpus::Real) && kmem_sys::cpu::rseq_cpu_id().is_some();
-        #[cfg(not(feature = "std"))]
+        #[cfg(not(all(feature = "std", not(loom))))]
         let rseq = false;
         Ok(PerCpuCounter {
             base: p.get(0).as_ptr(),
@@ -185,7 +187,7 @@ impl<'a, B: Backend> PerCpuCounter<'a, B> {
     /// Adds `n` to the calling CPU's slot (wrapping on overflow).
     #[inline(always)]
     pub fn add(&self, n: u64) {
-        #[cfg(feature = "std")]
+        #[cfg(all(feature = "std", not(loom)))]
         if self.rseq {
             // SAFETY: units slots of 8 aligned bytes at `stride` from `base`
             // (the counter's allocation), written only by rseq adds once the
@@ -233,5 +235,147 @@ impl<'a, B: Backend> PerCpuCounter<'a, B> {
             v.store(0, Ordering::Relaxed);
         }
         self.spill.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! The counter's fallback path (simulated CPUs, or no rseq), the real
+    //! `PerCpuCounter` over a `PerCpuAllocator` of two CPUs on a
+    //! `FixedSource`: adds on one CPU, on the same CPU from another thread,
+    //! and from a CPU past the topology (folded), against a concurrent `sum`.
+    //!
+    //! Each add is a distinct power of four, so a sum names the adds it
+    //! counted and an add counted twice shows as an odd bit.
+    //!
+    //! What `sum` promises (its documentation): concurrent adds may or may
+    //! not be counted, none is counted twice. Hence here: every add that
+    //! happens before the read starts is counted, none that starts after
+    //! the read ends is, nothing is counted twice or made up, and once the
+    //! adders are joined the sum is exact.
+    //!
+    //! loom does not model load buffering, so the check that no add after
+    //! the read is counted can fail only through the counter's own logic,
+    //! never through a missing ordering.
+
+    extern crate std;
+
+    use std::boxed::Box;
+    use std::vec;
+
+    use kmem_core::sync::AtomicBool;
+    use kmem_core::{bind_simulated_cpu, Cpus, PageSource, Topology};
+    use kmem_pages::FixedSource;
+    use loom::sync::Arc;
+
+    use super::*;
+    use crate::KmBackend;
+
+    const PAGE: usize = 256;
+
+    /// `v`, moved to the heap for the execution's threads (loom's need
+    /// `'static`); [`unleak`] takes it back.
+    fn leak<T>(v: T) -> &'static T {
+        Box::leak(Box::new(v))
+    }
+
+    /// Drops what [`leak`] made.
+    ///
+    /// # Safety
+    /// `r` came from `leak` and nothing uses it any more.
+    unsafe fn unleak<T: ?Sized>(r: *const T) {
+        // SAFETY: the caller's contract: a Box that is ours again.
+        drop(unsafe { Box::from_raw(r.cast_mut()) });
+    }
+
+    /// Adds 1 and 4 on CPU 0 then says so; adds 16 on CPU 0 from another
+    /// thread; adds 64 on CPU 3 (folded onto CPU 1), and 256 if it sees
+    /// that the read has ended. The main thread (CPU 1) adds 1024 before
+    /// the others start, then reads concurrently.
+    ///
+    /// No preemption bound: loom tries every schedule (about 10 s in a
+    /// release build).
+    #[test]
+    fn loom_counter_concurrent_adds_and_sum() {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = None;
+        b.check(|| {
+            let buf: *mut [u8] = Box::into_raw(vec![0u8; 65 * PAGE].into_boxed_slice());
+            // SAFETY: a fresh buffer, ours until `unleak` below.
+            let bytes: &'static mut [u8] = unsafe { &mut *buf };
+            let src = leak(FixedSource::new(bytes, PAGE).unwrap());
+            let alloc = leak(
+                PerCpuAllocator::new(
+                    Topology::single(2).unwrap(),
+                    PAGE,
+                    Cpus::Simulated,
+                    KmBackend::new(src),
+                )
+                .unwrap(),
+            );
+            let c = leak(PerCpuCounter::new(alloc).unwrap());
+            assert!(!c.uses_rseq());
+            bind_simulated_cpu(1);
+            c.add(1024);
+
+            let started = Arc::new(AtomicBool::new(false));
+            let ended = Arc::new(AtomicBool::new(false));
+            let a = {
+                let started = started.clone();
+                loom::thread::spawn(move || {
+                    bind_simulated_cpu(0);
+                    c.add(1);
+                    c.add(4);
+                    started.store(true, Ordering::Release);
+                })
+            };
+            let b = loom::thread::spawn(move || {
+                bind_simulated_cpu(0);
+                c.add(16);
+            });
+            let f = {
+                let ended = ended.clone();
+                loom::thread::spawn(move || {
+                    bind_simulated_cpu(3);
+                    c.add(64);
+                    let late = ended.load(Ordering::Acquire);
+                    if late {
+                        c.add(256);
+                    }
+                    late
+                })
+            };
+
+            let before = started.load(Ordering::Acquire);
+            let s = c.sum();
+            ended.store(true, Ordering::Release);
+            const ALL: u64 = 1 | 4 | 16 | 64 | 256 | 1024;
+            assert_eq!(s & !ALL, 0, "an add counted twice or made up: {s:#x}");
+            assert_ne!(s & 1024, 0, "an add before the spawns missed: {s:#x}");
+            if before {
+                assert_eq!(s & 5, 5, "adds before the read missed: {s:#x}");
+            }
+            assert_eq!(s & 256, 0, "an add after the read counted: {s:#x}");
+
+            a.join().unwrap();
+            b.join().unwrap();
+            let late = f.join().unwrap();
+            let extra = if late { 256 } else { 0 };
+            assert_eq!(c.sum(), 1 | 4 | 16 | 64 | 1024 | extra);
+            assert_eq!(c.get(0), 1 | 4 | 16);
+            assert_eq!(c.get(1), 64 | 1024 | extra);
+
+            // SAFETY: every thread is joined; each is dropped once, users
+            // first (the counter frees its slots into the allocator, which
+            // gives its chunk back to the source, which uses the buffer).
+            unsafe {
+                unleak(c);
+                unleak(alloc);
+                src.check().unwrap();
+                assert_eq!(src.free_page_count(), src.total_page_count());
+                unleak(src);
+                unleak(buf);
+            }
+        });
     }
 }
