@@ -20,10 +20,11 @@
 //!              chunk's key (its second word), not only its link
 //! ```
 //!
-//! Both modes route every call through the slow paths (`malloc`'s
-//! front-cache pop is skipped; the cache itself is still used): the default
-//! build pays one predictable branch on the cache-miss and cache-bypass
-//! paths and nothing on the hits. The modes are decided once, at
+//! Debug mode routes every call through the slow paths (`malloc`'s inline
+//! front-cache pop is skipped; the cache itself is still used); secure mode
+//! alone keeps `malloc`'s pop and `free`'s push inline, the pop checked, and
+//! takes the slow path on refills. The default build pays one predictable
+//! branch on the cache-miss and cache-bypass paths and nothing on the hits. The modes are decided once, at
 //! initialisation, before the first block is handed out, so that every
 //! block the program frees was made under the same rules. They apply to
 //! `engine=nta` (the default); with `engine=pow2` they are refused with a

@@ -219,9 +219,12 @@ const T_FAST: u8 = 1;
 const T_DIRECT: u8 = 2;
 /// `engine=pow2`.
 const T_POW2: u8 = 3;
-/// Front cache in use, through the hardened paths ([`harden`]: `debug` or
-/// `secure`); `malloc`'s inline pop is skipped.
+/// Front cache in use, through the hardened paths ([`harden`]: `debug`,
+/// with or without `secure`); `malloc`'s inline pop is skipped.
 const T_HARD: u8 = 4;
+/// Front cache in use, `secure` alone: `malloc` and `free` stay inline, the
+/// pop checked; refills go through the hardened path (shuffled).
+const T_SECURE: u8 = 5;
 
 struct Thread {
     mode: Cell<u8>,
@@ -235,7 +238,7 @@ struct Thread {
 /// True when `mode` uses the thread's front cache.
 #[inline(always)]
 fn cached(mode: u8) -> bool {
-    mode == T_FAST || mode == T_HARD
+    mode == T_FAST || mode == T_HARD || mode == T_SECURE
 }
 
 // The thread's `Thread` lives in the library's own TLS block, initial-exec
@@ -344,10 +347,10 @@ fn thread_start(t: &Thread) {
             // SAFETY: a key we created; any non-null value makes the
             // destructor run at thread exit.
             Some(&k) if unsafe { libc::pthread_setspecific(k, ptr::dangling::<c_void>()) } == 0 => {
-                if harden::modes() != 0 {
-                    T_HARD
-                } else {
-                    T_FAST
+                match harden::modes() {
+                    0 => T_FAST,
+                    harden::SECURE => T_SECURE,
+                    _ => T_HARD,
                 }
             }
             _ => T_DIRECT,
@@ -604,7 +607,7 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
                     return (p, false);
                 }
             }
-        } else if mode == T_HARD && align <= 64 {
+        } else if (mode == T_HARD || mode == T_SECURE) && align <= 64 {
             if let Some(k) = front_class(size) {
                 let p = pop_hardened(t, k);
                 if !p.is_null() {
@@ -656,9 +659,13 @@ fn free_in(what: &str, p: *mut u8) {
         match unsafe { NTA.lookup_unlocked(a) } {
             Ok(k) => {
                 let t = thread();
-                if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
+                let mode = t.mode.get();
+                if mode == T_FAST && k <= FRONT_CLASSES {
                     // SAFETY: a live allocation of k chunks that the caller
                     // gives up; this thread's cache holds only NTA's chunks.
+                    unsafe { (*t.front.get()).push(&NTA, p, k) };
+                } else if mode == T_SECURE && k <= FRONT_CLASSES {
+                    // SAFETY: as above.
                     unsafe { (*t.front.get()).push(&NTA, p, k) };
                 } else {
                     // SAFETY: as above.
@@ -909,7 +916,7 @@ unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
     }
     // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
     unsafe {
-        if t.mode.get() == T_HARD && k <= FRONT_CLASSES {
+        if cached(t.mode.get()) && k <= FRONT_CLASSES {
             (*t.front.get()).push(&NTA, p, k);
         } else {
             NTA.free_small(p as usize, k);
@@ -956,10 +963,19 @@ fn free_large_hardened(what: &str, l: &Large, p: *mut u8) {
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let t = thread();
-    if t.mode.get() == T_FAST && size <= FRONT_MAX {
+    let mode = t.mode.get();
+    if mode == T_FAST && size <= FRONT_MAX {
         let k = if size == 0 { 1 } else { (size + 63) >> 6 };
         // SAFETY: this thread's cache; no other borrow is live.
         let p = unsafe { (*t.front.get()).pop(k) };
+        if !p.is_null() {
+            return p.cast();
+        }
+    } else if mode == T_SECURE && size <= FRONT_MAX {
+        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
+        // SAFETY: this thread's cache, holding only NTA's chunks; no other
+        // borrow is live.
+        let p = unsafe { (*t.front.get()).pop_checked(&NTA, k) };
         if !p.is_null() {
             return p.cast();
         }

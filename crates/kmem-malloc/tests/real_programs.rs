@@ -475,12 +475,14 @@ int main(int argc, char **argv) {
 #[test]
 fn real_programs_under_debug_and_secure() {
     let script = "import random\nrandom.seed(3)\nd = {str(i) * (i % 9): [i] * (i % 50) for i in range(60000)}\nb = [bytes(random.randrange(1, 300000)) for _ in range(40)]\nprint(len(d), sum(map(len, d.values())), sum(map(len, b)))\n";
-    let (g, k) = both(|| {
-        let mut c = Command::new("python3");
-        c.arg("-c").arg(script).env("KMEM_OPTIONS", "debug,secure");
-        c
-    });
-    assert_same("python3 (debug,secure)", &g, &k);
+    for mode in ["secure", "debug,secure"] {
+        let (g, k) = both(|| {
+            let mut c = Command::new("python3");
+            c.arg("-c").arg(script).env("KMEM_OPTIONS", mode);
+            c
+        });
+        assert_same(&format!("python3 ({mode})"), &g, &k);
+    }
     let d = scratch("mtfork-harden");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/mt_fork_test.c");
     let exe = compile("mt_fork_test", &src, &d);
@@ -491,6 +493,12 @@ fn real_programs_under_debug_and_secure() {
         c
     });
     assert_same("mt_fork_test (debug,secure)", &g, &k);
+    let (g, k) = both(|| {
+        let mut c = Command::new(&exe);
+        c.args(["4", "20000", "3"]).env("KMEM_OPTIONS", "secure");
+        c
+    });
+    assert_same("mt_fork_test (secure)", &g, &k);
     let _ = std::fs::remove_dir_all(&d);
 }
 
