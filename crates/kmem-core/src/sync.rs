@@ -24,3 +24,34 @@ pub fn spin_loop() {
     #[cfg(not(loom))]
     core::hint::spin_loop();
 }
+
+/// Runs `f` under loom with at most `bound` preemptions per execution
+/// (loom's `preemption_bound`; `None`: every interleaving), for the loom
+/// models of kmem's crates, which drive the real allocators: every atomic
+/// access and lock round trip of their paths is a branch point (an
+/// allocator's construction alone takes hundreds), so the limit per
+/// execution is 100,000 rather than loom's 1000. `LOOM_MAX_PREEMPTIONS`,
+/// when set, overrides the bound (for deeper searches by hand). Prints the
+/// executions explored and the time taken.
+#[cfg(all(loom, feature = "std"))]
+pub fn loom_model(bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let mut b = loom::model::Builder::new();
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
+        b.preemption_bound = bound;
+    }
+    b.max_branches = 100_000;
+    let bound = b.preemption_bound;
+    let t0 = std::time::Instant::now();
+    b.check(move || {
+        counted.fetch_add(1, Relaxed);
+        f()
+    });
+    std::eprintln!(
+        "loom: {} executions, preemption bound {bound:?}, {:.1} s",
+        runs.load(Relaxed),
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -41,32 +41,10 @@ use crate::{Config, PageAllocator};
 const FRAMES: usize = 8;
 
 /// Runs `f` under loom with at most `bound` preemptions per execution
-/// (loom's `preemption_bound`; `None`: every interleaving). Each test says
-/// which bound it uses and why. `LOOM_MAX_PREEMPTIONS`, when set, overrides
-/// the bound (for deeper searches by hand). Prints the executions explored.
+/// ([`kmem_core::sync::loom_model`]); each test says which bound it uses
+/// and why.
 fn model(bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
-    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-    let runs = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = runs.clone();
-    let mut b = loom::model::Builder::new();
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
-        b.preemption_bound = bound;
-    }
-    // Every atomic access and lock round trip of the real paths is a branch
-    // point (the allocator's construction alone takes hundreds); the default
-    // of 1000 per execution is for small hand-written models.
-    b.max_branches = 100_000;
-    let bound = b.preemption_bound;
-    let t0 = std::time::Instant::now();
-    b.check(move || {
-        counted.fetch_add(1, Relaxed);
-        f()
-    });
-    std::eprintln!(
-        "loom: {} executions, preemption bound {bound:?}, {:.1} s",
-        runs.load(Relaxed),
-        t0.elapsed().as_secs_f64()
-    );
+    kmem_core::sync::loom_model(bound, f)
 }
 
 /// The modelled allocator: `FRAMES` frames over reserved address space,

@@ -60,36 +60,13 @@ const BUF_PAGES: usize = 64;
 type Ql = Quicklists<FixedSource<'static>, 1>;
 
 /// Runs `f` under loom with at most `bound` preemptions per execution
-/// (loom's `preemption_bound`; `None`: every interleaving), over a buffer
-/// for the source that every execution reuses (`f` gets its address and
-/// length). Each test says which bound it uses and why.
-/// `LOOM_MAX_PREEMPTIONS`, when set, overrides the bound (for deeper
-/// searches by hand). Prints the executions explored.
+/// ([`kmem_core::sync::loom_model`]), over a buffer for the source that
+/// every execution reuses (`f` gets its address and length). Each test
+/// says which bound it uses and why.
 fn model(bound: Option<usize>, f: impl Fn(usize, usize) + Sync + Send + 'static) {
-    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let buf = vec![0u64; (BUF_PAGES + 1) * PAGE / 8];
     let (addr, len) = (buf.as_ptr() as usize, buf.len() * 8);
-    let runs = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = runs.clone();
-    let mut b = loom::model::Builder::new();
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
-        b.preemption_bound = bound;
-    }
-    // Every atomic access and lock round trip of the real paths is a branch
-    // point; the default of 1000 per execution is for small hand-written
-    // models.
-    b.max_branches = 100_000;
-    let bound = b.preemption_bound;
-    let t0 = std::time::Instant::now();
-    b.check(move || {
-        counted.fetch_add(1, Relaxed);
-        f(addr, len)
-    });
-    std::eprintln!(
-        "loom: {} executions, preemption bound {bound:?}, {:.1} s",
-        runs.load(Relaxed),
-        t0.elapsed().as_secs_f64()
-    );
+    kmem_core::sync::loom_model(bound, move || f(addr, len));
     drop(buf);
 }
 
