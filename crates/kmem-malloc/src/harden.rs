@@ -33,8 +33,13 @@
 use core::cell::Cell;
 use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
+use core::ptr;
+
+use crate::large::Large;
 use crate::options::Options;
 use crate::out::die;
+use crate::{alloc_in, cached, large_of, set_errno, thread, usable_raw, Thread, NTA};
+use kmem_nta::FRONT_CLASSES;
 
 /// Debug mode is on.
 pub(crate) const DEBUG: u8 = 1;
@@ -233,5 +238,138 @@ pub(crate) fn unguard(at: usize, page: usize) {
         kmem_sys::abort_with(format_args!(
             "kmem: secure: cannot unprotect the guard page at {at:#x}; aborting"
         ));
+    }
+}
+
+// ---- the hardened paths of malloc, free and malloc_usable_size ----------
+
+/// `alloc_slow` with the modes on: the debug canary's room, junk and
+/// marks; the periodic check.
+#[cold]
+#[inline(never)]
+pub(crate) fn alloc_hardened(t: &Thread, size: usize, align: usize, zero: bool) -> *mut u8 {
+    tick(&t.calls);
+    let debug = modes() & DEBUG != 0;
+    let Some(req) = size.checked_add(if debug { EXTRA } else { 0 }) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    let (p, zeroed) = alloc_in(t, req, align, zero);
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+        return p;
+    }
+    if zero && !zeroed {
+        // SAFETY: p holds at least size bytes.
+        unsafe { ptr::write_bytes(p, 0, size) };
+    }
+    if debug {
+        let n = block_bytes("malloc", p);
+        // SAFETY: a new block of n >= size + EXTRA bytes (a multiple of 64
+        // or of the page), at least 16-aligned.
+        unsafe { mark_new(p, size, n, zero) };
+    }
+    p
+}
+
+/// A pop from the thread's cache in hardened mode: the chunk's key is
+/// checked; in secure mode a refilled class is shuffled before the first
+/// chunk is taken from it.
+pub(crate) fn pop_hardened(t: &Thread, k: usize) -> *mut u8 {
+    // SAFETY: this thread's cache; no other borrow is live; it holds only
+    // NTA's chunks.
+    let f = unsafe { &mut *t.front.get() };
+    // SAFETY: as above.
+    let p = unsafe { f.pop_checked(&NTA, k) };
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: as above.
+    let p = unsafe { f.refill(&NTA, k) };
+    if p.is_null() || modes() & SECURE == 0 {
+        return p;
+    }
+    // SAFETY: p is the live k-chunk block the refill returned, given back
+    // to the cache it came from; then the class is shuffled and popped.
+    unsafe {
+        f.push(&NTA, p, k);
+        f.shuffle(k, || next_random(&t.rng));
+        f.pop_checked(&NTA, k)
+    }
+}
+
+/// The bytes a hardened block may use: the block less its guard page
+/// (secure mode, large blocks).
+pub(crate) fn block_bytes(what: &str, p: *mut u8) -> usize {
+    let n = usable_raw(what, p);
+    if modes() & SECURE != 0 && large_of(p as usize).is_some() {
+        n - kmem_sys::page_size()
+    } else {
+        n
+    }
+}
+
+/// `malloc_usable_size` and `realloc`'s old size in hardened mode.
+pub(crate) fn usable_hardened(what: &str, p: *mut u8) -> usize {
+    let n = block_bytes(what, p);
+    if modes() & DEBUG != 0 {
+        // SAFETY: a live block of n bytes (usable_raw checked it).
+        unsafe { requested(what, p, n) }
+    } else {
+        n
+    }
+}
+
+/// `free` of nta's live `k`-chunk block `p` in hardened mode.
+///
+/// # Safety
+/// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
+pub(crate) unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
+    tick(&t.calls);
+    let n = k * NTA.geometry().chunk();
+    if modes() & DEBUG != 0 {
+        // SAFETY: a live block of n bytes, given up.
+        unsafe {
+            requested("free", p, n);
+            junk_freed(p, n);
+        }
+    }
+    // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
+    unsafe {
+        if cached(t.mode.get()) && k <= FRONT_CLASSES {
+            (*t.front.get()).push(&NTA, p, k);
+        } else {
+            NTA.free_small(p as usize, k);
+        }
+    }
+}
+
+/// `free` of a block of the large arena in hardened mode: checked, its
+/// canary checked and junk written (debug), its guard page lifted
+/// (secure), then freed.
+#[cold]
+#[inline(never)]
+pub(crate) fn free_large_hardened(what: &str, l: &Large, p: *mut u8) {
+    tick(&thread().calls);
+    let a = p as usize;
+    let n = match l.usable_size(a) {
+        Ok(n) => n,
+        Err(e) => die(what, p, &e),
+    };
+    let mut user = n;
+    if modes() & SECURE != 0 {
+        let ps = kmem_sys::page_size();
+        unguard(a + n - ps, ps);
+        user -= ps;
+    }
+    if modes() & DEBUG != 0 {
+        // SAFETY: a live block of `user` bytes, given up.
+        unsafe {
+            requested(what, p, user);
+            junk_freed(p, user);
+        }
+    }
+    if let Err(e) = l.free(a) {
+        die(what, p, &e)
     }
 }

@@ -565,7 +565,7 @@ fn alloc_slow(size: usize, align: usize, zero: bool) -> *mut u8 {
         thread_start(t);
     }
     if harden::modes() != 0 {
-        return alloc_hardened(t, size.max(1), align, zero);
+        return harden::alloc_hardened(t, size.max(1), align, zero);
     }
     let size = size.max(1);
     let (p, zeroed) = alloc_in(t, size, align, zero);
@@ -609,7 +609,7 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
             }
         } else if (mode == T_HARD || mode == T_SECURE) && align <= 64 {
             if let Some(k) = front_class(size) {
-                let p = pop_hardened(t, k);
+                let p = harden::pop_hardened(t, k);
                 if !p.is_null() {
                     return (p, false);
                 }
@@ -684,7 +684,7 @@ fn free_in(what: &str, p: *mut u8) {
         }
     } else if let Some(l) = large_of(a) {
         if harden::modes() != 0 {
-            free_large_hardened(what, l, p);
+            harden::free_large_hardened(what, l, p);
         } else if let Err(e) = l.free(a) {
             die(what, p, &e)
         }
@@ -718,7 +718,7 @@ unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
     }
     if harden::modes() != 0 {
         // SAFETY: forwarded.
-        return unsafe { free_small_hardened(t, p, k) };
+        return unsafe { harden::free_small_hardened(t, p, k) };
     }
     // SAFETY: forwarded.
     unsafe { NTA.free_small(p as usize, k) };
@@ -728,7 +728,7 @@ unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
 /// (in debug mode: the size requested, after checking the canary).
 fn usable(what: &str, p: *mut u8) -> usize {
     if harden::modes() != 0 {
-        return usable_hardened(what, p);
+        return harden::usable_hardened(what, p);
     }
     usable_raw(what, p)
 }
@@ -764,7 +764,7 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
     if harden::modes() != 0 {
         // Always a new block: its canary is written for the new size, and
         // a use of the old pointer finds junk.
-        let old = usable_hardened("realloc", p);
+        let old = harden::usable_hardened("realloc", p);
         return move_to(p, old, size);
     }
     let a = p as usize;
@@ -819,139 +819,6 @@ fn move_to(p: *mut u8, old: usize, size: usize) -> *mut u8 {
 
 fn aligned(align: usize, size: usize) -> *mut u8 {
     alloc_slow(size, align, false)
-}
-
-// ---- the hardened paths (KMEM_OPTIONS=debug, secure) ----------------------
-
-/// `alloc_slow` with the modes on: the debug canary's room, junk and
-/// marks; the periodic check.
-#[cold]
-#[inline(never)]
-fn alloc_hardened(t: &Thread, size: usize, align: usize, zero: bool) -> *mut u8 {
-    harden::tick(&t.calls);
-    let debug = harden::modes() & harden::DEBUG != 0;
-    let Some(req) = size.checked_add(if debug { harden::EXTRA } else { 0 }) else {
-        set_errno(libc::ENOMEM);
-        return ptr::null_mut();
-    };
-    let (p, zeroed) = alloc_in(t, req, align, zero);
-    if p.is_null() {
-        set_errno(libc::ENOMEM);
-        return p;
-    }
-    if zero && !zeroed {
-        // SAFETY: p holds at least size bytes.
-        unsafe { ptr::write_bytes(p, 0, size) };
-    }
-    if debug {
-        let n = block_bytes("malloc", p);
-        // SAFETY: a new block of n >= size + EXTRA bytes (a multiple of 64
-        // or of the page), at least 16-aligned.
-        unsafe { harden::mark_new(p, size, n, zero) };
-    }
-    p
-}
-
-/// A pop from the thread's cache in hardened mode: the chunk's key is
-/// checked; in secure mode a refilled class is shuffled before the first
-/// chunk is taken from it.
-fn pop_hardened(t: &Thread, k: usize) -> *mut u8 {
-    // SAFETY: this thread's cache; no other borrow is live; it holds only
-    // NTA's chunks.
-    let f = unsafe { &mut *t.front.get() };
-    // SAFETY: as above.
-    let p = unsafe { f.pop_checked(&NTA, k) };
-    if !p.is_null() {
-        return p;
-    }
-    // SAFETY: as above.
-    let p = unsafe { f.refill(&NTA, k) };
-    if p.is_null() || harden::modes() & harden::SECURE == 0 {
-        return p;
-    }
-    // SAFETY: p is the live k-chunk block the refill returned, given back
-    // to the cache it came from; then the class is shuffled and popped.
-    unsafe {
-        f.push(&NTA, p, k);
-        f.shuffle(k, || harden::next_random(&t.rng));
-        f.pop_checked(&NTA, k)
-    }
-}
-
-/// The bytes a hardened block may use: the block less its guard page
-/// (secure mode, large blocks).
-fn block_bytes(what: &str, p: *mut u8) -> usize {
-    let n = usable_raw(what, p);
-    if harden::modes() & harden::SECURE != 0 && large_of(p as usize).is_some() {
-        n - kmem_sys::page_size()
-    } else {
-        n
-    }
-}
-
-/// `malloc_usable_size` and `realloc`'s old size in hardened mode.
-fn usable_hardened(what: &str, p: *mut u8) -> usize {
-    let n = block_bytes(what, p);
-    if harden::modes() & harden::DEBUG != 0 {
-        // SAFETY: a live block of n bytes (usable_raw checked it).
-        unsafe { harden::requested(what, p, n) }
-    } else {
-        n
-    }
-}
-
-/// `free` of nta's live `k`-chunk block `p` in hardened mode.
-///
-/// # Safety
-/// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
-unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
-    harden::tick(&t.calls);
-    let n = k * NTA.geometry().chunk();
-    if harden::modes() & harden::DEBUG != 0 {
-        // SAFETY: a live block of n bytes, given up.
-        unsafe {
-            harden::requested("free", p, n);
-            harden::junk_freed(p, n);
-        }
-    }
-    // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
-    unsafe {
-        if cached(t.mode.get()) && k <= FRONT_CLASSES {
-            (*t.front.get()).push(&NTA, p, k);
-        } else {
-            NTA.free_small(p as usize, k);
-        }
-    }
-}
-
-/// `free` of a block of the large arena in hardened mode: checked, its
-/// canary checked and junk written (debug), its guard page lifted
-/// (secure), then freed.
-#[cold]
-#[inline(never)]
-fn free_large_hardened(what: &str, l: &Large, p: *mut u8) {
-    harden::tick(&thread().calls);
-    let a = p as usize;
-    let n = match l.usable_size(a) {
-        Ok(n) => n,
-        Err(e) => die(what, p, &e),
-    };
-    let mut user = n;
-    if harden::modes() & harden::SECURE != 0 {
-        let ps = kmem_sys::page_size();
-        harden::unguard(a + n - ps, ps);
-        user -= ps;
-    }
-    if harden::modes() & harden::DEBUG != 0 {
-        // SAFETY: a live block of `user` bytes, given up.
-        unsafe {
-            harden::requested(what, p, user);
-            harden::junk_freed(p, user);
-        }
-    }
-    if let Err(e) = l.free(a) {
-        die(what, p, &e)
-    }
 }
 
 // ---- the C ABI --------------------------------------------------------------
