@@ -596,6 +596,12 @@ impl Large {
         self.purge_down_to(&mut s, 0, Map::Dirty);
     }
 
+    /// Changes the return policy (`mallopt(M_TRIM_THRESHOLD)`); it applies
+    /// from the next free or tick.
+    pub(crate) fn set_policy(&self, policy: ReturnPolicy) {
+        self.state.lock().decay.set_policy(policy);
+    }
+
     /// Applies the return policy now (from nta's periodic maintenance).
     pub(crate) fn maintain(&self) {
         if let Some(mut s) = self.state.try_lock() {

@@ -54,12 +54,16 @@
 //! `KMEM_OPTIONS=debug` adds junk, canaries and periodic checks, `secure`
 //! guard pages and random order ([`harden`]).
 //!
+//! **Introspection** ([`introspect`]): `mallinfo2`, `mallinfo`, `mallopt`
+//! and `malloc_info` answer with kmem's figures.
+//!
 //! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,engine=pow2,debug,secure`.
 
 #![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]
 
 pub mod harden;
+pub mod introspect;
 mod large;
 pub mod options;
 mod out;
@@ -1079,6 +1083,24 @@ extern "C" fn print_stats() {
             p.pages_in_use(),
             p.arena_pages()
         );
+    }
+}
+
+/// Sets the bytes of freed memory kept backed in each source
+/// (`mallopt(M_TRIM_THRESHOLD)`), the rest of the return policy as the
+/// options say.
+fn set_retain(retain: usize) {
+    let t = thread();
+    if t.mode.get() == T_NEW {
+        thread_start(t);
+    }
+    let policy = kmem_core::ReturnPolicy {
+        retain,
+        ..options().policy
+    };
+    NTA.source().0.set_policy(policy);
+    if let Some(l) = LARGE.get() {
+        l.set_policy(policy);
     }
 }
 
