@@ -66,12 +66,21 @@ struct BenchArgs {
     /// Print one JSON document instead of tables.
     #[arg(long)]
     json: bool,
-    /// Threads, for suites that take a thread count.
-    #[arg(long)]
+    /// Threads, for suites that take a thread count (at least 1).
+    #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
-    /// Simulated CPUs, for suites on a simulated topology.
-    #[arg(long)]
+    /// Simulated CPUs, for suites on a simulated topology (at least 1).
+    #[arg(long, value_parser = at_least_one)]
     cpus: Option<usize>,
+}
+
+/// A count of threads or CPUs: 0 is refused with a message, not clamped.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn scale(smoke: bool, full: bool) -> Scale {
