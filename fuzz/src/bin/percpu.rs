@@ -1802,21 +1802,27 @@ fn km<F: Backend, const POP: bool>(s: &Setup, foreign: &PerCpuAllocator<F>, ops:
             st: &probe,
             scribble: true,
         };
-        let cpus = if s.simulated {
-            Cpus::Simulated
-        } else {
-            Cpus::Fixed(s.cpu)
-        };
-        let a = PerCpuAllocator::new(Topology::single(s.units).unwrap(), s.unit, cpus, p).unwrap();
-        let a = match s.reserve {
-            Some((l, h)) => a.with_empty_page_reserve(l, h),
-            None => a,
-        };
+        let a = allocator(s, p);
         run(s, &a, &probe, true, foreign, ops);
     }
     after_drop(&probe);
     src.check().unwrap();
     assert_eq!(src.free_page_count(), src.total_page_count());
+}
+
+/// The allocator a setup asks for, over backend `b`: its units, its CPU
+/// source (simulated, or one fixed CPU), its empty-page reserve.
+fn allocator<B: Backend>(s: &Setup, b: B) -> PerCpuAllocator<B> {
+    let cpus = if s.simulated {
+        Cpus::Simulated
+    } else {
+        Cpus::Fixed(s.cpu)
+    };
+    let a = PerCpuAllocator::new(Topology::single(s.units).unwrap(), s.unit, cpus, b).unwrap();
+    match s.reserve {
+        Some((l, h)) => a.with_empty_page_reserve(l, h),
+        None => a,
+    }
 }
 
 static VM: [OnceLock<VmBackend>; 2] = [OnceLock::new(), OnceLock::new()];
@@ -1835,16 +1841,7 @@ fn vm<F: Backend>(s: &Setup, purge: bool, foreign: &PerCpuAllocator<F>, ops: &[O
             st: &probe,
             scribble: false,
         };
-        let cpus = if s.simulated {
-            Cpus::Simulated
-        } else {
-            Cpus::Fixed(s.cpu)
-        };
-        let a = PerCpuAllocator::new(Topology::single(s.units).unwrap(), s.unit, cpus, p).unwrap();
-        let a = match s.reserve {
-            Some((l, h)) => a.with_empty_page_reserve(l, h),
-            None => a,
-        };
+        let a = allocator(s, p);
         run(s, &a, &probe, false, foreign, ops);
     }
     after_drop(&probe);
