@@ -92,10 +92,14 @@ pub struct VmapArena<P: PageSource> {
     lazy_areas: u64,
     lazy_max: u64,
     purges: u64,
-    /// Recently allocated areas by a hash of their start: a free of one of
-    /// them finds its node without descending the busy tree. Every non-null
-    /// slot holds a node of the busy tree whose start hashes to that slot.
-    recent: [NodePtr; RECENT],
+    /// The nursery: the youngest live areas, by a hash of their start, kept
+    /// out of the busy tree. Most areas are freed soon after they are made
+    /// (every loop of the vmalloc test module, a kernel's short-lived
+    /// mappings), and such an area never touches the busy tree: its free
+    /// finds it here. An allocation whose slot is taken moves the older area
+    /// into the tree first. Live areas are the busy tree plus the non-null
+    /// slots; each slot's node starts at an address that hashes to it.
+    young: [NodePtr; YOUNG],
     /// What the last allocation proved about the space below it.
     hint: Hint,
     pool: Pool<P>,
@@ -124,6 +128,12 @@ struct Hint {
     align: u64,
     lo: u64,
     hi: u64,
+    /// The free block that starts at `floor` (what is left of the block the
+    /// allocation was cut from), or null. No free block lies in
+    /// `[x, floor)`, so it is the first candidate of the next search; valid
+    /// because every allocation rewrites the hint and everything else that
+    /// changes the free blocks drops it.
+    block: NodePtr,
 }
 
 impl Hint {
@@ -133,30 +143,28 @@ impl Hint {
         align: 0,
         lo: 0,
         hi: 0,
+        block: NodePtr::NULL,
     };
 
-    /// Where the search for (`size`, `align`) in `[lo, hi)` may start.
+    /// Whether the proof covers a search for (`size`, `align`) in
+    /// `[lo, hi)`: the search may then start at `floor`.
     #[inline(always)]
-    fn start_for(&self, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
-        if self.align != 0
+    fn covers(&self, size: u64, align: u64, lo: u64, hi: u64) -> bool {
+        self.align != 0
             && size >= self.size
             && align >= self.align
             && lo >= self.lo
             && hi <= self.hi
-        {
-            lo.max(self.floor)
-        } else {
-            lo
-        }
     }
 }
 
-/// Slots of the recent-allocation cache (a power of two).
-const RECENT: usize = 64;
+/// Slots of the nursery (a power of two): small, because
+/// [`VmapArena::find`] and the error path scan it.
+const YOUNG: usize = 16;
 
 #[inline(always)]
-fn recent_slot(addr: u64) -> usize {
-    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT.trailing_zeros())) as usize
+fn young_slot(addr: u64) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - YOUNG.trailing_zeros())) as usize
 }
 
 // SAFETY: the arena owns every node it points to (they come from its pool's
@@ -322,7 +330,7 @@ impl<P: PageSource> VmapArena<P> {
             lazy_areas: 0,
             lazy_max,
             purges: 0,
-            recent: [NodePtr::NULL; RECENT],
+            young: [NodePtr::NULL; YOUNG],
             hint: Hint::NONE,
             pool: Pool::new(source),
         };
@@ -376,7 +384,19 @@ impl<P: PageSource> VmapArena<P> {
         // The preload: a node for the busy area and one for an NE split's
         // left remainder, so nothing below can fail half way.
         self.pool.reserve(2)?;
-        let from = self.hint.start_for(size, align, lo, hi);
+        let h = self.hint;
+        let from = if h.covers(size, align, lo, hi) {
+            // The free block that starts where the last allocation ended, if
+            // it is the next candidate: no search at all when it fits.
+            if !h.block.is_null() {
+                if let Some(x) = Self::fit(h.block, size, align - 1, lo, hi) {
+                    return Ok(self.take_hinted(h.block, x, size, align, lo, hi));
+                }
+            }
+            lo.max(h.floor)
+        } else {
+            lo
+        };
         let found = if from < hi && hi - from >= size {
             self.find_fit(size, align - 1, from, hi)
         } else {
@@ -391,13 +411,14 @@ impl<P: PageSource> VmapArena<P> {
     /// Takes the fit and records what it proves for the next search.
     #[inline(always)]
     fn take_hinted(&mut self, n: NodePtr, x: u64, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
-        let x = self.take(n, x, size);
+        let block = self.take(n, x, size);
         self.hint = Hint {
             floor: x + size,
             size,
             align,
             lo,
             hi,
+            block,
         };
         x
     }
@@ -416,7 +437,7 @@ impl<P: PageSource> VmapArena<P> {
             // Nothing to purge. The hinted search skipped only what cannot
             // fit, so no fit exists; say so only after an unhinted search, so
             // that the answer never rests on the hint alone.
-            self.hint = Hint::NONE;
+            self.hint.align = 0;
             return match self.find_fit(size, align - 1, lo, hi) {
                 Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
                 None => Err(Error::OutOfMemory { size }),
@@ -563,63 +584,84 @@ impl<P: PageSource> VmapArena<P> {
 
     /// Cuts `[x, x + size)` out of free block `n`: FL (the whole block), LE
     /// or RE (an edge), NE (the middle, a new node for the left remainder).
+    /// Returns the free block that now starts at `x + size` (`n`, after LE
+    /// or NE), or null.
     #[inline(always)]
-    fn take(&mut self, n: NodePtr, x: u64, size: u64) -> u64 {
+    fn take(&mut self, n: NodePtr, x: u64, size: u64) -> NodePtr {
         let (s, e) = (n.start(), n.end());
         let xe = x + size;
-        let busy = if x == s {
+        let (busy, rest) = if x == s {
             if xe == e {
                 // FL: the block itself becomes the busy area.
                 self.free.erase::<MaxAug>(n);
                 self.free_blocks -= 1;
-                n
+                (n, NodePtr::NULL)
             } else {
                 // LE: cut the left edge.
                 n.set_start(xe);
                 MaxAug::propagate(n, NodePtr::NULL);
-                self.pool.take()
+                (self.pool.take(), n)
             }
         } else if xe == e {
             // RE: cut the right edge.
             n.set_end(x);
             MaxAug::propagate(n, NodePtr::NULL);
-            self.pool.take()
+            (self.pool.take(), NodePtr::NULL)
         } else {
-            // NE: the block keeps the right remainder; the preloaded spare
-            // becomes the left one, linked as its predecessor (no search).
-            let l = self.pool.take();
-            l.init(s, x);
-            n.set_start(xe);
-            MaxAug::propagate(n, NodePtr::NULL);
-            self.free.insert_before::<MaxAug>(l, n);
-            self.free_blocks += 1;
-            self.pool.take()
+            (self.take_middle(n, x, xe), n)
         };
         self.free_bytes -= size;
         busy.init(x, xe);
-        self.busy.insert_by_start::<NoAug>(busy);
-        self.recent[recent_slot(x)] = busy;
+        let slot = young_slot(x);
+        let old = self.young[slot];
+        if !old.is_null() {
+            self.promote(old);
+        }
+        self.young[slot] = busy;
         self.busy_blocks += 1;
         self.busy_bytes += size;
-        x
+        rest
+    }
+
+    /// NE: `[x, xe)` from the middle of free block `n`. The block keeps the
+    /// right remainder; the preloaded spare becomes the left one, linked as
+    /// its predecessor (no search). Returns the busy area's node.
+    #[inline(never)]
+    fn take_middle(&mut self, n: NodePtr, x: u64, xe: u64) -> NodePtr {
+        let l = self.pool.take();
+        l.init(n.start(), x);
+        n.set_start(xe);
+        MaxAug::propagate(n, NodePtr::NULL);
+        self.free.insert_before::<MaxAug>(l, n);
+        self.free_blocks += 1;
+        self.pool.take()
+    }
+
+    /// Moves a nursery area that lived through other allocations into the
+    /// busy tree.
+    #[cold]
+    #[inline(never)]
+    fn promote(&mut self, old: NodePtr) {
+        self.busy.insert_by_start::<NoAug>(old);
     }
 
     /// Unlinks the busy area starting at `addr`.
     #[inline(always)]
     fn unbusy(&mut self, addr: u64) -> Result<NodePtr> {
-        let slot = recent_slot(addr);
-        let r = self.recent[slot];
-        let n = if !r.is_null() && r.start() == addr {
-            self.recent[slot] = NodePtr::NULL;
-            r
+        let slot = young_slot(addr);
+        let y = self.young[slot];
+        let n = if !y.is_null() && y.start() == addr {
+            // Young: it never entered the busy tree.
+            self.young[slot] = NodePtr::NULL;
+            y
         } else {
             let n = self.busy.find_start(addr);
             if n.is_null() {
                 return Err(self.classify(addr));
             }
+            self.busy.erase::<NoAug>(n);
             n
         };
-        self.busy.erase::<NoAug>(n);
         self.busy_blocks -= 1;
         self.busy_bytes -= n.size();
         Ok(n)
@@ -631,8 +673,7 @@ impl<P: PageSource> VmapArena<P> {
         if addr < self.start || addr >= self.end {
             return Error::OutOfRange { addr };
         }
-        let b = self.busy.floor(addr);
-        if !b.is_null() && addr < b.end() {
+        if self.find(addr).is_some() {
             Error::NotAllocated { addr }
         } else {
             // In a free block or a lazily freed area: not live.
@@ -657,7 +698,7 @@ impl<P: PageSource> VmapArena<P> {
 
     #[inline(always)]
     fn insert_free(&mut self, n: NodePtr) {
-        self.hint = Hint::NONE;
+        self.hint.align = 0;
         self.free_bytes += n.size();
         match merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n) {
             Merged::Inserted => self.free_blocks += 1,
@@ -727,7 +768,7 @@ impl<P: PageSource> VmapArena<P> {
     /// Merges the threaded, address-ordered `lazy` list into the free blocks
     /// and rebuilds the free tree from the merged sequence.
     fn rebuild_free(&mut self, lazy: NodePtr) {
-        self.hint = Hint::NONE;
+        self.hint.align = 0;
         let mut a = thread_in_order(&self.free);
         let mut b = lazy;
         self.free = Tree::new();
@@ -775,13 +816,20 @@ impl<P: PageSource> VmapArena<P> {
             .set_parent_color(NodePtr::NULL, crate::node::BLACK);
     }
 
-    /// The live area that contains `addr`, if any.
+    /// The live area that contains `addr`, if any: a descent of the busy
+    /// tree and a look at the nursery's slots.
     pub fn find(&self, addr: u64) -> Option<Area> {
         let b = self.busy.floor(addr);
-        (!b.is_null() && addr < b.end()).then(|| Area {
-            start: b.start(),
-            size: b.size(),
-        })
+        let hit = if !b.is_null() && addr < b.end() {
+            b
+        } else {
+            let y = self
+                .young
+                .iter()
+                .find(|y| !y.is_null() && y.start() <= addr && addr < y.end())?;
+            *y
+        };
+        Some(Blocks::area(hit))
     }
 
     /// The counters.
@@ -805,7 +853,7 @@ impl<P: PageSource> VmapArena<P> {
 
     /// The live areas in address order (as `/proc/vmallocinfo` lists them).
     pub fn areas(&self) -> Blocks<'_> {
-        Blocks::new(&self.busy)
+        Blocks::with_young(&self.busy, &self.young)
     }
 
     /// The free blocks in address order.
@@ -827,7 +875,7 @@ impl<P: PageSource> VmapArena<P> {
     /// every pool node is accounted for.
     pub fn check(&self) -> core::result::Result<(), &'static str> {
         let nf = self.free.check_shape(true)?;
-        let nb = self.busy.check_shape(false)?;
+        let nb = self.busy.check_shape(false)? + self.young.iter().filter(|y| !y.is_null()).count();
         let nl = self.lazy.check_shape(false)?;
         if nf as u64 != self.free_blocks {
             return Err("free block count is wrong");
@@ -845,7 +893,12 @@ impl<P: PageSource> VmapArena<P> {
         ] {
             let mut sum = 0u64;
             let mut last_end: Option<u64> = None;
-            for b in Blocks::new(t) {
+            let blocks = if what == "busy" {
+                self.areas()
+            } else {
+                Blocks::new(t)
+            };
+            for b in blocks {
                 if b.size == 0 {
                     return Err("empty block");
                 }
@@ -876,7 +929,7 @@ impl<P: PageSource> VmapArena<P> {
         // of the three starts a block.
         let mut it = [
             Blocks::new(&self.free).peekable(),
-            Blocks::new(&self.busy).peekable(),
+            self.areas().peekable(),
             Blocks::new(&self.lazy).peekable(),
         ];
         let mut pos = self.start;
@@ -904,10 +957,11 @@ impl<P: PageSource> VmapArena<P> {
         if self.free.root.max_or_0() > self.free_bytes {
             return Err("largest free block exceeds free bytes");
         }
-        for (i, &r) in self.recent.iter().enumerate() {
-            if !r.is_null() && (recent_slot(r.start()) != i || self.busy.find_start(r.start()) != r)
+        for (i, &y) in self.young.iter().enumerate() {
+            if !y.is_null()
+                && (young_slot(y.start()) != i || !self.busy.find_start(y.start()).is_null())
             {
-                return Err("recent-allocation cache holds a node that is not busy");
+                return Err("a nursery slot holds an area of another slot or of the busy tree");
             }
         }
         let (total, _) = self.pool.footprint();
@@ -932,9 +986,15 @@ impl<P: PageSource> fmt::Debug for VmapArena<P> {
 
 /// Blocks of one of the arena's sets in address order.
 pub struct Blocks<'a> {
-    /// The next block from the front, and from the back (both null when done).
+    /// The next block of the tree from the front, and from the back (both
+    /// null when done).
     front: NodePtr,
     back: NodePtr,
+    /// For the live areas: the nursery's areas, sorted; `young[lo..hi]` are
+    /// still to come.
+    young: [Area; YOUNG],
+    lo: usize,
+    hi: usize,
     _arena: PhantomData<&'a ()>,
 }
 
@@ -943,8 +1003,22 @@ impl<'a> Blocks<'a> {
         Blocks {
             front: t.first(),
             back: t.last(),
+            young: [Area { start: 0, size: 0 }; YOUNG],
+            lo: 0,
+            hi: 0,
             _arena: PhantomData,
         }
+    }
+
+    /// The tree's blocks merged with the nursery's areas.
+    fn with_young(t: &'a Tree, young: &[NodePtr; YOUNG]) -> Blocks<'a> {
+        let mut b = Self::new(t);
+        for &y in young.iter().filter(|y| !y.is_null()) {
+            b.young[b.hi] = Self::area(y);
+            b.hi += 1;
+        }
+        b.young[..b.hi].sort_unstable_by_key(|a| a.start);
+        b
     }
 
     fn area(n: NodePtr) -> Area {
@@ -953,39 +1027,67 @@ impl<'a> Blocks<'a> {
             size: n.size(),
         }
     }
-}
 
-impl Iterator for Blocks<'_> {
-    type Item = Area;
-    fn next(&mut self) -> Option<Area> {
+    /// Takes the tree's front block.
+    fn tree_next(&mut self) -> Area {
         let n = self.front;
-        if n.is_null() {
-            return None;
-        }
         if n == self.back {
             self.front = NodePtr::NULL;
             self.back = NodePtr::NULL;
         } else {
             self.front = Tree::next(n);
         }
-        Some(Self::area(n))
+        Self::area(n)
     }
-}
 
-/// Blocks from the highest address down (`.rev()`).
-impl DoubleEndedIterator for Blocks<'_> {
-    fn next_back(&mut self) -> Option<Area> {
+    /// Takes the tree's back block.
+    fn tree_next_back(&mut self) -> Area {
         let n = self.back;
-        if n.is_null() {
-            return None;
-        }
         if n == self.front {
             self.front = NodePtr::NULL;
             self.back = NodePtr::NULL;
         } else {
             self.back = Tree::prev(n);
         }
-        Some(Self::area(n))
+        Self::area(n)
+    }
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = Area;
+    fn next(&mut self) -> Option<Area> {
+        let young = (self.lo < self.hi).then(|| self.young[self.lo]);
+        match (self.front.is_null(), young) {
+            (true, None) => None,
+            (false, Some(y)) if y.start < self.front.start() => {
+                self.lo += 1;
+                Some(y)
+            }
+            (true, Some(y)) => {
+                self.lo += 1;
+                Some(y)
+            }
+            (false, _) => Some(self.tree_next()),
+        }
+    }
+}
+
+/// Blocks from the highest address down (`.rev()`).
+impl DoubleEndedIterator for Blocks<'_> {
+    fn next_back(&mut self) -> Option<Area> {
+        let young = (self.lo < self.hi).then(|| self.young[self.hi - 1]);
+        match (self.back.is_null(), young) {
+            (true, None) => None,
+            (false, Some(y)) if y.start > self.back.start() => {
+                self.hi -= 1;
+                Some(y)
+            }
+            (true, Some(y)) => {
+                self.hi -= 1;
+                Some(y)
+            }
+            (false, _) => Some(self.tree_next_back()),
+        }
     }
 }
 

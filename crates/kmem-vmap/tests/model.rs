@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use kmem_core::Error;
 use kmem_pages::FixedSource;
-use kmem_vmap::VmapArena;
+use kmem_vmap::{Area, VmapArena};
 use proptest::prelude::*;
 
 const START: u64 = 0x7000;
@@ -49,6 +49,10 @@ enum Op {
     BadAlloc {
         which: u8,
     },
+    /// `find` of an address: the live area that contains it.
+    Find {
+        at: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -61,6 +65,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Purge),
         1 => (0u64..LEN + 64).prop_map(|at| Op::BadFree { at: START - 32 + at }),
         1 => (0u8..4).prop_map(|which| Op::BadAlloc { which }),
+        2 => (0u64..LEN + 64).prop_map(|at| Op::Find { at: START - 32 + at }),
     ]
 }
 
@@ -237,6 +242,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert!(r.is_err());
                 prop_assert_eq!(a.stats(), before);
             }
+            Op::Find { at } => {
+                let want = m
+                    .busy
+                    .range(..=at)
+                    .next_back()
+                    .filter(|(&s, &n)| at < s + n)
+                    .map(|(&s, &n)| Area { start: s, size: n });
+                prop_assert_eq!(a.find(at), want);
+            }
         }
         a.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let s = a.stats();
@@ -248,7 +262,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(s.free_bytes + s.busy_bytes + s.lazy_bytes, LEN);
         let areas: Vec<(u64, u64)> = a.areas().map(|r| (r.start, r.size)).collect();
         let want: Vec<(u64, u64)> = m.busy.iter().map(|(&s, &n)| (s, n)).collect();
-        prop_assert_eq!(areas, want);
+        prop_assert_eq!(&areas, &want);
+        // From the back too (the nursery's areas merge in from both ends).
+        let mut back: Vec<(u64, u64)> = a.areas().rev().map(|r| (r.start, r.size)).collect();
+        back.reverse();
+        prop_assert_eq!(back, want);
     }
     // Everything freed gives all capacity back as one block.
     for (&x, _) in m.busy.iter() {
