@@ -6,6 +6,11 @@
 //!   kmem bench SUITE [--full|--smoke] [--json] [--threads N] [--cpus N]
 //!   kmem bench --list
 //! ```
+//!
+//! `kmem bench` is strict: it exits 1 when the suite measured nothing or left
+//! something out (a peer not installed, a tool missing, a failed run), after
+//! printing what it did measure, and 2 when asked for an option the suite
+//! would ignore. `kmem report` lists such skips at the top and exits 0.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +18,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use kmem::output::{MachineJson, Scale};
+use kmem::suites::Suite;
 use kmem::{report, suites};
 
 #[derive(Parser)]
@@ -66,10 +72,10 @@ struct BenchArgs {
     /// Print one JSON document instead of tables.
     #[arg(long)]
     json: bool,
-    /// Threads, for suites that take a thread count (at least 1).
+    /// Threads, for suites that take a thread count (at least 1; refused by the others).
     #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
-    /// Simulated CPUs, for suites on a simulated topology (at least 1).
+    /// CPUs, for suites that take a CPU count (at least 1; refused by the others).
     #[arg(long, value_parser = at_least_one)]
     cpus: Option<usize>,
 }
@@ -131,6 +137,27 @@ fn main() -> ExitCode {
                 }
                 return ExitCode::from(2);
             };
+            for (given, flag, takes) in [
+                (
+                    b.threads.is_some(),
+                    "--threads",
+                    Suite::takes_threads as fn(&_) -> _,
+                ),
+                (b.cpus.is_some(), "--cpus", Suite::takes_cpus),
+            ] {
+                if given && !takes(suite) {
+                    let which: Vec<&str> = suites::all()
+                        .iter()
+                        .filter(|s| takes(**s))
+                        .map(|s| s.name())
+                        .collect();
+                    eprintln!(
+                        "kmem: suite {name} does not use {flag} (the suites that do: {})",
+                        which.join(", ")
+                    );
+                    return ExitCode::from(2);
+                }
+            }
             let sc = scale(b.smoke, b.full);
             let ran = report::run_suite(suite, sc, b.threads, b.cpus);
             if b.json {
@@ -138,7 +165,17 @@ fn main() -> ExitCode {
             } else {
                 print!("{}", report::suite_text(&ran));
             }
-            ExitCode::SUCCESS
+            let missed = report::not_measured(&ran);
+            if missed.is_empty() {
+                return ExitCode::SUCCESS;
+            }
+            for k in &missed {
+                eprintln!("kmem: bench {name}: {} not measured: {}", k.what, k.why);
+            }
+            if ran.output.results.is_empty() {
+                eprintln!("kmem: bench {name} measured nothing");
+            }
+            ExitCode::FAILURE
         }
     }
 }

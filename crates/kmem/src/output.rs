@@ -2,9 +2,12 @@
 //! for the terminal and the report, and figures for the report.
 //!
 //! The JSON of a suite is exactly
-//! `{"suite", "scale", "machine", "results": [{"case", "impl", "metric", "value", "unit"}], "published": [...]}`;
-//! tables, figures and notes are for people and go only to the terminal and
-//! the HTML report.
+//! `{"suite", "scale", "machine", "results": [{"case", "impl", "metric", "value", "unit"}], "published": [...], "notes": [...], "skipped": [{"what", "why"}]}`;
+//! tables and figures are for people and go only to the terminal and the HTML
+//! report. `skipped` lists what the suite was asked to measure and did not
+//! (a missing peer, a missing tool, a failed run): `kmem bench` exits non-zero
+//! when it is not empty or when `results` is, and `kmem report` lists it at the
+//! top.
 
 use serde::Serialize;
 
@@ -214,6 +217,17 @@ pub enum Figure {
     },
 }
 
+/// Something a suite was meant to measure and did not, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skip {
+    /// What was not measured: a peer (`jemalloc`), a tool (`wrk`), a case, or
+    /// the whole suite.
+    pub what: String,
+    /// Why, with what to do about it where there is something to do
+    /// (`apt-get install wrk`, `cargo build --release -p kmem-malloc`).
+    pub why: String,
+}
+
 /// Everything one run of a suite produced.
 #[derive(Clone, Debug, Default)]
 pub struct SuiteOutput {
@@ -225,8 +239,11 @@ pub struct SuiteOutput {
     pub tables: Vec<Table>,
     /// Figures for the report (a bar chart per metric is added automatically).
     pub figures: Vec<Figure>,
-    /// Remarks: what was skipped and why, what a number means.
+    /// Remarks: what a number means, and (from [`SuiteOutput::skip`]) what
+    /// was not measured and why.
     pub notes: Vec<String>,
+    /// What the suite was meant to measure and did not: see [`SuiteOutput::skip`].
+    pub skipped: Vec<Skip>,
 }
 
 impl SuiteOutput {
@@ -255,6 +272,15 @@ impl SuiteOutput {
     ) {
         self.published
             .push(Published::new(case, imp, metric, value, unit, source));
+    }
+
+    /// Records that `what` (a peer, a tool, a case, the suite) was not
+    /// measured, and why; also adds it to the notes. `kmem bench` then exits
+    /// non-zero and `kmem report` lists it at the top.
+    pub fn skip(&mut self, what: impl Into<String>, why: impl Into<String>) {
+        let (what, why) = (what.into(), why.into());
+        self.notes.push(format!("{what} not measured: {why}"));
+        self.skipped.push(Skip { what, why });
     }
 
     /// The value of a measurement, if recorded.
@@ -326,6 +352,10 @@ pub struct SuiteJson<'a> {
     pub results: &'a [Measure],
     /// The seed's figures.
     pub published: &'a [Published],
+    /// Remarks, including one for each skip.
+    pub notes: &'a [String],
+    /// What was not measured, and why.
+    pub skipped: &'a [Skip],
 }
 
 /// Formats a number for a table: 3 significant digits, thousands separated.
@@ -405,12 +435,35 @@ mod tests {
             machine: &m,
             results: &o.results,
             published: &o.published,
+            notes: &o.notes,
+            skipped: &o.skipped,
         })
         .unwrap();
         let keys: Vec<_> = j.as_object().unwrap().keys().cloned().collect();
-        assert_eq!(keys.len(), 5);
+        assert_eq!(keys.len(), 7);
+        assert_eq!(j["notes"], serde_json::json!([]));
+        assert_eq!(j["skipped"], serde_json::json!([]));
         assert_eq!(j["results"][0]["impl"], "kmem");
         assert_eq!(j["scale"], "quick");
         assert_eq!(o.value("c", "kmem", "ops_per_s"), Some(1.0));
+    }
+
+    #[test]
+    fn a_skip_is_a_note_too() {
+        let mut o = SuiteOutput::default();
+        o.skip("wrk", "not installed (apt-get install wrk)");
+        assert_eq!(
+            o.skipped,
+            vec![Skip {
+                what: "wrk".into(),
+                why: "not installed (apt-get install wrk)".into()
+            }]
+        );
+        assert_eq!(o.notes.len(), 1);
+        assert!(
+            o.notes[0].starts_with("wrk not measured: "),
+            "{:?}",
+            o.notes
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! Running whole programs under different allocators through `LD_PRELOAD`:
-//! which allocators are installed, building kmem's own `libkmem_malloc.so`,
-//! and compiling the C workloads of `crates/kmem-malloc/workloads/`.
+//! which allocators are installed, finding kmem's own `libkmem_malloc.so`
+//! (built beforehand: no cargo at run time), and compiling the C workloads of `crates/kmem-malloc/workloads/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::output::Skip;
 
 /// An allocator a program can run under.
 #[derive(Clone, Debug)]
@@ -82,8 +84,8 @@ const LIB_DIRS: &[&str] = &[
     "/usr/local/lib",
 ];
 
-/// The installed peers, and a note for each missing one.
-pub fn installed_peers() -> (Vec<Preload>, Vec<String>) {
+/// The installed peers, and a skip (what to install) for each missing one.
+pub fn installed_peers() -> (Vec<Preload>, Vec<Skip>) {
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for (name, file, pkg) in PEERS {
@@ -97,7 +99,10 @@ pub fn installed_peers() -> (Vec<Preload>, Vec<String>) {
                 lib: Some(lib),
                 env: Vec::new(),
             }),
-            None => missing.push(format!("{name} is not installed: apt-get install {pkg}")),
+            None => missing.push(Skip {
+                what: name.to_string(),
+                why: format!("{file} is not installed (apt-get install {pkg})"),
+            }),
         }
     }
     (found, missing)
@@ -111,18 +116,96 @@ fn build_dir() -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
-/// Builds `libkmem_malloc.so` with the same profile as the running binary and
-/// returns its path.
-pub fn build_kmem_malloc() -> Result<PathBuf, String> {
+/// The file name of kmem's preload library.
+pub const KMEM_MALLOC_LIB: &str = "libkmem_malloc.so";
+
+/// The command that builds [`KMEM_MALLOC_LIB`] where [`find_kmem_malloc`] looks.
+pub const BUILD_KMEM_MALLOC: &str = "cargo build --release -p kmem-malloc";
+
+/// Where [`find_kmem_malloc`] looks, in order: beside the running binary
+/// (and beside its profile directory, for tests and examples, which run from
+/// `deps/` and `examples/`), then the workspace's target directory
+/// (`$CARGO_TARGET_DIR`, or `target/` of the workspace this binary was built
+/// from): the running binary's profile, then `release`.
+pub fn kmem_malloc_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let exe_dir = build_dir();
+    if let Some(d) = &exe_dir {
+        dirs.push(d.clone());
+        if matches!(
+            d.file_name().and_then(|n| n.to_str()),
+            Some("deps" | "examples")
+        ) {
+            dirs.extend(d.parent().map(Path::to_path_buf));
+        }
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let profile = dirs
+        .last()
+        .and_then(|d| d.file_name())
+        .map(|n| n.to_os_string());
+    for p in profile.into_iter().chain(Some("release".into())) {
+        dirs.push(target.join(p));
+    }
+    let mut seen = Vec::new();
+    dirs.retain(|d| {
+        let key = d.canonicalize().unwrap_or_else(|_| d.clone());
+        let new = !seen.contains(&key);
+        seen.push(key);
+        new
+    });
+    dirs
+}
+
+/// kmem's preload library, `libkmem_malloc.so`, in the first of `dirs` that
+/// holds it; when none does, a message that says where it looked and the
+/// command that builds it. Nothing is built here.
+pub fn find_kmem_malloc_in(dirs: &[PathBuf]) -> Result<PathBuf, String> {
+    dirs.iter()
+        .map(|d| d.join(KMEM_MALLOC_LIB))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            let looked: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+            format!(
+                "{KMEM_MALLOC_LIB} is not built (looked in {}): build it with `{BUILD_KMEM_MALLOC}`",
+                looked.join(", ")
+            )
+        })
+}
+
+/// kmem's preload library, from [`kmem_malloc_dirs`]: see [`find_kmem_malloc_in`].
+///
+/// When `kmem` was started by cargo (`cargo run`, which sets `CARGO`), the
+/// library is first built (or brought up to date) through the workspace,
+/// beside the binary, with the binary's profile: so the README's
+/// `cargo run --release` measures the library of the sources it runs. Without
+/// cargo (a benchmark machine with the release binaries copied over) nothing
+/// is built: the library must sit beside the binary.
+pub fn find_kmem_malloc() -> Result<PathBuf, String> {
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        build_kmem_malloc(Path::new(&cargo))?;
+    }
+    find_kmem_malloc_in(&kmem_malloc_dirs())
+}
+
+/// Builds kmem-malloc with `cargo` into the target directory of the running
+/// binary, with its profile.
+fn build_kmem_malloc(cargo: &Path) -> Result<(), String> {
     let dir = build_dir().ok_or("cannot locate the running binary")?;
+    // Tests and examples run from deps/ and examples/ inside the profile.
+    let dir = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("deps" | "examples") => dir.parent().map_or(dir.clone(), Path::to_path_buf),
+        _ => dir,
+    };
     let profile = match dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") => "dev".to_string(),
         Some(p) => p.to_string(),
         None => "release".to_string(),
     };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-    let out = Command::new(&cargo)
+    let out = Command::new(cargo)
         .args([
             "build",
             "--quiet",
@@ -130,23 +213,19 @@ pub fn build_kmem_malloc() -> Result<PathBuf, String> {
             "kmem-malloc",
             "--profile",
             &profile,
-            "--manifest-path",
         ])
+        .arg("--manifest-path")
         .arg(&manifest)
         .env("CARGO_TARGET_DIR", dir.parent().unwrap_or(&dir))
         .output()
         .map_err(|e| format!("running cargo to build kmem-malloc: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
             "building kmem-malloc failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let lib = dir.join("libkmem_malloc.so");
-    if lib.exists() {
-        Ok(lib)
-    } else {
-        Err(format!("{} not found after the build", lib.display()))
+        ))
     }
 }
 
@@ -225,6 +304,31 @@ mod tests {
         // Linux (the peak of the image its exec replaced).
         assert!(peak > 0 && peak < 64 << 20, "true's peak: {peak} bytes");
         drop(big);
+    }
+
+    #[test]
+    fn the_preload_library_is_found_in_the_first_dir_that_has_it() {
+        let base = std::env::temp_dir().join(format!("kmem-find-lib-{}", std::process::id()));
+        let (a, b, c) = (base.join("a"), base.join("b"), base.join("c"));
+        for d in [&a, &b, &c] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(b.join(KMEM_MALLOC_LIB), b"").unwrap();
+        std::fs::write(c.join(KMEM_MALLOC_LIB), b"").unwrap();
+        let dirs = [a.clone(), b.clone(), c];
+        assert_eq!(find_kmem_malloc_in(&dirs), Ok(b.join(KMEM_MALLOC_LIB)));
+        let e = find_kmem_malloc_in(&dirs[..1]).unwrap_err();
+        assert!(e.contains(BUILD_KMEM_MALLOC), "{e}");
+        assert!(e.contains(&a.display().to_string()), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn the_binarys_own_dir_comes_first() {
+        let dirs = kmem_malloc_dirs();
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(dirs.first().map(PathBuf::as_path), exe.parent());
+        assert!(dirs.iter().any(|d| d.ends_with("release")), "{dirs:?}");
     }
 
     #[test]

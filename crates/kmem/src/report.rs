@@ -3,13 +3,15 @@
 //! The report knows nothing of individual suites: it runs [`suites::all`],
 //! prints each suite's tables and the seed's published figures, draws one bar
 //! chart per metric from the results (plus any figures the suite made), and
-//! writes `index.html` and `<suite>.json` into the output directory.
+//! writes `index.html` and `<suite>.json` into the output directory. What was
+//! not measured (a suite's skips, a suite that measured nothing) is listed at
+//! the top of the terminal output and of the page; the report still succeeds.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::output::{fmt_num, Figure, MachineJson, Scale, SuiteJson, SuiteOutput, Table};
+use crate::output::{fmt_num, Figure, MachineJson, Scale, Skip, SuiteJson, SuiteOutput, Table};
 use crate::progress::Progress;
 use crate::suites::{self, Ctx, Suite};
 use crate::svg;
@@ -55,8 +57,41 @@ pub fn suite_json(ran: &Ran, scale: Scale, machine: &MachineJson) -> String {
         machine,
         results: &ran.output.results,
         published: &ran.output.published,
+        notes: &ran.output.notes,
+        skipped: &ran.output.skipped,
     })
     .expect("suite JSON serialises")
+}
+
+/// What a run did not measure: its skips, and, when it measured nothing
+/// without saying why, that. `kmem bench` fails when this is not empty.
+pub fn not_measured(ran: &Ran) -> Vec<Skip> {
+    let mut v = ran.output.skipped.clone();
+    if ran.output.results.is_empty() && v.is_empty() {
+        v.push(Skip {
+            what: format!("the {} suite", ran.suite.name()),
+            why: "it measured nothing".into(),
+        });
+    }
+    v
+}
+
+/// The terminal block that lists what `runs` did not measure, and why (empty
+/// when they measured everything).
+pub fn not_measured_text(runs: &[Ran]) -> String {
+    let all: Vec<(&str, Skip)> = runs
+        .iter()
+        .flat_map(|r| not_measured(r).into_iter().map(|k| (r.suite.name(), k)))
+        .collect();
+    if all.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("Not measured ({}):\n", all.len());
+    for (suite, k) in &all {
+        let _ = writeln!(s, "  {suite}: {}: {}", k.what, k.why);
+    }
+    s.push('\n');
+    s
 }
 
 /// The published figures as a table.
@@ -200,7 +235,7 @@ body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}\
 table{border-collapse:collapse;margin:1em 0;font-size:13px}caption{text-align:left;font-weight:bold;padding:4px 0}\
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\
 th{background:#f3f3f3}figure{margin:1em 0}figcaption{font-size:12px;color:#555}img{image-rendering:pixelated;max-width:100%}\
-.note{color:#555;font-size:13px}section{border-top:2px solid #333;margin-top:2em}</style></head><body>",
+.note{color:#555;font-size:13px}.skipped{border:2px solid #c60;padding:0 1em;background:#fff6ee}section{border-top:2px solid #333;margin-top:2em}</style></head><body>",
     );
     let _ = write!(
         s,
@@ -218,6 +253,27 @@ th{background:#f3f3f3}figure{margin:1em 0}figcaption{font-size:12px;color:#555}i
         machine.cpu_id_method,
         esc(&machine.kernel)
     );
+    let skipped: Vec<(&str, Skip)> = runs
+        .iter()
+        .flat_map(|r| not_measured(r).into_iter().map(|k| (r.suite.name(), k)))
+        .collect();
+    if !skipped.is_empty() {
+        let _ = write!(
+            s,
+            "<div class=\"skipped\"><h2>Not measured ({})</h2><ul>",
+            skipped.len()
+        );
+        for (suite, k) in &skipped {
+            let _ = write!(
+                s,
+                "<li><a href=\"#{0}\">{0}</a>: {1}: {2}</li>",
+                suite,
+                esc(&k.what),
+                esc(&k.why)
+            );
+        }
+        s.push_str("</ul></div>");
+    }
     s.push_str("<p>Every ratio is measured in one run, implementations interleaved; absolute times on a shared machine mean little.</p><ul>");
     for r in runs {
         let _ = write!(
@@ -267,7 +323,10 @@ pub fn default_out_dir() -> PathBuf {
         .join("kmem-report")
 }
 
-/// Runs the named suites (all when `only` is empty), prints, and writes the report.
+/// Runs the named suites (all when `only` is empty), prints, and writes the
+/// report. The tables are printed once every suite has run, after the list of
+/// what was not measured; each suite's end is announced on stderr meanwhile.
+/// Skips do not make this fail: only `kmem bench` is strict.
 pub fn run_report(scale: Scale, out_dir: &Path, only: &[String]) -> std::io::Result<PathBuf> {
     let machine = MachineJson::current();
     let chosen: Vec<&'static dyn Suite> = suites::all()
@@ -286,13 +345,27 @@ pub fn run_report(scale: Scale, out_dir: &Path, only: &[String]) -> std::io::Res
     let mut runs = Vec::new();
     for suite in chosen {
         let ran = run_suite(suite, scale, None, None);
-        print!("{}", suite_text(&ran));
-        println!();
+        let missed = not_measured(&ran).len();
+        eprintln!(
+            "kmem: {} done in {:.1} s{}",
+            suite.name(),
+            ran.seconds,
+            if missed > 0 {
+                format!(", {missed} thing(s) not measured")
+            } else {
+                String::new()
+            }
+        );
         std::fs::write(
             out_dir.join(format!("{}.json", suite.name())),
             suite_json(&ran, scale, &machine),
         )?;
         runs.push(ran);
+    }
+    print!("{}", not_measured_text(&runs));
+    for ran in &runs {
+        print!("{}", suite_text(ran));
+        println!();
     }
     let index = out_dir.join("index.html");
     std::fs::write(&index, html(&runs, scale, &machine))?;
@@ -346,7 +419,75 @@ mod tests {
         let text = suite_text(&ran);
         assert!(text.contains("Published in the seed"));
         assert_eq!(auto_charts(&ran.output).len(), 1);
+        assert_eq!(j["notes"], serde_json::json!([]));
+        assert!(not_measured(&ran).is_empty());
+        assert_eq!(not_measured_text(std::slice::from_ref(&ran)), "");
         let page = html(&[ran], Scale::Smoke, &m);
         assert!(page.contains("<svg") && page.contains("fake.json"));
+        assert!(!page.contains("Not measured"));
+    }
+
+    struct Empty;
+    impl Suite for Empty {
+        fn name(&self) -> &'static str {
+            "empty"
+        }
+        fn title(&self) -> &'static str {
+            "a suite that finds nothing to run"
+        }
+        fn run(&self, _: &Ctx<'_>) -> SuiteOutput {
+            let mut o = SuiteOutput::default();
+            o.skip("peer", "not installed (apt-get install peer)");
+            o
+        }
+    }
+
+    #[test]
+    fn skips_are_listed_first() {
+        static EMPTY: Empty = Empty;
+        static FAKE: Fake = Fake;
+        let ctx = Ctx {
+            scale: Scale::Smoke,
+            threads: None,
+            cpus: None,
+            progress: &Progress::hidden(),
+        };
+        let runs = [
+            Ran {
+                suite: &FAKE,
+                output: FAKE.run(&ctx),
+                seconds: 0.1,
+            },
+            Ran {
+                suite: &EMPTY,
+                output: EMPTY.run(&ctx),
+                seconds: 0.1,
+            },
+        ];
+        let m = MachineJson::current();
+        let j: serde_json::Value =
+            serde_json::from_str(&suite_json(&runs[1], Scale::Smoke, &m)).unwrap();
+        assert_eq!(j["skipped"][0]["what"], "peer");
+        assert!(j["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("apt-get install peer"));
+        let text = not_measured_text(&runs);
+        assert!(
+            text.starts_with("Not measured (1):\n  empty: peer: not installed"),
+            "{text}"
+        );
+        let page = html(&runs, Scale::Smoke, &m);
+        let top = page.find("Not measured").expect("listed on the page");
+        assert!(top < page.find("<section").unwrap());
+        // A suite that measured nothing and said nothing is listed too.
+        let mut silent = EMPTY.run(&ctx);
+        silent.skipped.clear();
+        let ran = Ran {
+            suite: &EMPTY,
+            output: silent,
+            seconds: 0.1,
+        };
+        assert_eq!(not_measured(&ran)[0].why, "it measured nothing");
     }
 }

@@ -93,7 +93,7 @@ pub fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
     let exe = match compile_workload("churn") {
         Ok(p) => p,
         Err(e) => {
-            out.notes.push(format!("churn not run: {e}"));
+            out.skip("churn", e);
             return;
         }
     };
@@ -131,24 +131,26 @@ pub fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             match c.output() {
                 Ok(o) if o.status.success() => match ChurnRun::parse(&o.stdout) {
                     Some(r) => runs[i] = Some(r),
-                    None => out.notes.push(format!(
-                        "{case} under {}: output not understood",
-                        allocs[i].name
-                    )),
+                    None => out.skip(
+                        format!("{case} under {}", allocs[i].name),
+                        "its output was not understood",
+                    ),
                 },
                 Ok(o) => {
-                    out.notes.push(format!(
-                        "{case} under {}: FAILED ({:?}: {})",
-                        allocs[i].name,
-                        o.status,
-                        String::from_utf8_lossy(&o.stderr)
-                            .lines()
-                            .last()
-                            .unwrap_or("")
-                    ));
+                    out.skip(
+                        format!("{case} under {}", allocs[i].name),
+                        format!(
+                            "FAILED ({:?}: {})",
+                            o.status,
+                            String::from_utf8_lossy(&o.stderr)
+                                .lines()
+                                .last()
+                                .unwrap_or("")
+                        ),
+                    );
                     out.measure(&case, allocs[i].name.as_str(), "failed", 1.0, "bool");
                 }
-                Err(e) => out.notes.push(format!("{case}: {e}")),
+                Err(e) => out.skip(format!("{case} under {}", allocs[i].name), e.to_string()),
             }
         }
         let glibc = runs[0].as_ref().map(|r| (r.peak(), r.ops));

@@ -17,7 +17,7 @@ use super::{Ctx, Suite};
 use crate::harness::{geomean, median};
 use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
 use crate::preload::{
-    build_kmem_malloc, compile_workload, installed_peers, launched_max_rss, Preload,
+    compile_workload, find_kmem_malloc, installed_peers, launched_max_rss, Preload,
 };
 
 /// See the module documentation.
@@ -106,17 +106,27 @@ impl Suite for MallocSuite {
             lib: None,
             env: Vec::new(),
         }];
-        match build_kmem_malloc() {
-            Ok(lib) => allocs.push(Preload {
-                name: "kmem".into(),
-                lib: Some(lib),
-                env: Vec::new(),
-            }),
-            Err(e) => out.notes.push(format!("kmem-malloc not measured: {e}")),
+        // Without kmem's library there is nothing to compare: measure nothing.
+        match find_kmem_malloc() {
+            Ok(lib) => {
+                out.notes
+                    .push(format!("kmem is {} through LD_PRELOAD", lib.display()));
+                allocs.push(Preload {
+                    name: "kmem".into(),
+                    lib: Some(lib),
+                    env: Vec::new(),
+                });
+            }
+            Err(e) => {
+                out.skip("the malloc suite", e);
+                return out;
+            }
         }
         let (peers, missing) = installed_peers();
         allocs.extend(peers);
-        out.notes.extend(missing);
+        for m in missing {
+            out.skip(m.what, m.why);
+        }
         ctx.progress
             .set_steps(WORKLOADS.len() + super::churn::BANDS.len());
         measure(ctx, &allocs, &mut out);
@@ -146,7 +156,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
     let launcher = match compile_workload("launch") {
         Ok(p) => p,
         Err(e) => {
-            out.notes.push(format!("malloc suite not run: {e}"));
+            out.skip("the whole programs", e);
             return;
         }
     };
@@ -155,7 +165,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         let exe = match compile_workload(w.name) {
             Ok(p) => p,
             Err(e) => {
-                out.notes.push(format!("{}: not run: {e}", w.case));
+                out.skip(w.case, e);
                 continue;
             }
         };
@@ -206,8 +216,10 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         let (mi, je) = (peer("mimalloc"), peer("jemalloc"));
         for (i, a) in allocs.iter().enumerate() {
             if let Some(f) = &failed[i] {
-                out.notes
-                    .push(format!("{} under {}: FAILED ({f})", w.case, a.name));
+                out.skip(
+                    format!("{} under {}", w.case, a.name),
+                    format!("FAILED ({f})"),
+                );
                 out.measure(w.case, a.name.as_str(), "failed", 1.0, "bool");
                 continue;
             }

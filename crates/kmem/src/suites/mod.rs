@@ -47,9 +47,27 @@ pub trait Suite: Sync {
     fn seed(&self) -> Option<&'static str> {
         None
     }
+    /// Whether the suite reads `ctx.threads` (`--threads N`); `kmem bench`
+    /// refuses `--threads` for a suite that would ignore it.
+    fn takes_threads(&self) -> bool {
+        TAKE_THREADS.contains(&self.name())
+    }
+    /// Whether the suite reads `ctx.cpus` (`--cpus N`); `kmem bench` refuses
+    /// `--cpus` for a suite that would ignore it.
+    fn takes_cpus(&self) -> bool {
+        TAKE_CPUS.contains(&self.name())
+    }
     /// Runs at `ctx.scale` and returns what it measured.
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput;
 }
+
+/// The suites that read `--threads`: a suite that starts reading it is added
+/// here (or overrides [`Suite::takes_threads`]).
+const TAKE_THREADS: &[&str] = &["vmalloc", "percpu", "pages", "webserver"];
+
+/// The suites that read `--cpus`: a suite that starts reading it is added
+/// here (or overrides [`Suite::takes_cpus`]).
+const TAKE_CPUS: &[&str] = &["percpu", "pages", "quicklist"];
 
 /// Every registered suite, in report order.
 pub fn all() -> &'static [&'static dyn Suite] {
@@ -68,4 +86,19 @@ pub fn all() -> &'static [&'static dyn Suite] {
 /// The suite of that name.
 pub fn find(name: &str) -> Option<&'static dyn Suite> {
     all().iter().copied().find(|s| s.name() == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_option_lists_name_registered_suites() {
+        for name in TAKE_THREADS.iter().chain(TAKE_CPUS) {
+            assert!(find(name).is_some(), "{name} is not a suite");
+        }
+        assert!(find("pages").unwrap().takes_threads());
+        assert!(!find("malloc").unwrap().takes_threads());
+        assert!(!find("webserver").unwrap().takes_cpus());
+    }
 }

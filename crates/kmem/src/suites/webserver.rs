@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use super::{Ctx, Suite};
 use crate::harness::median;
 use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
-use crate::preload::{build_kmem_malloc, compile_workload, installed_peers, Preload};
+use crate::preload::{compile_workload, find_kmem_malloc, installed_peers, Preload};
 
 /// See the module documentation.
 pub struct WebserverSuite;
@@ -128,15 +128,27 @@ impl Suite for WebserverSuite {
             "seed 003: more than 40 % better",
         );
         if Command::new("wrk").arg("--version").output().is_err() {
-            out.notes
-                .push("wrk is not installed (apt-get install wrk): nothing measured".into());
+            out.skip(
+                "the webserver suite",
+                "wrk is not installed (apt-get install wrk), or not on PATH",
+            );
             return out;
         }
+        // Without kmem's library there is nothing to compare: measure nothing.
+        let lib = match find_kmem_malloc() {
+            Ok(lib) => lib,
+            Err(e) => {
+                out.skip("the webserver suite", e);
+                return out;
+            }
+        };
         let server = match compile_workload("webserver") {
             Ok(p) => p,
             Err(e) => {
-                out.notes
-                    .push(format!("the server could not be built: {e}"));
+                out.skip(
+                    "the webserver suite",
+                    format!("the server could not be built: {e}"),
+                );
                 return out;
             }
         };
@@ -145,24 +157,23 @@ impl Suite for WebserverSuite {
             lib: None,
             env: Vec::new(),
         }];
-        match build_kmem_malloc() {
-            Ok(lib) => {
-                allocs.push(Preload {
-                    name: "kmem".into(),
-                    lib: Some(lib.clone()),
-                    env: Vec::new(),
-                });
-                allocs.push(Preload {
-                    name: "pow2 baseline".into(),
-                    lib: Some(lib),
-                    env: vec![("KMEM_OPTIONS".into(), "engine=pow2".into())],
-                });
-            }
-            Err(e) => out.notes.push(format!("kmem-malloc not measured: {e}")),
-        }
+        out.notes
+            .push(format!("kmem is {} through LD_PRELOAD", lib.display()));
+        allocs.push(Preload {
+            name: "kmem".into(),
+            lib: Some(lib.clone()),
+            env: Vec::new(),
+        });
+        allocs.push(Preload {
+            name: "pow2 baseline".into(),
+            lib: Some(lib),
+            env: vec![("KMEM_OPTIONS".into(), "engine=pow2".into())],
+        });
         let (peers, missing) = installed_peers();
         allocs.extend(peers);
-        out.notes.extend(missing);
+        for m in missing {
+            out.skip(m.what, m.why);
+        }
 
         let threads = ctx.threads.unwrap_or_else(kmem_sys::cpu::online_cpus);
         let secs = ctx.scale.pick(1, 3, 10);
@@ -192,7 +203,7 @@ impl Suite for WebserverSuite {
         );
         for (i, a) in allocs.iter().enumerate() {
             if let Some(f) = &failed[i] {
-                out.notes.push(format!("{}: FAILED ({f})", a.name));
+                out.skip(a.name.as_str(), format!("FAILED ({f})"));
                 out.measure("webserver", a.name.as_str(), "failed", 1.0, "bool");
                 continue;
             }
