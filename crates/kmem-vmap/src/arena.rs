@@ -102,6 +102,17 @@ pub struct VmapArena<P: PageSource> {
     young: [NodePtr; YOUNG],
     /// What the last allocation proved about the space below it.
     hint: Hint,
+    /// The undo cache: the area of the last allocation when it was freed
+    /// right after (no other change in between), kept aside, or null. It is
+    /// free (counted so, and shown merged with its neighbours), and the
+    /// state is exactly the one before that allocation, which the hint
+    /// still describes (its request, its address, how it was cut). So the
+    /// same request again is answered with the same address, exactly as
+    /// the search would, in O(1): the area is handed back without touching
+    /// a tree. Anything else first merges it back into the free tree
+    /// ([`unpark`](VmapArena::unpark)), which the cut makes O(1) too, but
+    /// for a whole block (a descent).
+    park: NodePtr,
     pool: Pool<P>,
 }
 
@@ -134,6 +145,10 @@ struct Hint {
     /// because every allocation rewrites the hint and everything else that
     /// changes the free blocks drops it.
     block: NodePtr,
+    /// The address the allocation returned.
+    x: u64,
+    /// How it was cut.
+    cut: Cut,
 }
 
 impl Hint {
@@ -144,6 +159,8 @@ impl Hint {
         lo: 0,
         hi: 0,
         block: NodePtr::NULL,
+        x: 0,
+        cut: Cut::Whole,
     };
 
     /// Whether the proof covers a search for (`size`, `align`) in
@@ -156,6 +173,21 @@ impl Hint {
             && lo >= self.lo
             && hi <= self.hi
     }
+}
+
+/// How an allocation was cut from its free block, named by the blocks that
+/// touch it afterwards: what a free right after it must merge with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// FL: the whole block; no free block touches the area.
+    Whole,
+    /// LE: the block's left edge; the rest, `n`, starts where the area ends.
+    Left(NodePtr),
+    /// RE: the block's right edge; the rest, `n`, ends where the area starts.
+    Right(NodePtr),
+    /// NE: the middle; `l` ends where the area starts, `n` starts where it
+    /// ends.
+    Middle(NodePtr, NodePtr),
 }
 
 /// Slots of the nursery (a power of two): small, because
@@ -332,6 +364,7 @@ impl<P: PageSource> VmapArena<P> {
             purges: 0,
             young: [NodePtr::NULL; YOUNG],
             hint: Hint::NONE,
+            park: NodePtr::NULL,
             pool: Pool::new(source),
         };
         a.pool.reserve(3)?;
@@ -380,6 +413,13 @@ impl<P: PageSource> VmapArena<P> {
     /// [`Error::OutOfRange`].
     #[inline]
     pub fn alloc_in(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+        if !self.park.is_null() {
+            let h = &self.hint;
+            if size == h.size && align == h.align && lo == h.lo && hi == h.hi {
+                return Ok(self.reuse());
+            }
+            return self.alloc_unparking(size, align, lo, hi);
+        }
         self.validate(size, align, lo, hi)?;
         // The preload: a node for the busy area and one for an NE split's
         // left remainder, so nothing below can fail half way.
@@ -408,10 +448,37 @@ impl<P: PageSource> VmapArena<P> {
         }
     }
 
+    /// An allocation for another request than the parked area's: the area
+    /// goes back to the free tree first. When it was cut from the left edge
+    /// of block `n` and no free block below `n` reaches into `[lo, hi)`, the
+    /// lowest fit, if `n` (now starting at the parked address again) holds
+    /// one, is in `n`: no search. Otherwise the usual path, from the hint
+    /// that the unpark leaves.
+    #[inline(never)]
+    fn alloc_unparking(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+        self.validate(size, align, lo, hi)?;
+        self.pool.reserve(2)?;
+        let cut = self.hint.cut;
+        self.unpark();
+        if let Cut::Left(n) = cut {
+            let before = Tree::prev(n);
+            if before.is_null() || before.end() <= lo {
+                if let Some(x) = Self::fit(n, size, align - 1, lo, hi) {
+                    return Ok(self.take_hinted(n, x, size, align, lo, hi));
+                }
+            }
+        }
+        self.alloc_in(size, align, lo, hi)
+    }
+
     /// Takes the fit and records what it proves for the next search.
     #[inline(always)]
     fn take_hinted(&mut self, n: NodePtr, x: u64, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
-        let block = self.take(n, x, size);
+        let cut = self.take(n, x, size);
+        let block = match cut {
+            Cut::Left(n) | Cut::Middle(_, n) => n,
+            _ => NodePtr::NULL,
+        };
         self.hint = Hint {
             floor: x + size,
             size,
@@ -419,6 +486,8 @@ impl<P: PageSource> VmapArena<P> {
             lo,
             hi,
             block,
+            x,
+            cut,
         };
         x
     }
@@ -584,48 +653,148 @@ impl<P: PageSource> VmapArena<P> {
 
     /// Cuts `[x, x + size)` out of free block `n`: FL (the whole block), LE
     /// or RE (an edge), NE (the middle, a new node for the left remainder).
-    /// Returns the free block that now starts at `x + size` (`n`, after LE
-    /// or NE), or null.
+    /// Returns how it was cut.
     #[inline(always)]
-    fn take(&mut self, n: NodePtr, x: u64, size: u64) -> NodePtr {
+    fn take(&mut self, n: NodePtr, x: u64, size: u64) -> Cut {
         let (s, e) = (n.start(), n.end());
         let xe = x + size;
-        let (busy, rest) = if x == s {
+        let (busy, cut) = if x == s {
             if xe == e {
                 // FL: the block itself becomes the busy area.
                 self.free.erase::<MaxAug>(n);
                 self.free_blocks -= 1;
-                (n, NodePtr::NULL)
+                (n, Cut::Whole)
             } else {
                 // LE: cut the left edge.
                 n.set_start(xe);
                 MaxAug::propagate(n, NodePtr::NULL);
-                (self.pool.take(), n)
+                (self.pool.take(), Cut::Left(n))
             }
         } else if xe == e {
             // RE: cut the right edge.
             n.set_end(x);
             MaxAug::propagate(n, NodePtr::NULL);
-            (self.pool.take(), NodePtr::NULL)
+            (self.pool.take(), Cut::Right(n))
         } else {
-            (self.take_middle(n, x, xe), n)
+            let l = self.take_middle(n, x, xe);
+            (self.pool.take(), Cut::Middle(l, n))
         };
         self.free_bytes -= size;
         busy.init(x, xe);
-        let slot = young_slot(x);
+        self.make_busy(busy);
+        cut
+    }
+
+    /// Counts `busy` live and puts it in the nursery.
+    #[inline(always)]
+    fn make_busy(&mut self, busy: NodePtr) {
+        let slot = young_slot(busy.start());
         let old = self.young[slot];
         if !old.is_null() {
             self.promote(old);
         }
         self.young[slot] = busy;
         self.busy_blocks += 1;
-        self.busy_bytes += size;
-        rest
+        self.busy_bytes += busy.size();
+    }
+
+    /// Hands the parked area back to the request that made it (the hint's).
+    #[inline(always)]
+    fn reuse(&mut self) -> u64 {
+        let n = self.park;
+        self.park = NodePtr::NULL;
+        self.free_bytes -= n.size();
+        match self.hint.cut {
+            Cut::Whole => self.free_blocks -= 1,
+            Cut::Middle(..) => self.free_blocks += 1,
+            _ => {}
+        }
+        self.make_busy(n);
+        n.start()
+    }
+
+    /// Keeps the area `n` of the last allocation, just freed, aside: it
+    /// counts as free from now on.
+    #[inline(always)]
+    fn park(&mut self, n: NodePtr) {
+        self.park = n;
+        self.free_bytes += n.size();
+        match self.hint.cut {
+            Cut::Whole => self.free_blocks += 1,
+            Cut::Middle(..) => self.free_blocks -= 1,
+            _ => {}
+        }
+    }
+
+    /// Merges the parked area into the free tree, where its cut says: the
+    /// neighbours it touches are known, so only a whole block needs a
+    /// descent. The counters already count it free.
+    ///
+    /// The state is then the one before the parked allocation, where its
+    /// address `x` was the lowest fit for its request: so no fit for that
+    /// request lies below `x`, and the hint says so (floor `x`, and the free
+    /// block that starts at `x` when there is one). A larger request then
+    /// starts there, often without a search.
+    #[inline(never)]
+    fn unpark(&mut self) {
+        let p = self.park;
+        self.park = NodePtr::NULL;
+        let x = p.start();
+        self.hint.floor = x;
+        self.hint.block = NodePtr::NULL;
+        match self.hint.cut {
+            Cut::Whole => {
+                let m = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, p);
+                debug_assert_eq!(m, Merged::Inserted, "a whole block touched a free block");
+                self.hint.block = p;
+            }
+            Cut::Left(n) => {
+                n.set_start(x);
+                MaxAug::propagate(n, NodePtr::NULL);
+                self.pool.put(p);
+                self.hint.block = n;
+            }
+            Cut::Right(n) => {
+                n.set_end(p.end());
+                MaxAug::propagate(n, NodePtr::NULL);
+                self.pool.put(p);
+            }
+            Cut::Middle(l, n) => {
+                let s = l.start();
+                self.free.erase::<MaxAug>(l);
+                n.set_start(s);
+                MaxAug::propagate(n, NodePtr::NULL);
+                self.pool.put(l);
+                self.pool.put(p);
+            }
+        }
+    }
+
+    /// The parked area as the free blocks show it (merged with the blocks it
+    /// touches), and those tree nodes, which it replaces.
+    fn parked_view(&self) -> Option<(Area, [NodePtr; 2])> {
+        let p = self.park;
+        if p.is_null() {
+            return None;
+        }
+        let (s, e, hide) = match self.hint.cut {
+            Cut::Whole => (p.start(), p.end(), [NodePtr::NULL; 2]),
+            Cut::Left(n) => (p.start(), n.end(), [n, NodePtr::NULL]),
+            Cut::Right(n) => (n.start(), p.end(), [n, NodePtr::NULL]),
+            Cut::Middle(l, n) => (l.start(), n.end(), [l, n]),
+        };
+        Some((
+            Area {
+                start: s,
+                size: e - s,
+            },
+            hide,
+        ))
     }
 
     /// NE: `[x, xe)` from the middle of free block `n`. The block keeps the
     /// right remainder; the preloaded spare becomes the left one, linked as
-    /// its predecessor (no search). Returns the busy area's node.
+    /// its predecessor (no search). Returns the left remainder.
     #[inline(never)]
     fn take_middle(&mut self, n: NodePtr, x: u64, xe: u64) -> NodePtr {
         let l = self.pool.take();
@@ -634,7 +803,7 @@ impl<P: PageSource> VmapArena<P> {
         MaxAug::propagate(n, NodePtr::NULL);
         self.free.insert_before::<MaxAug>(l, n);
         self.free_blocks += 1;
-        self.pool.take()
+        l
     }
 
     /// Moves a nursery area that lived through other allocations into the
@@ -692,6 +861,13 @@ impl<P: PageSource> VmapArena<P> {
     pub fn free(&mut self, addr: u64) -> Result<u64> {
         let n = self.unbusy(addr)?;
         let size = n.size();
+        if !self.park.is_null() {
+            self.unpark();
+        } else if self.hint.align != 0 && self.hint.x == addr && self.hint.floor == n.end() {
+            // The last allocation, nothing changed since: an undo.
+            self.park(n);
+            return Ok(size);
+        }
         self.insert_free(n);
         Ok(size)
     }
@@ -717,6 +893,9 @@ impl<P: PageSource> VmapArena<P> {
     #[inline]
     pub fn free_lazy(&mut self, addr: u64) -> Result<u64> {
         let n = self.unbusy(addr)?;
+        if !self.park.is_null() {
+            self.unpark();
+        }
         let size = n.size();
         self.lazy_bytes += size;
         self.lazy_areas += 1;
@@ -741,6 +920,9 @@ impl<P: PageSource> VmapArena<P> {
     /// RETURNS: the units released.
     #[cold]
     pub fn purge(&mut self) -> u64 {
+        if !self.park.is_null() {
+            self.unpark();
+        }
         let released = self.lazy_bytes;
         if self.lazy.root.is_null() {
             return 0;
@@ -838,7 +1020,11 @@ impl<P: PageSource> VmapArena<P> {
         VmapStats {
             size: self.end - self.start,
             free_bytes: self.free_bytes,
-            largest_free: self.free.root.max_or_0(),
+            largest_free: self
+                .free
+                .root
+                .max_or_0()
+                .max(self.parked_view().map_or(0, |(a, _)| a.size)),
             free_blocks: self.free_blocks,
             busy_blocks: self.busy_blocks,
             busy_bytes: self.busy_bytes,
@@ -858,7 +1044,13 @@ impl<P: PageSource> VmapArena<P> {
 
     /// The free blocks in address order.
     pub fn free_blocks(&self) -> Blocks<'_> {
-        Blocks::new(&self.free)
+        let mut b = Blocks::new(&self.free);
+        if let Some((area, hide)) = self.parked_view() {
+            b.extra[0] = area;
+            b.hi = 1;
+            b.hide = hide;
+        }
+        b
     }
 
     /// The lazily freed, not yet purged ranges in address order (adjacent
@@ -874,7 +1066,27 @@ impl<P: PageSource> VmapArena<P> {
     /// lazy ranges together tile `[start, end)` exactly; the counters match;
     /// every pool node is accounted for.
     pub fn check(&self) -> core::result::Result<(), &'static str> {
-        let nf = self.free.check_shape(true)?;
+        let nf_tree = self.free.check_shape(true)?;
+        let parked = self.parked_view();
+        if let Some((_, hide)) = parked {
+            let h = &self.hint;
+            if h.align == 0 || h.x != self.park.start() || h.floor != self.park.end() {
+                return Err("the parked area is not the last allocation");
+            }
+            for n in hide.into_iter().filter(|n| !n.is_null()) {
+                if self.free.find_start(n.start()) != n {
+                    return Err("a neighbour of the parked area is not a free block");
+                }
+            }
+        }
+        // The parked area adds a block (a whole one), joins one, or joins two
+        // into one.
+        let nf = match (parked, self.hint.cut) {
+            (None, _) => nf_tree,
+            (Some(_), Cut::Whole) => nf_tree + 1,
+            (Some(_), Cut::Middle(..)) => nf_tree - 1,
+            (Some(_), _) => nf_tree,
+        };
         let nb = self.busy.check_shape(false)? + self.young.iter().filter(|y| !y.is_null()).count();
         let nl = self.lazy.check_shape(false)?;
         if nf as u64 != self.free_blocks {
@@ -893,10 +1105,10 @@ impl<P: PageSource> VmapArena<P> {
         ] {
             let mut sum = 0u64;
             let mut last_end: Option<u64> = None;
-            let blocks = if what == "busy" {
-                self.areas()
-            } else {
-                Blocks::new(t)
+            let blocks = match what {
+                "busy" => self.areas(),
+                "free" => self.free_blocks(),
+                _ => Blocks::new(t),
             };
             for b in blocks {
                 if b.size == 0 {
@@ -928,7 +1140,7 @@ impl<P: PageSource> VmapArena<P> {
         // Free, busy and lazy tile the space: at every position exactly one
         // of the three starts a block.
         let mut it = [
-            Blocks::new(&self.free).peekable(),
+            self.free_blocks().peekable(),
             self.areas().peekable(),
             Blocks::new(&self.lazy).peekable(),
         ];
@@ -965,7 +1177,11 @@ impl<P: PageSource> VmapArena<P> {
             }
         }
         let (total, _) = self.pool.footprint();
-        if self.pool.available() as u64 + self.free_blocks + self.busy_blocks + self.lazy_nodes
+        if self.pool.available() as u64
+            + nf_tree as u64
+            + u64::from(parked.is_some())
+            + self.busy_blocks
+            + self.lazy_nodes
             != total as u64
         {
             return Err("tree nodes leaked or counted twice");
@@ -990,11 +1206,14 @@ pub struct Blocks<'a> {
     /// null when done).
     front: NodePtr,
     back: NodePtr,
-    /// For the live areas: the nursery's areas, sorted; `young[lo..hi]` are
-    /// still to come.
-    young: [Area; YOUNG],
+    /// Areas shown beside the tree's, sorted; `extra[lo..hi]` are still to
+    /// come: the nursery's (live areas), or the parked area merged with its
+    /// neighbours (free blocks).
+    extra: [Area; YOUNG],
     lo: usize,
     hi: usize,
+    /// Tree nodes not shown (the parked area's merged neighbours).
+    hide: [NodePtr; 2],
     _arena: PhantomData<&'a ()>,
 }
 
@@ -1003,9 +1222,10 @@ impl<'a> Blocks<'a> {
         Blocks {
             front: t.first(),
             back: t.last(),
-            young: [Area { start: 0, size: 0 }; YOUNG],
+            extra: [Area { start: 0, size: 0 }; YOUNG],
             lo: 0,
             hi: 0,
+            hide: [NodePtr::NULL; 2],
             _arena: PhantomData,
         }
     }
@@ -1014,10 +1234,10 @@ impl<'a> Blocks<'a> {
     fn with_young(t: &'a Tree, young: &[NodePtr; YOUNG]) -> Blocks<'a> {
         let mut b = Self::new(t);
         for &y in young.iter().filter(|y| !y.is_null()) {
-            b.young[b.hi] = Self::area(y);
+            b.extra[b.hi] = Self::area(y);
             b.hi += 1;
         }
-        b.young[..b.hi].sort_unstable_by_key(|a| a.start);
+        b.extra[..b.hi].sort_unstable_by_key(|a| a.start);
         b
     }
 
@@ -1053,10 +1273,19 @@ impl<'a> Blocks<'a> {
     }
 }
 
+impl Blocks<'_> {
+    fn hidden(&self, n: NodePtr) -> bool {
+        !n.is_null() && (n == self.hide[0] || n == self.hide[1])
+    }
+}
+
 impl Iterator for Blocks<'_> {
     type Item = Area;
     fn next(&mut self) -> Option<Area> {
-        let young = (self.lo < self.hi).then(|| self.young[self.lo]);
+        while self.hidden(self.front) {
+            self.tree_next();
+        }
+        let young = (self.lo < self.hi).then(|| self.extra[self.lo]);
         match (self.front.is_null(), young) {
             (true, None) => None,
             (false, Some(y)) if y.start < self.front.start() => {
@@ -1075,7 +1304,10 @@ impl Iterator for Blocks<'_> {
 /// Blocks from the highest address down (`.rev()`).
 impl DoubleEndedIterator for Blocks<'_> {
     fn next_back(&mut self) -> Option<Area> {
-        let young = (self.lo < self.hi).then(|| self.young[self.hi - 1]);
+        while self.hidden(self.back) {
+            self.tree_next_back();
+        }
+        let young = (self.lo < self.hi).then(|| self.extra[self.hi - 1]);
         match (self.back.is_null(), young) {
             (true, None) => None,
             (false, Some(y)) if y.start > self.back.start() => {

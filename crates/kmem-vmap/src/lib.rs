@@ -85,10 +85,12 @@ extern crate std;
 
 mod arena;
 mod node;
+mod nodes;
 mod rbtree;
 mod sync;
 
 pub use arena::{default_lazy_max, Area, Blocks, VmapArena, VmapStats};
+pub use nodes::{VmapNodes, VmapNodesStats, BATCH, CLASSES};
 pub use sync::SyncVmapArena;
 
 #[cfg(test)]

@@ -53,6 +53,10 @@ enum Op {
     Find {
         at: u64,
     },
+    /// Free the last allocation if it is still live (the undo cache parks it).
+    Undo,
+    /// The last request again (the undo cache answers it when it parked).
+    Again,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -66,6 +70,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..LEN + 64).prop_map(|at| Op::BadFree { at: START - 32 + at }),
         1 => (0u8..4).prop_map(|which| Op::BadAlloc { which }),
         2 => (0u64..LEN + 64).prop_map(|at| Op::Find { at: START - 32 + at }),
+        3 => Just(Op::Undo),
+        3 => Just(Op::Again),
     ]
 }
 
@@ -80,6 +86,8 @@ fn churn_op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         6 => any::<usize>().prop_map(|pick| Op::FreeLazy { pick }),
         1 => Just(Op::Purge),
+        2 => Just(Op::Undo),
+        2 => Just(Op::Again),
     ]
 }
 
@@ -151,6 +159,9 @@ impl Model {
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut a = VmapArena::with_lazy_max(source(), START, END, LAZY_MAX).unwrap();
     let mut m = Model::default();
+    // The last request (size, align, lo, hi) and its answer.
+    let mut last: Option<(u64, u64, u64, u64)> = None;
+    let mut last_x: Option<u64> = None;
     for op in ops {
         match op {
             Op::Alloc { size, shift } => {
@@ -158,6 +169,33 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let want = m.alloc(size, align, START, END);
                 let got = a.alloc(size, align).ok();
                 prop_assert_eq!(got, want, "alloc({}, {})", size, align);
+                last = Some((size, align, START, END));
+                last_x = got;
+            }
+            Op::Again => {
+                let Some((size, align, lo, hi)) = last else {
+                    continue;
+                };
+                let want = m.alloc(size, align, lo, hi);
+                let got = a.alloc_in(size, align, lo, hi).ok();
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "again({}, {}, {:#x}, {:#x})",
+                    size,
+                    align,
+                    lo,
+                    hi
+                );
+                last_x = got;
+            }
+            Op::Undo => {
+                let Some(x) = last_x.take() else {
+                    continue;
+                };
+                if let Some(size) = m.busy.remove(&x) {
+                    prop_assert_eq!(a.free(x), Ok(size));
+                }
             }
             Op::AllocIn {
                 size,
@@ -169,6 +207,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let lo = START + lo;
                 let hi = (lo + len).min(END);
                 let got = a.alloc_in(size, align, lo, hi);
+                last = Some((size, align, lo, hi));
+                last_x = got.ok();
                 if size > hi - lo {
                     let too_large = matches!(got, Err(Error::TooLarge { .. }));
                     prop_assert!(too_large);
