@@ -23,7 +23,9 @@
 //! A request whose size is a multiple of `unit` up to [`CLASSES`] units and
 //! whose alignment is at most `unit` is served from the calling CPU's node:
 //! the range most recently freed there of that size, else a batch of
-//! [`BATCH`] lowest fits taken from the global tree in one lock hold. Other
+//! [`BATCH`] lowest fits taken from the global tree in one lock hold. With a
+//! larger alignment, the node serves a cached range of that size that
+//! happens to be aligned (the most recent one), else the tree does. Other
 //! requests go to the global tree (exact first fit). So an address is not
 //! always the lowest fit: cached ranges stay out of the tree until drained.
 //! [`drain`](VmapNodes::drain) gives every cached range back, after which the
@@ -84,6 +86,18 @@ impl Stack {
         }
         self.len -= 1;
         Some(self.at[self.len])
+    }
+
+    /// Takes the most recent range aligned to `align`.
+    #[inline(always)]
+    fn take_aligned(&mut self, align: u64) -> Option<u64> {
+        let i = self.at[..self.len]
+            .iter()
+            .rposition(|&x| x & (align - 1) == 0)?;
+        let x = self.at[i];
+        self.at.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+        Some(x)
     }
 
     #[inline(always)]
@@ -395,10 +409,10 @@ impl<P: PageSource> VmapNodes<P> {
         self.cpus.current() % self.count
     }
 
-    /// The cache class of a request, if a node serves it.
+    /// The cache class of a size, if nodes cache it.
     #[inline(always)]
-    fn class(&self, size: u64, align: u64) -> Option<usize> {
-        if align > self.unit || size % self.unit != 0 || size == 0 {
+    fn class(&self, size: u64) -> Option<usize> {
+        if size % self.unit != 0 || size == 0 {
             return None;
         }
         let c = size / self.unit;
@@ -426,6 +440,17 @@ impl<P: PageSource> VmapNodes<P> {
 
     #[cold]
     fn alloc_after_drain(&self, size: u64, align: u64) -> Result<u64> {
+        let (start, end) = {
+            let g = self.global.lock();
+            (g.start(), g.end())
+        };
+        // No aligned address of the space has room: draining cannot help.
+        if start
+            .checked_next_multiple_of(align)
+            .is_none_or(|x| x > end || end - x < size)
+        {
+            return Err(Error::OutOfMemory { size });
+        }
         self.drain();
         self.try_alloc(size, align)
     }
@@ -434,15 +459,24 @@ impl<P: PageSource> VmapNodes<P> {
     fn try_alloc(&self, size: u64, align: u64) -> Result<u64> {
         let me = self.here();
         let mut n = self.node(me).lock();
-        let x = match self.class(size, align) {
-            Some(c) => match n.cache[c].pop() {
+        let x = match self.class(size) {
+            Some(c) if align <= self.unit => match n.cache[c].pop() {
                 Some(x) => {
                     n.hits += 1;
                     x
                 }
                 None => self.refill(&mut n, c)?,
             },
-            None => self.global.lock().alloc(size, align)?,
+            // A larger alignment takes a cached range that happens to have
+            // it (as Linux's node pools do), else the tree's lowest fit.
+            Some(c) if align.is_power_of_two() => match n.cache[c].take_aligned(align) {
+                Some(x) => {
+                    n.hits += 1;
+                    x
+                }
+                None => self.global.lock().alloc(size, align)?,
+            },
+            _ => self.global.lock().alloc(size, align)?,
         };
         if let Err(e) = self.record(&mut n, x, size) {
             // No room to track it: give it back, nothing changed.
@@ -547,7 +581,7 @@ impl<P: PageSource> VmapNodes<P> {
     /// the tree; a full cache first drains a batch.
     #[inline(always)]
     fn release(&self, n: &mut LockGuard<'_, Node>, x: u64, size: u64) {
-        match self.class(size, 1) {
+        match self.class(size) {
             Some(c) => {
                 if !n.cache[c].push(x) {
                     self.drain_class(n, c);

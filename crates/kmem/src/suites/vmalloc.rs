@@ -36,11 +36,11 @@
 
 use std::sync::{Arc, Barrier};
 
-use kmem_core::Lock;
+use kmem_core::{bind_simulated_cpu, Cpus, Lock};
 use kmem_pages::RegionSource;
 use kmem_sys::clock::now_ns;
 use kmem_sys::Region;
-use kmem_vmap::{default_lazy_max, SyncVmapArena, VmapArena};
+use kmem_vmap::{default_lazy_max, SyncVmapArena, VmapArena, VmapNodes};
 use offset_allocator::{Allocation, Allocator};
 use range_alloc::RangeAllocator;
 use rlsf::Tlsf;
@@ -48,7 +48,8 @@ use rlsf::Tlsf;
 use super::{Ctx, Suite};
 use crate::baselines::vmalloc_busy_list::BusyListVmap;
 use crate::harness::{interleave, Contender, Rng};
-use crate::output::{fmt_num, fmt_ratio, Scale, SuiteOutput, Table};
+use crate::output::{fmt_num, fmt_ratio, Figure, Scale, SuiteOutput, Table};
+use crate::svg;
 
 /// See the module documentation.
 pub struct VmallocSuite;
@@ -165,6 +166,30 @@ impl<const LAZY: bool> SharedVm for KmemShared<LAZY> {
         } else {
             self.0.free(h).expect("free of a live area");
         }
+    }
+}
+
+/// kmem-vmap's per-CPU vmap nodes: a node per thread (each thread acts as
+/// its own CPU), caches of 1-128 pages, frees at once.
+struct NodesVm(VmapNodes<RegionSource>);
+
+impl NodesVm {
+    fn new(threads: usize) -> NodesVm {
+        let src = RegionSource::new(256 << 20).expect("reserve node pages");
+        let arena = VmapArena::with_lazy_max(src, VSTART, VEND, lazy_max()).expect("arena");
+        NodesVm(VmapNodes::new(arena, threads, PAGE, Cpus::Simulated).expect("vmap nodes"))
+    }
+}
+
+impl SharedVm for NodesVm {
+    type H = u64;
+    #[inline]
+    fn alloc(&self, size: u64, align: u64) -> Option<u64> {
+        self.0.alloc(size, align).ok()
+    }
+    #[inline]
+    fn vfree(&self, h: u64) {
+        self.0.free(h).expect("free of a live area");
     }
 }
 
@@ -546,6 +571,8 @@ fn run_threads<S: SharedVm>(case: Case, s: &S, threads: usize, budget: Budget) -
             .map(|t| {
                 let b = barrier.clone();
                 sc.spawn(move || {
+                    // Thread t acts as CPU t (for the vmap nodes).
+                    bind_simulated_cpu(t);
                     b.wait();
                     run_case(case, &mut Shared(s), false, true, budget, 0x1000 + t as u64)
                 })
@@ -631,8 +658,99 @@ fn sample_threads(imp: &str, case: Case, threads: usize, budget: Budget) -> f64 
             run_threads(case, &Lock::new(OffsetVm::new(threads)), threads, budget)
         }
         "range-alloc" => run_threads(case, &Lock::new(RangeVm::new()), threads, budget),
+        "kmem-nodes" => run_threads(case, &NodesVm::new(threads), threads, budget),
         _ => unreachable!(),
     }
+}
+
+/// The cases of the scaling curve: one size (every node serves it from its
+/// cache once warm) and sizes of 2-101 pages (a quarter beyond the nodes'
+/// classes, served by the tree).
+const SCALING_CASES: [Case; 2] = [Case::FixSize, Case::RandomSize];
+/// The implementations on the scaling curve.
+const SCALING_IMPLS: [&str; 3] = ["kmem", "kmem-nodes", "range-alloc"];
+
+/// Thread counts of the scaling curve: 1, 2, 4... up to `max`, and `max`.
+fn thread_counts(max: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..)
+        .map(|i| 1usize << i)
+        .take_while(|&n| n < max)
+        .collect();
+    v.push(max.max(1));
+    v
+}
+
+/// The scaling curve: throughput of the shared kmem arena (one lock), the
+/// vmap nodes and range-alloc (one lock) at each thread count, and over 1
+/// thread.
+fn scaling(ctx: &Ctx<'_>, out: &mut SuiteOutput, max: usize, rounds: usize, budget: Budget) {
+    let counts = thread_counts(max);
+    let mut t = Table::new(
+        format!("vmalloc scaling: threads allocating and freeing at once on one allocator (ops/s of all threads, median of {rounds} rounds; x1 = over 1 thread)"),
+        &[
+            "case", "threads", "kmem", "kmem-nodes", "range-alloc", "kmem x1", "nodes x1",
+            "nodes/kmem",
+        ],
+    );
+    for case in SCALING_CASES {
+        let mut one: Vec<f64> = Vec::new();
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = SCALING_IMPLS
+            .iter()
+            .map(|i| (i.to_string(), Vec::new()))
+            .chain([("linear".to_string(), Vec::new())])
+            .collect();
+        for &n in &counts {
+            let cname = format!("scaling/{}/threads{n}", case.name());
+            ctx.progress.step(&cname);
+            let med = {
+                let mut cs: Vec<Contender<'_>> = SCALING_IMPLS
+                    .into_iter()
+                    .map(|imp| Contender::new(imp, move || sample_threads(imp, case, n, budget)))
+                    .collect();
+                interleave(rounds, &mut cs)
+            };
+            let get = |imp: &str| med.iter().find(|(m, _)| m == imp).map_or(f64::NAN, |m| m.1);
+            if one.is_empty() {
+                one = SCALING_IMPLS.iter().map(|i| get(i)).collect();
+            }
+            for (i, imp) in SCALING_IMPLS.iter().enumerate() {
+                let v = get(imp);
+                out.measure(&cname, *imp, "ops_per_s", v, "ops/s");
+                out.measure(&cname, *imp, "scaling_vs_1_thread", v / one[i], "x");
+                series[i].1.push((n as f64, v / one[i]));
+            }
+            series[SCALING_IMPLS.len()].1.push((n as f64, n as f64));
+            out.measure(
+                &cname,
+                "kmem-nodes",
+                "ratio_to_kmem",
+                get("kmem-nodes") / get("kmem"),
+                "x",
+            );
+            t.row(vec![
+                case.name().into(),
+                n.to_string(),
+                fmt_num(get("kmem")),
+                fmt_num(get("kmem-nodes")),
+                fmt_num(get("range-alloc")),
+                fmt_ratio(get("kmem") / one[0]),
+                fmt_ratio(get("kmem-nodes") / one[1]),
+                fmt_ratio(get("kmem-nodes") / get("kmem")),
+            ]);
+        }
+        out.figures.push(Figure::Svg {
+            title: format!("vmalloc: {} throughput over 1 thread", case.name()),
+            svg: svg::line_chart(
+                &format!("Scaling with threads, {}", case.name()),
+                "threads",
+                "throughput / 1 thread",
+                &series,
+                true,
+                true,
+            ),
+        });
+    }
+    out.tables.push(t);
 }
 
 /// The two tables of a mode: kmem-vfree beside the baseline, kmem beside
@@ -773,11 +891,17 @@ impl Suite for VmallocSuite {
             b => b,
         };
         if let Some(threads) = ctx.threads.filter(|&t| t > 1) {
+            ctx.progress
+                .set_steps(CASES.len() + SCALING_CASES.len() * thread_counts(threads).len());
             self.run_threads(ctx, &mut out, threads, rounds, budget, shift_budget);
+            scaling(ctx, &mut out, threads, rounds, budget);
+            out.notes.push(scaling_note());
             ctx.progress.finish();
             return out;
         }
-        ctx.progress.set_steps(CASES.len() * 2);
+        let cpus = online_cpus();
+        ctx.progress
+            .set_steps(CASES.len() * 2 + SCALING_CASES.len() * thread_counts(cpus).len());
         let mut ratios: Vec<(String, f64)> = Vec::new();
         for mixed in [true, false] {
             let mode = if mixed {
@@ -824,6 +948,7 @@ impl Suite for VmallocSuite {
             out.tables.push(tables.0);
             out.tables.push(tables.1);
         }
+        scaling(ctx, &mut out, cpus, rounds, budget);
         // The seed's table beside ours.
         let mut t = Table::new(
             "Seed 001 beside this run: speedup of the free-block tree over the busy list (seed: before time / after time; here: kmem ops/s / baseline ops/s)",
@@ -869,9 +994,18 @@ impl Suite for VmallocSuite {
         out.notes.push("range-alloc skips align_shift_alloc: for alignments of 2^46 and up its aligned start (start + padding) wraps past 2^64 in this space, and it hands out a range outside its own (which its free then rejects)".into());
         out.notes.push("rlsf (TLSF) keeps block headers in the memory it manages: it runs over a reserved 32 TiB region (backed only where headers are written) aligned to 2^40 like the vmalloc area, so align_shift_alloc's larger alignments do not carry over and it skips that case; each block carries its 16-byte header".into());
         out.notes.push("the seed's figures include page allocation and mapping (whole vmalloc calls), so its ratios are smaller than an allocator-only comparison; its runs had every CPU running the tests at once".into());
+        out.notes.push(scaling_note());
         ctx.progress.finish();
         out
     }
+}
+
+fn scaling_note() -> String {
+    format!(
+        "kmem-nodes: VmapNodes, a node per thread (each thread acts as its own CPU), caching 1-{} pages per size; not exact first fit (cached ranges stay out of the tree), and drained before an allocation fails. The scaling curve goes up to --threads (default: the {} online CPUs); threads beyond the machine's CPUs share them",
+        kmem_vmap::CLASSES,
+        online_cpus()
+    )
 }
 
 impl VmallocSuite {
@@ -884,7 +1018,10 @@ impl VmallocSuite {
         budget: Budget,
         shift_budget: Budget,
     ) {
-        ctx.progress.set_steps(CASES.len());
+        let mut nodes_table = Table::new(
+            format!("vmalloc, {threads} threads: per-CPU vmap nodes beside the shared arena (ops/s of all threads, median of {rounds} rounds)"),
+            &["case", "kmem-nodes", "kmem", "nodes/kmem", "nodes/range-alloc"],
+        );
         let mut tables = mode_tables(
             &format!("{threads} threads running each case at once on one allocator (ops/s of all threads)"),
             rounds,
@@ -900,15 +1037,32 @@ impl VmallocSuite {
             let med = {
                 let mut cs: Vec<Contender<'_>> = IMPLS
                     .into_iter()
+                    .chain(["kmem-nodes"])
                     .filter(|i| runs_impl(i, case, false))
                     .map(|imp| Contender::new(imp, move || sample_threads(imp, case, threads, b)))
                     .collect();
                 interleave(rounds, &mut cs)
             };
             record_case(out, &mut tables, &cname, case, false, &med);
+            let get = |imp: &str| med.iter().find(|(m, _)| m == imp).map_or(f64::NAN, |m| m.1);
+            let kn = get("kmem-nodes");
+            out.measure(&cname, "kmem-nodes", "ratio_to_kmem", kn / get("kmem"), "x");
+            let range = if runs_impl("range-alloc", case, false) {
+                fmt_ratio(kn / get("range-alloc"))
+            } else {
+                "-".into()
+            };
+            nodes_table.row(vec![
+                cname.clone(),
+                fmt_num(kn),
+                fmt_num(get("kmem")),
+                fmt_ratio(kn / get("kmem")),
+                range,
+            ]);
         }
         out.tables.push(tables.0);
         out.tables.push(tables.1);
+        out.tables.push(nodes_table);
     }
 }
 
@@ -940,8 +1094,27 @@ mod tests {
             }
         }
         assert_eq!(out.published.len(), 16);
-        // vfree and peers for each mode, and the seed's table.
-        assert_eq!(out.tables.len(), 5);
+        // vfree and peers for each mode, the scaling curve, the seed's table.
+        assert_eq!(out.tables.len(), 6);
+        for case in SCALING_CASES {
+            for n in thread_counts(online_cpus()) {
+                let name = format!("scaling/{}/threads{n}", case.name());
+                for imp in SCALING_IMPLS {
+                    let v = out.value(&name, imp, "ops_per_s");
+                    assert!(v.is_some_and(|v| v > 0.0), "{name} {imp}: {v:?}");
+                    let x = out.value(&name, imp, "scaling_vs_1_thread");
+                    assert!(x.is_some_and(|x| x > 0.0), "{name} {imp}: {x:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn thread_counts_double_up_to_the_maximum() {
+        assert_eq!(thread_counts(1), vec![1]);
+        assert_eq!(thread_counts(2), vec![1, 2]);
+        assert_eq!(thread_counts(6), vec![1, 2, 4, 6]);
+        assert_eq!(thread_counts(16), vec![1, 2, 4, 8, 16]);
     }
 
     #[test]
@@ -955,7 +1128,11 @@ mod tests {
         });
         for case in CASES {
             let name = format!("{}/threads2", case.name());
-            for imp in IMPLS.into_iter().filter(|i| runs_impl(i, case, false)) {
+            for imp in IMPLS
+                .into_iter()
+                .chain(["kmem-nodes"])
+                .filter(|i| runs_impl(i, case, false))
+            {
                 let v = out.value(&name, imp, "ops_per_s");
                 assert!(v.is_some_and(|v| v > 0.0), "{name} {imp}: {v:?}");
             }
