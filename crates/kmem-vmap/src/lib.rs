@@ -14,8 +14,10 @@
 //!     [0x2000,0x3000) max 0x1000        [0xc000,0x12000) max 0x6000
 //!
 //!   busy tree (by start)   live areas; free(addr) needs only the address
+//!   nursery (16 slots)     the youngest live areas, out of the busy tree
 //!   lazy tree (by address) areas freed with free_lazy, merged with each
 //!                          other, waiting for the purge
+//!   park                   the last allocation, freed right after it
 //!   node pool              every tree node, carved from PageSource pages
 //! ```
 //!
@@ -42,7 +44,12 @@
 //! to the place of its range; the last turns right and left of that descent
 //! are its previous and next free blocks, so merging needs no extra walk. It
 //! merges with either or both neighbours and links a node only when it
-//! touches neither. `free_lazy` moves the area to the lazy tree instead (where
+//! touches neither. Two short paths keep the policy exact: a new area waits
+//! in a 16-slot nursery before it enters the busy tree (a short-lived one
+//! never does), and an area freed right after its allocation is parked, so
+//! that the same request again gets it back in O(1) (the arena is then in
+//! the state before that allocation, whose lowest fit it was); anything else
+//! first merges it back where its split says. `free_lazy` moves the area to the lazy tree instead (where
 //! adjacent lazy areas merge); once the lazily freed units pass `lazy_max`
 //! (default as Linux's `lazy_max_pages()`: `fls(cpus) * 32 MiB`), or when an
 //! allocation finds no fit, `purge` merges them all into the free tree.
@@ -69,7 +76,11 @@
 //!
 //! [`VmapArena`] is single-threaded (`&mut self`). [`SyncVmapArena`] puts it
 //! behind one [`kmem_core::Lock`], which counts contention, as Linux's
-//! `vmap_area_lock`; every operation takes it once.
+//! `vmap_area_lock`; every operation takes it once. [`VmapNodes`] is the
+//! arena for many CPUs, as Linux's vmap nodes: a node per CPU group caches
+//! free ranges of common sizes and tracks what it handed out, so most
+//! allocations and frees take only their node's lock (a separate policy: not
+//! exact first fit; see its documentation).
 //!
 //! # Units
 //!
