@@ -48,7 +48,8 @@ struct ReportArgs {
     /// The seeds' own scale (slow).
     #[arg(long)]
     full: bool,
-    /// Output directory (default: target/kmem-report of the workspace).
+    /// Output directory (default: target/kmem-report of the workspace;
+    /// target/kmem-report-smoke with --smoke, target/kmem-report-full with --full).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Only these suites (comma separated).
@@ -103,14 +104,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd.unwrap_or(Cmd::Report(ReportArgs::default())) {
         Cmd::Report(a) => {
-            let out = a.out.unwrap_or_else(report::default_out_dir);
+            let sc = scale(a.smoke, a.full);
+            let out = a.out.unwrap_or_else(|| report::default_out_dir(sc));
             for o in &a.only {
                 if suites::find(o).is_none() {
                     eprintln!("kmem: no suite named {o:?} (kmem bench --list)");
                     return ExitCode::from(2);
                 }
             }
-            match report::run_report(scale(a.smoke, a.full), &out, &a.only) {
+            match report::run_report(sc, &out, &a.only) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("kmem: writing the report to {}: {e}", out.display());

@@ -143,59 +143,202 @@ impl Table {
         self.rows.push(cells);
     }
 
-    /// Renders as aligned monospace text (numbers right-aligned).
+    /// Renders as aligned monospace text (numbers right-aligned), no line
+    /// wider than [`TEXT_WIDTH`] columns: a long header name is wrapped onto
+    /// two lines, a long cell onto several, and a table still too wide is
+    /// split into parts that each repeat the first column.
     pub fn to_text(&self) -> String {
+        self.to_text_width(TEXT_WIDTH)
+    }
+
+    /// [`Table::to_text`] for a terminal of `width` columns.
+    pub fn to_text_width(&self, width: usize) -> String {
+        let width = width.max(40);
         let ncol = self
             .columns
             .len()
             .max(self.rows.iter().map(|r| r.len()).max().unwrap_or(0));
-        let mut w = vec![0usize; ncol];
-        for (i, c) in self.columns.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate() {
-                w[i] = w[i].max(c.chars().count());
+        let cell_max = (width - 8) / 2;
+        let cell = |r: &[String], i: usize| r.get(i).cloned().unwrap_or_default();
+        let data_w: Vec<usize> = (0..ncol)
+            .map(|i| {
+                self.rows
+                    .iter()
+                    .map(|r| cell(r, i).chars().count())
+                    .max()
+                    .unwrap_or(0)
+                    .min(cell_max)
+            })
+            .collect();
+        // When the headers as they are make the table too wide, a header
+        // longer than its column's data goes onto as few lines as keep it at
+        // most two lines tall, and never narrower than the data.
+        let flat_w: usize = (0..ncol)
+            .map(|i| 2 + data_w[i].max(cell(&self.columns, i).chars().count().min(cell_max)))
+            .sum();
+        let heads: Vec<Vec<String>> = (0..ncol)
+            .map(|i| {
+                let h = cell(&self.columns, i);
+                let n = h.chars().count();
+                if flat_w <= width && n <= cell_max {
+                    return vec![h];
+                }
+                let mut w = data_w[i].max(longest_word(&h)).max(1);
+                loop {
+                    let lines = wrap(&h, w.min(cell_max));
+                    if lines.len() <= 2 || w >= n || w >= cell_max {
+                        break lines;
+                    }
+                    w += 1;
+                }
+            })
+            .collect();
+        let mut heads = heads;
+        let mut w: Vec<usize> = (0..ncol)
+            .map(|i| {
+                heads[i]
+                    .iter()
+                    .map(|l| l.chars().count())
+                    .max()
+                    .unwrap_or(0)
+                    .max(data_w[i])
+                    .max(1)
+            })
+            .collect();
+        // A table a little too wide narrows its widest column (its cells
+        // wrap) rather than splitting, when that column stays readable.
+        let total = w.iter().map(|x| x + 2).sum::<usize>();
+        if total > width && ncol > 1 {
+            let excess = total - width;
+            let widest = (1..ncol).max_by_key(|&i| w[i]).unwrap_or(1);
+            if w[widest] >= excess + 24 {
+                w[widest] -= excess;
+                heads[widest] = wrap(&cell(&self.columns, widest), w[widest]);
             }
+        }
+        // Split the columns after the first into parts that fit.
+        let mut parts: Vec<Vec<usize>> = Vec::new();
+        let mut cur: Vec<usize> = Vec::new();
+        let mut used = 2 + w.first().copied().unwrap_or(0);
+        for i in 1..ncol {
+            if !cur.is_empty() && used + 2 + w[i] > width {
+                parts.push(std::mem::take(&mut cur));
+                used = 2 + w[0];
+            }
+            cur.push(i);
+            used += 2 + w[i];
+        }
+        if !cur.is_empty() || parts.is_empty() {
+            parts.push(cur);
         }
         let numeric = |s: &str| {
             s.chars()
                 .next()
                 .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+')
         };
-        let line = |cells: &[String]| {
-            let mut s = String::from("  ");
-            for (i, width) in w.iter().enumerate() {
-                let c = cells.get(i).map(String::as_str).unwrap_or("");
-                let pad = width - c.chars().count();
-                if numeric(c) && i > 0 {
-                    s.push_str(&" ".repeat(pad));
-                    s.push_str(c);
-                } else {
-                    s.push_str(c);
-                    s.push_str(&" ".repeat(pad));
-                }
-                s.push_str("  ");
+        let mut out = String::new();
+        let nparts = parts.len();
+        for (p, part) in parts.iter().enumerate() {
+            let cols: Vec<usize> = if ncol == 0 {
+                Vec::new()
+            } else {
+                std::iter::once(0).chain(part.iter().copied()).collect()
+            };
+            let title = if nparts > 1 {
+                format!("{} (part {} of {nparts})", self.title, p + 1)
+            } else {
+                self.title.clone()
+            };
+            for l in wrap(&title, width) {
+                out.push_str(&l);
+                out.push('\n');
             }
-            s.trim_end().to_string()
-        };
-        let mut out = format!("{}\n", self.title);
-        out.push_str(&line(&self.columns));
-        out.push('\n');
-        out.push_str("  ");
-        out.push_str(
-            &w.iter()
-                .map(|n| "-".repeat(*n))
-                .collect::<Vec<_>>()
-                .join("  "),
-        );
-        out.push('\n');
-        for r in &self.rows {
-            out.push_str(&line(r));
+            // One logical row, possibly several lines tall.
+            let emit = |out: &mut String, cells: &[Vec<String>], align: bool| {
+                let tall = cells.iter().map(Vec::len).max().unwrap_or(1).max(1);
+                for k in 0..tall {
+                    let mut s = String::from("  ");
+                    for (j, &i) in cols.iter().enumerate() {
+                        let c = cells[j].get(k).map(String::as_str).unwrap_or("");
+                        let pad = w[i].saturating_sub(c.chars().count());
+                        if align && numeric(c) && i > 0 {
+                            s.push_str(&" ".repeat(pad));
+                            s.push_str(c);
+                        } else {
+                            s.push_str(c);
+                            s.push_str(&" ".repeat(pad));
+                        }
+                        s.push_str("  ");
+                    }
+                    out.push_str(s.trim_end());
+                    out.push('\n');
+                }
+            };
+            // Headers sit on their last line, like a column of numbers.
+            let hl = cols.iter().map(|&i| heads[i].len()).max().unwrap_or(1);
+            let head_cells: Vec<Vec<String>> = cols
+                .iter()
+                .map(|&i| {
+                    let mut v = vec![String::new(); hl - heads[i].len().min(hl)];
+                    v.extend(heads[i].iter().cloned());
+                    v
+                })
+                .collect();
+            emit(&mut out, &head_cells, false);
+            out.push_str("  ");
+            out.push_str(
+                &cols
+                    .iter()
+                    .map(|&i| "-".repeat(w[i]))
+                    .collect::<Vec<_>>()
+                    .join("  "),
+            );
             out.push('\n');
+            for r in &self.rows {
+                let cells: Vec<Vec<String>> =
+                    cols.iter().map(|&i| wrap(&cell(r, i), w[i])).collect();
+                emit(&mut out, &cells, true);
+            }
+            if p + 1 < nparts {
+                out.push('\n');
+            }
         }
         out
     }
+}
+
+/// The widest line the terminal output is laid out for.
+pub const TEXT_WIDTH: usize = 120;
+
+fn longest_word(s: &str) -> usize {
+    s.split(' ').map(|w| w.chars().count()).max().unwrap_or(0)
+}
+
+/// Breaks `s` into lines of at most `width` characters, at spaces where it
+/// can and inside a word where a word is longer than a line. The empty string
+/// is one empty line.
+pub fn wrap(s: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut cur = String::new();
+    for word in s.split(' ') {
+        let mut word: Vec<char> = word.chars().collect();
+        let cur_n = cur.chars().count();
+        if cur_n > 0 && cur_n + 1 + word.len() <= width {
+            cur.push(' ');
+            cur.extend(word.iter());
+            continue;
+        }
+        if cur_n > 0 {
+            lines.push(std::mem::take(&mut cur));
+        }
+        while word.len() > width {
+            lines.push(word.drain(..width).collect());
+        }
+        cur = word.into_iter().collect();
+    }
+    lines.push(cur);
+    lines
 }
 
 /// A picture for the report.
@@ -214,6 +357,14 @@ pub enum Figure {
         title: String,
         /// Encoded PNG bytes.
         data: Vec<u8>,
+    },
+    /// A chart left out, and the sentence that says why (all values 0,
+    /// nothing measured to draw).
+    Text {
+        /// The chart's title.
+        title: String,
+        /// Why there is no chart.
+        text: String,
     },
 }
 
@@ -421,6 +572,74 @@ mod tests {
         let s = t.to_text();
         assert!(s.contains("  longer  1,000"), "{s}");
         assert!(s.contains(&format!("  a{}1", " ".repeat(11))), "{s}");
+    }
+
+    #[test]
+    fn wide_tables_fit_120_columns() {
+        let cols: Vec<String> = (0..14)
+            .map(|i| format!("a rather long column name number {i}"))
+            .collect();
+        let col_refs: Vec<&str> = cols.iter().map(String::as_str).collect();
+        let mut t = Table::new(
+            "A wide table whose title is itself longer than the widest line a terminal \
+             of one hundred and twenty columns can show without wrapping",
+            &col_refs,
+        );
+        for r in 0..3 {
+            let mut row = vec![format!("case_{r}_with_a_long_name")];
+            row.extend((1..14).map(|i| fmt_num((r * 1000 + i) as f64 * 1.5)));
+            t.row(row);
+        }
+        t.row(vec![
+            "x".into(),
+            "a cell of free text that goes on and on, far longer than any column should be \
+             allowed to grow on a terminal"
+                .into(),
+        ]);
+        let s = t.to_text();
+        for l in s.lines() {
+            assert!(
+                l.chars().count() <= 120,
+                "{} chars: {l:?}\n{s}",
+                l.chars().count()
+            );
+        }
+        // Split into parts, each repeating the first column.
+        let parts = s.matches("(part ").count();
+        assert!(parts >= 2, "{s}");
+        assert_eq!(s.matches("  case_0_with_a_long_name").count(), parts, "{s}");
+        // Every cell is still there.
+        for i in 1..14 {
+            assert!(s.contains(&fmt_num((1000 + i) as f64 * 1.5)), "{i}: {s}");
+        }
+        assert!(s.contains("allowed to grow"), "{s}");
+        // A narrow table is left as it was: one part, one header line.
+        let mut n = Table::new("N", &["case", "value"]);
+        n.row(vec!["a".into(), "1".into()]);
+        assert_eq!(
+            n.to_text(),
+            "N\n  case  value\n  ----  -----\n  a         1\n"
+        );
+    }
+
+    #[test]
+    fn long_headers_wrap_onto_two_lines() {
+        let mut t = Table::new(
+            "T",
+            &["case", "old: free/16 per CPU", "new: 1/16/CPUs here"],
+        );
+        t.row(vec!["a".into(), "12.5 %".into(), "1.0 %".into()]);
+        // 46 columns as it is: wider than 40, so the headers wrap.
+        let s = t.to_text_width(40);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines[1], "        old: free/16  new: 1/16/CPUs", "{s}");
+        assert_eq!(lines[2], "  case  per CPU       here", "{s}");
+        assert_eq!(lines[4], "  a           12.5 %           1.0 %", "{s}");
+        // Wide enough: left on one line.
+        assert_eq!(t.to_text_width(60).lines().count(), 4);
+        assert_eq!(wrap("ab cd ef", 5), vec!["ab cd", "ef"]);
+        assert_eq!(wrap("abcdefgh", 3), vec!["abc", "def", "gh"]);
+        assert_eq!(wrap("", 3), vec![""]);
     }
 
     #[test]

@@ -1,15 +1,38 @@
-//! Progress bars on stderr (hidden when stderr is not a terminal).
+//! A suite's progress on stderr: a bar when stderr is a terminal, and
+//! otherwise (CI, a log file) one line per finished case, so that a long
+//! suite shows where it is without drawing a bar into a file.
+
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// A suite's progress: a bar of steps with the current case as its message.
+/// A suite's progress: a bar of steps with the current case as its message,
+/// or one line per finished step.
 pub struct Progress {
-    bar: ProgressBar,
+    how: How,
+}
+
+enum How {
+    Bar(ProgressBar),
+    Lines { suite: String, state: Mutex<Lines> },
+}
+
+struct Lines {
+    out: Box<dyn Write + Send>,
+    steps: usize,
+    done: usize,
+    current: Option<(String, Instant)>,
 }
 
 impl Progress {
-    /// A bar for the named suite, with no steps known yet.
+    /// The progress of the named suite, with no steps known yet: a bar when
+    /// stderr is a terminal, one line per finished case on stderr otherwise.
     pub fn new(suite: &str) -> Progress {
+        if !std::io::stderr().is_terminal() {
+            return Progress::lines(suite, Box::new(std::io::stderr()));
+        }
         let bar = ProgressBar::new(1);
         bar.set_style(
             ProgressStyle::with_template(
@@ -19,33 +42,137 @@ impl Progress {
             .progress_chars("=> "),
         );
         bar.set_prefix(suite.to_string());
-        Progress { bar }
+        Progress { how: How::Bar(bar) }
+    }
+
+    /// A progress that writes one line to `out` as each step finishes:
+    /// `suite: case done (i/n, 0.3 s)`.
+    pub fn lines(suite: &str, out: Box<dyn Write + Send>) -> Progress {
+        Progress {
+            how: How::Lines {
+                suite: suite.to_string(),
+                state: Mutex::new(Lines {
+                    out,
+                    steps: 0,
+                    done: 0,
+                    current: None,
+                }),
+            },
+        }
     }
 
     /// A progress that shows nothing (tests).
     pub fn hidden() -> Progress {
         Progress {
-            bar: ProgressBar::hidden(),
+            how: How::Bar(ProgressBar::hidden()),
         }
     }
 
     /// Declares how many steps the suite will take.
     pub fn set_steps(&self, n: usize) {
-        self.bar.set_length(n.max(1) as u64);
-        self.bar.set_position(0);
+        match &self.how {
+            How::Bar(bar) => {
+                bar.set_length(n.max(1) as u64);
+                bar.set_position(0);
+            }
+            How::Lines { state, .. } => {
+                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+                st.steps = n;
+                st.done = 0;
+            }
+        }
     }
 
     /// Marks the start of a step named `what` (and the end of the previous one).
     pub fn step(&self, what: &str) {
-        if self.bar.position() > 0 || !self.bar.message().is_empty() {
-            self.bar.inc(1);
+        match &self.how {
+            How::Bar(bar) => {
+                if bar.position() > 0 || !bar.message().is_empty() {
+                    bar.inc(1);
+                }
+                bar.set_message(what.to_string());
+            }
+            How::Lines { suite, state } => {
+                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+                st.end_step(suite);
+                st.current = Some((what.to_string(), Instant::now()));
+            }
         }
-        self.bar.set_message(what.to_string());
     }
 
-    /// Ends the bar.
+    /// Ends the bar (or writes the last step's line); a second call does nothing.
     pub fn finish(&self) {
-        self.bar.set_position(self.bar.length().unwrap_or(1));
-        self.bar.finish_and_clear();
+        match &self.how {
+            How::Bar(bar) => {
+                bar.set_position(bar.length().unwrap_or(1));
+                bar.finish_and_clear();
+            }
+            How::Lines { suite, state } => {
+                state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .end_step(suite);
+            }
+        }
+    }
+}
+
+impl Lines {
+    /// Writes the line of the step in progress, if any, and forgets it.
+    fn end_step(&mut self, suite: &str) {
+        let Some((what, t0)) = self.current.take() else {
+            return;
+        };
+        self.done += 1;
+        let of = if self.steps >= self.done {
+            format!("{}/{}", self.done, self.steps)
+        } else {
+            self.done.to_string()
+        };
+        // Progress is best effort: a closed stderr must not stop a suite.
+        let _ = writeln!(
+            self.out,
+            "{suite}: {what} done ({of}, {:.1} s)",
+            t0.elapsed().as_secs_f64()
+        );
+        let _ = self.out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A shared buffer the test reads back.
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn one_line_per_finished_case() {
+        let buf = Buf::default();
+        let p = Progress::lines("core", Box::new(buf.clone()));
+        p.set_steps(2);
+        p.step("search");
+        p.step("current_cpu");
+        p.finish();
+        p.finish();
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].starts_with("core: search done (1/2, "), "{text}");
+        assert!(
+            lines[1].starts_with("core: current_cpu done (2/2, "),
+            "{text}"
+        );
     }
 }

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::output::{fmt_num, Figure, MachineJson, Scale, Skip, SuiteJson, SuiteOutput, Table};
+use crate::output::{
+    fmt_num, wrap, Figure, MachineJson, Scale, Skip, SuiteJson, SuiteOutput, Table, TEXT_WIDTH,
+};
 use crate::progress::Progress;
 use crate::suites::{self, Ctx, Suite};
 use crate::svg;
@@ -88,7 +90,10 @@ pub fn not_measured_text(runs: &[Ran]) -> String {
     }
     let mut s = format!("Not measured ({}):\n", all.len());
     for (suite, k) in &all {
-        let _ = writeln!(s, "  {suite}: {}: {}", k.what, k.why);
+        let line = format!("{suite}: {}: {}", k.what, k.why);
+        for (i, l) in wrap(&line, TEXT_WIDTH - 4).iter().enumerate() {
+            let _ = writeln!(s, "{}{l}", if i == 0 { "  " } else { "    " });
+        }
     }
     s.push('\n');
     s
@@ -122,7 +127,9 @@ pub fn suite_text(ran: &Ran) -> String {
     if let Some(seed) = ran.suite.seed() {
         let _ = write!(s, " (seed {seed})");
     }
-    let _ = writeln!(s, " [{:.1} s]\n", ran.seconds);
+    let _ = write!(s, " [{:.1} s]", ran.seconds);
+    let mut s = wrap(&s, TEXT_WIDTH).join("\n   ");
+    s.push_str("\n\n");
     for t in &ran.output.tables {
         s.push_str(&t.to_text());
         s.push('\n');
@@ -132,12 +139,110 @@ pub fn suite_text(ran: &Ran) -> String {
         s.push('\n');
     }
     for n in &ran.output.notes {
-        let _ = writeln!(s, "  note: {n}");
+        for (i, l) in wrap(n, TEXT_WIDTH - 8).iter().enumerate() {
+            let _ = writeln!(s, "{}{l}", if i == 0 { "  note: " } else { "        " });
+        }
     }
     s
 }
 
-/// One grouped bar chart per metric of the results.
+/// A metric's name in words, for a chart's title: `ns_per_call` is "time
+/// per call"; a name not in the list has its underscores replaced.
+pub fn metric_words(metric: &str) -> String {
+    let known = match metric {
+        "ops_per_s" => Some("throughput"),
+        "increments_per_s" => Some("increments per second"),
+        "ns_per_alloc_free" => Some("time per allocation and free"),
+        "alloc_ms" => Some("time to allocate"),
+        "free_ms" => Some("time to free"),
+        "alloc_ratio_to_baseline" => Some("allocation time relative to the baseline"),
+        "free_speedup_vs_baseline" => Some("free speedup over the baseline"),
+        "growth_exponent" => Some("growth exponent k (time grows as n^k)"),
+        "extrapolated_s" => Some("extrapolated time"),
+        "lock_acquisitions" => Some("lock acquisitions"),
+        "lock_contended" => Some("contended lock acquisitions"),
+        "lock_wait_ms" => Some("time spent waiting for the lock"),
+        "percpu_lock_contended" => Some("contended per-CPU cache lock acquisitions"),
+        "cache_hit_rate" => Some("per-CPU cache hit rate"),
+        "failed_size" => Some("first request size that failed"),
+        "share_in_use" => Some("share of the arena holding requested bytes"),
+        "share_ratio_to_baseline" => Some("share in use relative to the baseline"),
+        "quicklist_share" => Some("quicklist share of memory"),
+        "quicklist_pages" => Some("pages held in quicklists"),
+        "children" => Some("child processes forked"),
+        "failures_per_64" => Some("failures per 64 attempts"),
+        "scaling_vs_1_thread" => Some("throughput relative to 1 thread"),
+        "requests_per_s" => Some("requests per second"),
+        _ => None,
+    };
+    if let Some(k) = known {
+        return k.to_string();
+    }
+    let words = |s: &str| s.replace('_', " ");
+    if let Some(x) = metric.strip_prefix("ns_per_") {
+        format!("time per {}", words(x))
+    } else if let Some(x) = metric.strip_prefix("speedup_vs_") {
+        format!("speedup over {}", words(x))
+    } else if let Some(x) = metric.strip_prefix("ratio_to_") {
+        format!("ratio to {}", words(x))
+    } else if let Some(x) = metric.strip_suffix("_per_s") {
+        format!("{} per second", words(x))
+    } else {
+        words(metric)
+    }
+}
+
+/// A chart's title: the metric in words, capitalised, with its unit in
+/// brackets when it has one (`x` is written `×`).
+pub fn chart_title(metric: &str, unit: &str) -> String {
+    let w = metric_words(metric);
+    let mut c = w.chars();
+    let mut t: String = match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    };
+    match unit.trim() {
+        "" => {}
+        "x" => t.push_str(" (×)"),
+        u => {
+            let _ = write!(t, " ({u})");
+        }
+    }
+    t
+}
+
+/// Why a metric's values make no chart, if they do not: all zero, none
+/// finite, or only what was expected and nothing measured.
+fn no_chart_reason(metric: &str, imps: &[String], values: &[f64]) -> Option<String> {
+    if imps.iter().all(|i| i == "expected") {
+        return Some(
+            "only the expected values were recorded, no measured series to set beside them: \
+             see the suite's table"
+                .into(),
+        );
+    }
+    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() {
+        return Some("no value was measured".into());
+    }
+    if finite.iter().all(|v| *v == 0.0) {
+        let what = if metric.contains("contended") {
+            ": no contention was measured"
+        } else if metric.contains("wait") {
+            ": no waiting was measured"
+        } else {
+            ""
+        };
+        return Some(format!("all {} values are 0{what}", finite.len()));
+    }
+    None
+}
+
+/// One grouped bar chart per metric of the results, with the seed's
+/// published figures of that metric (and unit) drawn as markers: over the
+/// measured case of the same name, or in a category of their own named
+/// `CASE (seed)`. A metric whose values make no chart (all zero, only
+/// expected values) gets a sentence saying why instead.
 pub fn auto_charts(o: &SuiteOutput) -> Vec<Figure> {
     let mut by_metric: BTreeMap<(String, String), Vec<&crate::output::Measure>> = BTreeMap::new();
     for m in &o.results {
@@ -161,6 +266,54 @@ pub fn auto_charts(o: &SuiteOutput) -> Vec<Figure> {
         if cases.len() > 40 || imps.len() > 8 {
             continue;
         }
+        let all: Vec<f64> = ms.iter().map(|m| m.value).collect();
+        if let Some(why) = no_chart_reason(&metric, &imps, &all) {
+            let title = chart_title(&metric, &unit);
+            figs.push(Figure::Text {
+                text: format!("{title}: no chart, {why}."),
+                title,
+            });
+            continue;
+        }
+        let published: Vec<&crate::output::Published> = o
+            .published
+            .iter()
+            .filter(|p| p.metric == metric && p.unit == unit)
+            .collect();
+        for p in &published {
+            if !cases.contains(&p.case) && !cases.contains(&format!("{} (seed)", p.case)) {
+                cases.push(format!("{} (seed)", p.case));
+            }
+        }
+        let at = |case: &str| {
+            cases
+                .iter()
+                .position(|c| c == case || *c == format!("{case} (seed)"))
+        };
+        // One marker series per published label; two figures of one label
+        // and case (several seed machines) become two series.
+        let mut seeds: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+        for p in &published {
+            let Some(ci) = at(&p.case) else { continue };
+            let name = format!("seed: {}", p.imp);
+            let slot = seeds
+                .iter_mut()
+                .find(|(n, v)| n.starts_with(&name) && v[ci].is_none());
+            match slot {
+                Some((_, v)) => v[ci] = Some(p.value),
+                None => {
+                    let mut v = vec![None; cases.len()];
+                    v[ci] = Some(p.value);
+                    let n = seeds.iter().filter(|(n, _)| n.starts_with(&name)).count();
+                    let label = if n == 0 {
+                        name.clone()
+                    } else {
+                        format!("{name} ({})", n + 1)
+                    };
+                    seeds.push((label, v));
+                }
+            }
+        }
         let series: Vec<(String, Vec<Option<f64>>)> = imps
             .iter()
             .map(|i| {
@@ -170,23 +323,33 @@ pub fn auto_charts(o: &SuiteOutput) -> Vec<Figure> {
                         ms.iter()
                             .find(|m| &m.case == c && &m.imp == i)
                             .map(|m| m.value)
+                            .filter(|v| v.is_finite())
                     })
                     .collect();
                 (i.clone(), vals)
             })
             .collect();
-        let vals: Vec<f64> = ms
+        let vals: Vec<f64> = all
             .iter()
-            .map(|m| m.value)
+            .chain(published.iter().map(|p| &p.value))
+            .copied()
             .filter(|v| *v > 0.0 && v.is_finite())
             .collect();
         let (lo, hi) = vals
             .iter()
             .fold((f64::INFINITY, 0f64), |(l, h), v| (l.min(*v), h.max(*v)));
         let log = !vals.is_empty() && hi / lo > 50.0;
-        let title = format!("{metric} ({unit}){}", if log { ", log scale" } else { "" });
+        let title = format!(
+            "{}{}",
+            chart_title(&metric, &unit),
+            if log { ", log scale" } else { "" }
+        );
+        let y_label = match unit.as_str() {
+            "x" => "×",
+            u => u,
+        };
         figs.push(Figure::Svg {
-            svg: svg::bar_chart(&title, &unit, &cases, &series, log),
+            svg: svg::bar_chart_with_seeds(&title, y_label, &cases, &series, &seeds, log),
             title,
         });
     }
@@ -224,6 +387,11 @@ fn figure_html(f: &Figure) -> String {
             esc(title),
             svg::base64(data)
         ),
+        Figure::Text { title, text } => format!(
+            "<figure class=\"nochart\"><p>{}</p><figcaption>{}</figcaption></figure>",
+            esc(text),
+            esc(title)
+        ),
     }
 }
 
@@ -235,7 +403,7 @@ body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}\
 table{border-collapse:collapse;margin:1em 0;font-size:13px}caption{text-align:left;font-weight:bold;padding:4px 0}\
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\
 th{background:#f3f3f3}figure{margin:1em 0}figcaption{font-size:12px;color:#555}img{image-rendering:pixelated;max-width:100%}\
-.note{color:#555;font-size:13px}.skipped{border:2px solid #c60;padding:0 1em;background:#fff6ee}section{border-top:2px solid #333;margin-top:2em}</style></head><body>",
+.note{color:#555;font-size:13px}.nochart p{color:#555;font-style:italic;border-left:3px solid #ccc;padding-left:8px}.skipped{border:2px solid #c60;padding:0 1em;background:#fff6ee}section{border-top:2px solid #333;margin-top:2em}</style></head><body>",
     );
     let _ = write!(
         s,
@@ -311,16 +479,27 @@ th{background:#f3f3f3}figure{margin:1em 0}figcaption{font-size:12px;color:#555}i
     s
 }
 
-/// Where the report goes by default: `target/kmem-report` of the workspace.
-pub fn default_out_dir() -> PathBuf {
+/// The report directory's name for a scale: `kmem-report` for quick (the
+/// default), `kmem-report-smoke` and `kmem-report-full` for the others, so
+/// that a CI smoke run never overwrites the quick report.
+pub fn out_dir_name(scale: Scale) -> &'static str {
+    match scale {
+        Scale::Smoke => "kmem-report-smoke",
+        Scale::Quick => "kmem-report",
+        Scale::Full => "kmem-report-full",
+    }
+}
+
+/// Where the report of `scale` goes by default: `target/kmem-report` of the
+/// workspace for quick, `target/kmem-report-smoke` and
+/// `target/kmem-report-full` for the other scales (see [`out_dir_name`]).
+pub fn default_out_dir(scale: Scale) -> PathBuf {
+    let name = out_dir_name(scale);
     if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(t).join("kmem-report");
+        return PathBuf::from(t).join(name);
     }
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    ws.canonicalize()
-        .unwrap_or(ws)
-        .join("target")
-        .join("kmem-report")
+    ws.canonicalize().unwrap_or(ws).join("target").join(name)
 }
 
 /// Runs the named suites (all when `only` is empty), prints, and writes the
@@ -425,6 +604,137 @@ mod tests {
         let page = html(&[ran], Scale::Smoke, &m);
         assert!(page.contains("<svg") && page.contains("fake.json"));
         assert!(!page.contains("Not measured"));
+    }
+
+    /// A suite whose results hold every case the charts must handle: a
+    /// seed figure over a measured case and one of its own, an all-zero
+    /// metric, an "expected"-only metric, a NaN, an empty unit.
+    struct Synthetic;
+    impl Suite for Synthetic {
+        fn name(&self) -> &'static str {
+            "synthetic"
+        }
+        fn title(&self) -> &'static str {
+            "every kind of chart"
+        }
+        fn run(&self, _: &Ctx<'_>) -> SuiteOutput {
+            let mut o = SuiteOutput::default();
+            for (c, k, b) in [("4B", 300.0, 700.0), ("16B", 450.0, 800.0)] {
+                o.measure(c, "kmem", "alloc_ms", k, "ms");
+                o.measure(c, "baseline", "alloc_ms", b, "ms");
+                o.measure(c, "kmem", "ns_per_call", k / 1e3, "ns");
+                o.measure(c, "kmem", "ns_per_call", k / 1e3, "ns");
+                o.measure(c, "kmem", "percpu_lock_contended", 0.0, "count");
+                o.measure(c, "expected", "failures_per_64", 1.0, "count");
+            }
+            o.measure("t1", "kmem", "lock_contended", 10.0, "count");
+            o.measure("t2", "kmem", "lock_contended", f64::NAN, "count");
+            o.measure("n", "kmem", "growth_exponent", 1.02, "");
+            o.measure("n", "baseline", "growth_exponent", 1.9, "");
+            o.measure("t1", "kmem", "speedup_vs_baseline", 0.9077, "x");
+            o.publish("4B", "area_map", "alloc_ms", 335.0, "ms", "seed");
+            o.publish("16B", "bitmap", "alloc_ms", 760.0, "ms", "seed");
+            o.publish(
+                "make_j96",
+                "before",
+                "lock_contended",
+                36_756_212.0,
+                "count",
+                "seed",
+            );
+            o.publish(
+                "make_j96",
+                "after",
+                "lock_contended",
+                377_450.0,
+                "count",
+                "seed",
+            );
+            // A figure of a metric the suite does not measure: no chart to mark.
+            o.publish("pte", "before", "us_per_alloc", 2.7, "us", "seed");
+            o
+        }
+    }
+
+    /// The `<svg>` elements of a page.
+    fn svgs(page: &str) -> Vec<&str> {
+        page.split("<svg")
+            .skip(1)
+            .map(|s| &s[..s.find("</svg>").expect("closed")])
+            .collect()
+    }
+
+    #[test]
+    fn rendered_page_is_trustworthy() {
+        static SYN: Synthetic = Synthetic;
+        let ran = Ran {
+            suite: &SYN,
+            output: SYN.run(&Ctx {
+                scale: Scale::Smoke,
+                threads: None,
+                cpus: None,
+                progress: &Progress::hidden(),
+            }),
+            seconds: 0.1,
+        };
+        let page = html(
+            std::slice::from_ref(&ran),
+            Scale::Smoke,
+            &MachineJson::current(),
+        );
+        assert!(!page.contains("NaN"), "NaN on the page");
+        let charts = svgs(&page);
+        assert!(charts.len() >= 4, "{} charts", charts.len());
+        for c in &charts {
+            // Every chart draws data: bars, points or seed markers.
+            assert!(
+                c.contains("class=\"bar\"")
+                    || c.contains("<circle")
+                    || c.contains("class=\"seed\""),
+                "a chart with no data marks: {c}"
+            );
+            // Titles in words, no empty unit, no e notation on the ticks.
+            assert!(!c.contains("()") && !c.contains("ns_per_call"), "{c}");
+            for tick in c.split("text-anchor=\"end\">").skip(1) {
+                let label = &tick[..tick.find('<').unwrap()];
+                assert!(
+                    !label.contains("e-") && !label.contains("e+"),
+                    "tick {label:?} in {c}"
+                );
+            }
+        }
+        // Every seed figure of a charted metric has its marker in that chart.
+        for p in &ran.output.published {
+            if !ran.output.results.iter().any(|m| m.metric == p.metric) {
+                continue;
+            }
+            let title = esc(&chart_title(&p.metric, &p.unit));
+            let chart = charts
+                .iter()
+                .find(|c| c.contains(&format!(">{title}")))
+                .unwrap_or_else(|| panic!("no chart titled {title}"));
+            let marker = format!("seed: {}: {}</title>", p.imp, svg::value_label(p.value));
+            assert!(
+                chart.contains("class=\"seed\"") && chart.contains(&marker),
+                "{} {} {}: no marker {marker:?} in {chart}",
+                p.case,
+                p.imp,
+                p.metric
+            );
+        }
+        assert!(page.contains("make_j96 (seed)"));
+        // Titles in words, with units.
+        assert!(page.contains(">Time per call (ns)<"), "{page}");
+        assert!(page.contains(">Growth exponent k (time grows as n^k)<"));
+        // Charts with nothing to draw are sentences.
+        assert!(page.contains(
+            "Contended per-CPU cache lock acquisitions (count): no chart, all 2 values are 0: \
+             no contention was measured."
+        ));
+        assert!(
+            page.contains("Failures per 64 attempts (count): no chart, only the expected values")
+        );
+        assert_eq!(charts.len(), auto_charts(&ran.output).len() - 2);
     }
 
     struct Empty;

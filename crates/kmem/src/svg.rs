@@ -15,26 +15,86 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn nice_label(v: f64) -> String {
-    let a = v.abs();
-    if a >= 1e9 {
-        format!("{:.3}G", v / 1e9)
-    } else if a >= 1e6 {
-        format!("{:.3}M", v / 1e6)
-    } else if a >= 1e3 {
-        format!("{:.3}k", v / 1e3)
-    } else if a >= 1.0 || a == 0.0 {
-        format!("{v:.3}")
-    } else {
-        format!("{v:.3e}")
+/// The scale and suffix for a value of magnitude `a`: k, M, G, T above a
+/// thousand, none below.
+fn si(a: f64) -> (f64, &'static str) {
+    [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|(s, _)| a >= *s)
+        .unwrap_or((1.0, ""))
+}
+
+/// How many decimals show a multiple of `step` exactly (0 to 9).
+fn decimals(step: f64) -> usize {
+    if !(step.is_finite() && step > 0.0) {
+        return 0;
     }
-    .replace(".000", "")
+    (0..=9)
+        .find(|&d| {
+            let x = step * 10f64.powi(d as i32);
+            x.round() >= 1.0 && (x - x.round()).abs() <= 1e-6 * x
+        })
+        .unwrap_or(9)
+}
+
+/// The label of an axis tick at `v` when ticks are `step` apart: k, M, G, T
+/// above a thousand, and as many decimals as the step needs, never the `e`
+/// notation (`0.25`, `1.5k`, `20M`, `0.001`).
+pub fn tick_label(v: f64, step: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let (scale, suffix) = si(v.abs());
+    let dec = decimals(step.abs() / scale);
+    let s = format!("{:.*}{suffix}", dec, v / scale);
+    match s.strip_prefix('-') {
+        Some(rest) if rest.chars().all(|c| matches!(c, '0' | '.')) => rest.to_string(),
+        _ => s,
+    }
+}
+
+/// A value's label (a bar's or a point's tooltip): three significant digits,
+/// k, M, G, T above a thousand, never the `e` notation.
+pub fn value_label(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    if v == 0.0 {
+        return "0".into();
+    }
+    let (scale, _) = si(v.abs());
+    let mag = (v.abs() / scale).log10().floor();
+    let step = 10f64.powf(mag - 2.0);
+    let rounded = (v / scale / step).round() * step * scale;
+    tick_label(rounded, step * scale)
+}
+
+/// A round step (1, 2 or 5 times a power of ten) that cuts `range` into
+/// about `n` parts.
+fn nice_step(range: f64, n: f64) -> f64 {
+    if !(range.is_finite() && range > 0.0) {
+        return 1.0;
+    }
+    let raw = range / n;
+    let p = 10f64.powf(raw.log10().floor());
+    let m = raw / p;
+    p * if m <= 1.0 {
+        1.0
+    } else if m <= 2.0 {
+        2.0
+    } else if m <= 5.0 {
+        5.0
+    } else {
+        10.0
+    }
 }
 
 struct Axis {
     lo: f64,
     hi: f64,
     log: bool,
+    /// Between linear ticks (unused on a log axis).
+    step: f64,
 }
 
 impl Axis {
@@ -50,6 +110,7 @@ impl Axis {
                 lo: if log { 1.0 } else { 0.0 },
                 hi: 10.0,
                 log,
+                step: 2.0,
             };
         }
         if log {
@@ -58,11 +119,28 @@ impl Axis {
             if hi <= lo {
                 hi = lo * 10.0;
             }
-            Axis { lo, hi, log }
+            Axis {
+                lo,
+                hi,
+                log,
+                step: 0.0,
+            }
         } else {
             let lo = if from_zero { lo.min(0.0) } else { lo };
-            let hi = if hi <= lo { lo + 1.0 } else { hi * 1.05 };
-            Axis { lo, hi, log }
+            let hi = if hi <= lo {
+                lo + if lo == 0.0 { 1.0 } else { lo.abs() }
+            } else {
+                hi
+            };
+            let step = nice_step(hi - lo, 5.0);
+            let lo = (lo / step).floor() * step;
+            let hi = (hi / step - 1e-9).ceil() * step;
+            Axis {
+                lo,
+                hi: if hi <= lo { lo + step } else { hi },
+                log,
+                step,
+            }
         }
     }
 
@@ -78,18 +156,23 @@ impl Axis {
         }
     }
 
-    fn ticks(&self) -> Vec<f64> {
+    /// The ticks and their labels.
+    fn ticks(&self) -> Vec<(f64, String)> {
         if self.log {
             let mut t = Vec::new();
             let mut v = self.lo;
             while v <= self.hi * 1.0001 {
-                t.push(v);
+                t.push((v, tick_label(v, v)));
                 v *= 10.0;
             }
             t
         } else {
-            (0..=4)
-                .map(|i| self.lo + (self.hi - self.lo) * i as f64 / 4.0)
+            let n = ((self.hi - self.lo) / self.step).round() as i64;
+            (0..=n)
+                .map(|i| {
+                    let v = self.lo + self.step * i as f64;
+                    (v, tick_label(v, self.step))
+                })
                 .collect()
         }
     }
@@ -104,12 +187,29 @@ pub fn bar_chart(
     series: &[(String, Vec<Option<f64>>)],
     log: bool,
 ) -> String {
+    bar_chart_with_seeds(title, y_label, categories, series, &[], log)
+}
+
+/// [`bar_chart`] with the seed's published figures: each of `seeds` is a
+/// named series drawn as black diamonds (`class="seed"`) over its
+/// categories' groups, and listed in the legend.
+pub fn bar_chart_with_seeds(
+    title: &str,
+    y_label: &str,
+    categories: &[String],
+    series: &[(String, Vec<Option<f64>>)],
+    seeds: &[(String, Vec<Option<f64>>)],
+    log: bool,
+) -> String {
     let (w, h) = (860.0, 360.0);
     let (ml, mr, mt, mb) = (80.0, 160.0, 36.0, 90.0);
     let pw = w - ml - mr;
     let ph = h - mt - mb;
     let axis = Axis::new(
-        series.iter().flat_map(|(_, v)| v.iter().flatten().copied()),
+        series
+            .iter()
+            .chain(seeds)
+            .flat_map(|(_, v)| v.iter().flatten().copied()),
         log,
         true,
     );
@@ -124,7 +224,7 @@ pub fn bar_chart(
         w / 2.0,
         esc(title)
     );
-    for t in axis.ticks() {
+    for (t, label) in axis.ticks() {
         let y = mt + ph * (1.0 - axis.pos(t));
         let _ = write!(
             s,
@@ -132,7 +232,7 @@ pub fn bar_chart(
             ml + pw,
             ml - 6.0,
             y + 4.0,
-            nice_label(t)
+            label
         );
     }
     let _ = write!(
@@ -153,17 +253,32 @@ pub fn bar_chart(
                 let base = mt + ph;
                 let _ = write!(
                     s,
-                    r#"<rect x="{:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}: {}</title></rect>"#,
+                    r#"<rect class="bar" x="{:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}: {}</title></rect>"#,
                     gx + bw * si as f64,
                     bw * 0.95,
                     (base - top).max(0.0),
                     PALETTE[si % PALETTE.len()],
                     esc(&series[si].0),
-                    nice_label(*v)
+                    value_label(*v)
                 );
             }
         }
         let cx = ml + gw * ci as f64 + gw / 2.0;
+        let nseed = seeds.len().max(1) as f64;
+        for (k, (name, vals)) in seeds.iter().enumerate() {
+            if let Some(Some(v)) = vals.get(ci) {
+                let y = mt + ph * (1.0 - axis.pos(*v).clamp(0.0, 1.0));
+                let x = gx + gw * 0.8 * (k as f64 + 0.5) / nseed;
+                let _ = write!(
+                    s,
+                    r##"<path class="seed" d="{}" fill="{}" stroke="#fff"><title>{}: {}</title></path>"##,
+                    diamond(x, y),
+                    SEED_COLORS[k % SEED_COLORS.len()],
+                    esc(name),
+                    value_label(*v)
+                );
+            }
+        }
         let _ = write!(
             s,
             r#"<text transform="translate({cx:.1},{}) rotate(-30)" text-anchor="end">{}</text>"#,
@@ -182,8 +297,38 @@ pub fn bar_chart(
         mt,
         series.iter().map(|(n, _)| n.as_str()),
     );
+    for (k, (name, _)) in seeds.iter().enumerate() {
+        let yy = mt + 18.0 * (series.len() + k) as f64;
+        let _ = write!(
+            s,
+            r##"<path d="{}" fill="{}" stroke="#fff"/><text x="{}" y="{}">{}</text>"##,
+            diamond(w - mr + 18.0, yy + 6.0),
+            SEED_COLORS[k % SEED_COLORS.len()],
+            w - mr + 30.0,
+            yy + 10.0,
+            esc(name)
+        );
+    }
     s.push_str("</svg>");
     s
+}
+
+/// The seed's markers: black, then greys, so they never look like a bar.
+const SEED_COLORS: [&str; 3] = ["#000", "#555", "#999"];
+
+/// A diamond of radius 6 centred on `(x, y)`, as path data.
+fn diamond(x: f64, y: f64) -> String {
+    format!(
+        "M{:.1},{:.1}L{:.1},{:.1}L{:.1},{:.1}L{:.1},{:.1}Z",
+        x,
+        y - 6.0,
+        x + 6.0,
+        y,
+        x,
+        y + 6.0,
+        x - 6.0,
+        y
+    )
 }
 
 fn legend<'a>(s: &mut String, x: f64, y: f64, names: impl Iterator<Item = &'a str>) {
@@ -234,7 +379,7 @@ pub fn line_chart(
         w / 2.0,
         esc(title)
     );
-    for t in ay.ticks() {
+    for (t, label) in ay.ticks() {
         let y = mt + ph * (1.0 - ay.pos(t));
         let _ = write!(
             s,
@@ -242,16 +387,16 @@ pub fn line_chart(
             ml + pw,
             ml - 6.0,
             y + 4.0,
-            nice_label(t)
+            label
         );
     }
-    for t in ax.ticks() {
+    for (t, label) in ax.ticks() {
         let x = ml + pw * ax.pos(t);
         let _ = write!(
             s,
             r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
             mt + ph + 16.0,
-            nice_label(t)
+            label
         );
     }
     let _ = write!(
@@ -368,6 +513,51 @@ mod tests {
             true,
         );
         assert!(l.contains("<polyline"));
+    }
+
+    #[test]
+    fn tick_labels_are_readable() {
+        // Decimals come from the step; never the e notation.
+        assert_eq!(tick_label(0.9077, 0.1), "0.9");
+        assert_eq!(tick_label(0.25, 0.05), "0.25");
+        assert_eq!(tick_label(0.0, 0.2), "0.0");
+        assert_eq!(tick_label(0.0, 5.0), "0");
+        assert_eq!(tick_label(2.0, 0.5), "2.0");
+        assert_eq!(tick_label(40.0, 20.0), "40");
+        assert_eq!(tick_label(0.001, 0.001), "0.001");
+        assert_eq!(tick_label(-0.0, 0.1), "0.0");
+        // SI suffixes for large values.
+        assert_eq!(tick_label(1500.0, 500.0), "1.5k");
+        assert_eq!(tick_label(20e6, 5e6), "20M");
+        assert_eq!(tick_label(3e9, 1e9), "3G");
+        assert_eq!(tick_label(1e3, 1e3), "1k");
+        assert_eq!(value_label(0.0001234), "0.000123");
+        assert_eq!(value_label(123456.0), "123k");
+        assert_eq!(value_label(36_756_212.0), "36.8M");
+        assert_eq!(value_label(f64::NAN), "-");
+        // Axes choose round steps and every label is plain.
+        for (lo, hi, log) in [(0.0, 0.9077, false), (0.0, 36e6, false), (1e-7, 1e3, true)] {
+            let a = Axis::new([lo, hi].into_iter(), log, true);
+            let ticks = a.ticks();
+            assert!(ticks.len() >= 2, "{ticks:?}");
+            for (v, l) in &ticks {
+                assert!(!l.contains('e') && !l.contains("NaN"), "{v}: {l}");
+            }
+        }
+        let a = Axis::new([0.0, 0.9077].into_iter(), false, true);
+        let labels: Vec<String> = a.ticks().into_iter().map(|t| t.1).collect();
+        assert_eq!(labels, ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]);
+    }
+
+    #[test]
+    fn seeds_are_marked() {
+        let cats = vec!["a".to_string(), "b".to_string()];
+        let ser = vec![("kmem".to_string(), vec![Some(1.0), Some(2.0)])];
+        let seeds = vec![("seed: after".to_string(), vec![None, Some(3.0)])];
+        let s = bar_chart_with_seeds("t", "y", &cats, &ser, &seeds, false);
+        assert_eq!(s.matches("class=\"seed\"").count(), 1);
+        assert!(s.contains("seed: after: 3.00"), "{s}");
+        assert_eq!(s.matches("class=\"bar\"").count(), 2);
     }
 
     #[test]

@@ -502,10 +502,19 @@ impl Suite for NtaSuite {
                 let round = &mut rr[0][r];
                 out.figures.push(Figure::Png {
                     title: format!(
-                        "{} after round {} (max {} B): failed at {} B, {:.1}% of the arena holds requested bytes; one column per page, red = requested bytes, green = free or overhead, 64 B per pixel row",
+                        "{} after round {} (max {} B), the run with seed 1{}: failed at {} B, {:.1}% of the arena holds requested bytes; one column per page, red = requested bytes, green = free or overhead, 64 B per pixel row",
                         if *name == "kmem" { "kmem-nta" } else { "power-of-two slab" },
                         r + 1,
                         round.max,
+                        if seeds.len() > 1 {
+                            format!(
+                                " of {} (the table gives the median of the {} runs, so its figures may differ)",
+                                seeds.len(),
+                                seeds.len()
+                            )
+                        } else {
+                            String::new()
+                        },
                         round.failed,
                         round.share * 100.0
                     ),
