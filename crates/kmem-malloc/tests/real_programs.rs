@@ -4,7 +4,7 @@
 //!
 //! The library is the one cargo built for this test run (the `cdylib` next
 //! to the test's own directory). Every program here is on the base image
-//! (`.ci/install-deps` installs any that are missing).
+//! (`cargo run --release -- setup` installs any that are missing).
 
 mod common;
 

@@ -7,7 +7,8 @@
 //!   suites      the Suite trait and the registry (suites::all)
 //!   baselines   the designs the seeds replaced, kept faithful for comparison
 //!   preload     running whole programs under other allocators (LD_PRELOAD)
-//!   report      runs suites, prints tables, writes target/kmem-report/
+//!   report      runs suites, prints tables, writes target/kmem-report[-smoke|-full]/
+//!   setup       the optional system packages, installed when possible
 //!   svg         hand-written SVG charts and PNG maps
 //! ```
 //!
@@ -23,5 +24,6 @@ pub mod output;
 pub mod preload;
 pub mod progress;
 pub mod report;
+pub mod setup;
 pub mod suites;
 pub mod svg;

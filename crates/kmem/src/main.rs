@@ -19,7 +19,7 @@ use clap::{Args, Parser, Subcommand};
 
 use kmem::output::{MachineJson, Scale};
 use kmem::suites::Suite;
-use kmem::{report, suites};
+use kmem::{report, setup, suites};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +38,13 @@ enum Cmd {
     Report(ReportArgs),
     /// Run one suite.
     Bench(BenchArgs),
+    /// Install the optional system packages the suites and tests use (peer
+    /// allocators, wrk, g++...) with apt-get; `--check` only lists what is missing.
+    Setup {
+        /// List what is missing and the line that installs it; install nothing.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 #[derive(Args, Default)]
@@ -112,6 +119,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             }
+            // The peers the report compares with: installed when that needs
+            // no one's answer, else named with the line to run (and skipped).
+            if let setup::Outcome::Missing(why) = setup::ensure() {
+                eprintln!("kmem: {why}");
+            }
             match report::run_report(sc, &out, &a.only) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -119,6 +131,29 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Cmd::Setup { check } => {
+            let need = setup::missing();
+            if check {
+                for p in &need {
+                    println!("missing: {} ({})", p.name, p.why);
+                }
+                if need.is_empty() {
+                    println!("all present");
+                    return ExitCode::SUCCESS;
+                }
+                println!("run: {}", setup::install_line(&need));
+                return ExitCode::FAILURE;
+            }
+            match setup::ensure() {
+                setup::Outcome::AllPresent => println!("kmem setup: all present"),
+                setup::Outcome::Installed(p) => println!("kmem setup: installed {}", p.join(" ")),
+                setup::Outcome::Missing(why) => {
+                    eprintln!("kmem setup: {why}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
         }
         Cmd::Bench(b) => {
             if b.list || b.suite.is_none() {

@@ -609,8 +609,8 @@ fn skip_reason(imp: &str, case: Case, mixed: bool) -> Option<&'static str> {
     match imp {
         "offset-allocator" if case.aligned() => Some("no alignment"),
         "offset-allocator" if mixed => Some("neighbour aligns"),
-        "range-alloc" if case == Case::AlignShift => Some("start wraps past 2^64"),
-        "rlsf" if case == Case::AlignShift => Some("region aligned to 2^40"),
+        "range-alloc" if case == Case::AlignShift => Some("wraps 2^64"),
+        "rlsf" if case == Case::AlignShift => Some("align > 2^40"),
         _ => None,
     }
 }
@@ -761,16 +761,16 @@ fn mode_tables(title: &str, rounds: usize) -> (Table, Table) {
         &["case", "kmem-vfree", "baseline", "kmem-vfree/baseline"],
     );
     let peers = Table::new(
-        format!("vmalloc, {title}: range allocators, free at once (ops/s, one op = an allocation and its free; median of {rounds} interleaved rounds)"),
+        format!("vmalloc, {title}: range allocators, free at once (ops/s, one op = an allocation and its free; median of {rounds} interleaved rounds; /peer = kmem over the peer)"),
         &[
             "case",
             "kmem",
             "rlsf",
             "offset-alloc",
             "range-alloc",
-            "kmem/rlsf",
-            "kmem/offset-alloc",
-            "kmem/range-alloc",
+            "/rlsf",
+            "/offset",
+            "/range",
         ],
     );
     (vfree, peers)
