@@ -522,23 +522,30 @@ impl<P: PageSource> VmapNodes<P> {
         debug_assert!(r.is_ok(), "a range held by a node was not busy in the tree");
     }
 
+    /// Removes the live area at `addr` from the node that handed it out (the
+    /// calling CPU's, most often), and returns the calling CPU's node,
+    /// locked, with the area's size. Errors as [`VmapArena::free`]; nothing
+    /// changes on error.
+    #[inline(always)]
+    fn unlive(&self, addr: u64) -> Result<(LockGuard<'_, Node>, u64)> {
+        let me = self.here();
+        let mut n = self.node(me).lock();
+        if let Some(size) = n.live.remove(addr) {
+            return Ok((n, size));
+        }
+        drop(n);
+        let size = self.remove_remote(me, addr)?;
+        n = self.node(me).lock();
+        n.remote_frees += 1;
+        Ok((n, size))
+    }
+
     /// Frees the area at `addr`: it goes to the calling CPU's node cache
     /// when its size is cached, else back to the tree. Returns its size.
     /// Errors as [`VmapArena::free`], and nothing changes on error.
     #[inline]
     pub fn free(&self, addr: u64) -> Result<u64> {
-        let me = self.here();
-        let mut n = self.node(me).lock();
-        let size = match n.live.remove(addr) {
-            Some(s) => s,
-            None => {
-                drop(n);
-                let s = self.remove_remote(me, addr)?;
-                n = self.node(me).lock();
-                n.remote_frees += 1;
-                s
-            }
-        };
+        let (mut n, size) = self.unlive(addr)?;
         self.release(&mut n, addr, size);
         Ok(size)
     }
@@ -608,18 +615,7 @@ impl<P: PageSource> VmapNodes<P> {
     /// CPU's node until that node purges. Returns its size; errors as
     /// [`free`](Self::free).
     pub fn free_lazy(&self, addr: u64) -> Result<u64> {
-        let me = self.here();
-        let mut n = self.node(me).lock();
-        let size = match n.live.remove(addr) {
-            Some(s) => s,
-            None => {
-                drop(n);
-                let s = self.remove_remote(me, addr)?;
-                n = self.node(me).lock();
-                n.remote_frees += 1;
-                s
-            }
-        };
+        let (mut n, size) = self.unlive(addr)?;
         let i = n.lazy_len;
         n.lazy[i] = (addr, size);
         n.lazy_len += 1;
