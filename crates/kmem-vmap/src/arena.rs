@@ -415,7 +415,14 @@ impl<P: PageSource> VmapArena<P> {
     pub fn alloc_in(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
         if !self.park.is_null() {
             let h = &self.hint;
-            if size == h.size && align == h.align && lo == h.lo && hi == h.hi {
+            // The pool condition keeps every allocation's contract (two
+            // nodes spare, else OutOfMemory) whichever path serves it.
+            if size == h.size
+                && align == h.align
+                && lo == h.lo
+                && hi == h.hi
+                && self.pool.available() >= 2
+            {
                 return Ok(self.reuse());
             }
             return self.alloc_unparking(size, align, lo, hi);
@@ -456,10 +463,14 @@ impl<P: PageSource> VmapArena<P> {
     /// that the unpark leaves.
     #[inline(never)]
     fn alloc_unparking(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
-        self.validate(size, align, lo, hi)?;
-        self.pool.reserve(2)?;
+        // First: the parked area's node goes back to the pool (unless the
+        // area was a whole block) before the pool is asked for two. The
+        // area counts as free either way, so an error after this leaves the
+        // arena as it was.
         let cut = self.hint.cut;
         self.unpark();
+        self.validate(size, align, lo, hi)?;
+        self.pool.reserve(2)?;
         if let Cut::Left(n) = cut {
             let before = Tree::prev(n);
             if before.is_null() || before.end() <= lo {
