@@ -1,13 +1,18 @@
 //! [`VmapArena`]: the single-threaded allocator (see the crate documentation).
 
 use core::fmt;
-use core::marker::PhantomData;
 use core::mem::MaybeUninit;
 
 use kmem_core::{Error, PageSource, Result};
 
 use crate::node::{NodePtr, Pool};
 use crate::rbtree::{Aug, MaxAug, NoAug, Tree};
+
+mod blocks;
+mod check;
+mod undo;
+
+pub use blocks::Blocks;
 
 /// A busy (allocated) area: `[start, start + size)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -416,12 +421,18 @@ impl<P: PageSource> VmapArena<P> {
         if !self.park.is_null() {
             let h = &self.hint;
             // The pool condition keeps every allocation's contract (two
-            // nodes spare, else OutOfMemory) whichever path serves it.
+            // nodes spare, else OutOfMemory) whichever path serves it: the
+            // nodes an unpark would give back count as spare.
+            let back = match h.cut {
+                Cut::Whole => 0,
+                Cut::Left(_) | Cut::Right(_) => 1,
+                Cut::Middle(..) => 2,
+            };
             if size == h.size
                 && align == h.align
                 && lo == h.lo
                 && hi == h.hi
-                && self.pool.available() >= 2
+                && self.pool.available() + back >= 2
             {
                 return Ok(self.reuse());
             }
@@ -453,33 +464,6 @@ impl<P: PageSource> VmapArena<P> {
             Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
             None => self.alloc_slow(size, align, lo, hi),
         }
-    }
-
-    /// An allocation for another request than the parked area's: the area
-    /// goes back to the free tree first. When it was cut from the left edge
-    /// of block `n` and no free block below `n` reaches into `[lo, hi)`, the
-    /// lowest fit, if `n` (now starting at the parked address again) holds
-    /// one, is in `n`: no search. Otherwise the usual path, from the hint
-    /// that the unpark leaves.
-    #[inline(never)]
-    fn alloc_unparking(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
-        // First: the parked area's node goes back to the pool (unless the
-        // area was a whole block) before the pool is asked for two. The
-        // area counts as free either way, so an error after this leaves the
-        // arena as it was.
-        let cut = self.hint.cut;
-        self.unpark();
-        self.validate(size, align, lo, hi)?;
-        self.pool.reserve(2)?;
-        if let Cut::Left(n) = cut {
-            let before = Tree::prev(n);
-            if before.is_null() || before.end() <= lo {
-                if let Some(x) = Self::fit(n, size, align - 1, lo, hi) {
-                    return Ok(self.take_hinted(n, x, size, align, lo, hi));
-                }
-            }
-        }
-        self.alloc_in(size, align, lo, hi)
     }
 
     /// Takes the fit and records what it proves for the next search.
@@ -707,100 +691,6 @@ impl<P: PageSource> VmapArena<P> {
         self.young[slot] = busy;
         self.busy_blocks += 1;
         self.busy_bytes += busy.size();
-    }
-
-    /// Hands the parked area back to the request that made it (the hint's).
-    #[inline(always)]
-    fn reuse(&mut self) -> u64 {
-        let n = self.park;
-        self.park = NodePtr::NULL;
-        self.free_bytes -= n.size();
-        match self.hint.cut {
-            Cut::Whole => self.free_blocks -= 1,
-            Cut::Middle(..) => self.free_blocks += 1,
-            _ => {}
-        }
-        self.make_busy(n);
-        n.start()
-    }
-
-    /// Keeps the area `n` of the last allocation, just freed, aside: it
-    /// counts as free from now on.
-    #[inline(always)]
-    fn park(&mut self, n: NodePtr) {
-        self.park = n;
-        self.free_bytes += n.size();
-        match self.hint.cut {
-            Cut::Whole => self.free_blocks += 1,
-            Cut::Middle(..) => self.free_blocks -= 1,
-            _ => {}
-        }
-    }
-
-    /// Merges the parked area into the free tree, where its cut says: the
-    /// neighbours it touches are known, so only a whole block needs a
-    /// descent. The counters already count it free.
-    ///
-    /// The state is then the one before the parked allocation, where its
-    /// address `x` was the lowest fit for its request: so no fit for that
-    /// request lies below `x`, and the hint says so (floor `x`, and the free
-    /// block that starts at `x` when there is one). A larger request then
-    /// starts there, often without a search.
-    #[inline(never)]
-    fn unpark(&mut self) {
-        let p = self.park;
-        self.park = NodePtr::NULL;
-        let x = p.start();
-        self.hint.floor = x;
-        self.hint.block = NodePtr::NULL;
-        match self.hint.cut {
-            Cut::Whole => {
-                let m = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, p);
-                debug_assert_eq!(m, Merged::Inserted, "a whole block touched a free block");
-                self.hint.block = p;
-            }
-            Cut::Left(n) => {
-                n.set_start(x);
-                MaxAug::propagate(n, NodePtr::NULL);
-                self.pool.put(p);
-                self.hint.block = n;
-            }
-            Cut::Right(n) => {
-                n.set_end(p.end());
-                MaxAug::propagate(n, NodePtr::NULL);
-                self.pool.put(p);
-            }
-            Cut::Middle(l, n) => {
-                let s = l.start();
-                self.free.erase::<MaxAug>(l);
-                n.set_start(s);
-                MaxAug::propagate(n, NodePtr::NULL);
-                self.pool.put(l);
-                self.pool.put(p);
-            }
-        }
-    }
-
-    /// The parked area as the free blocks show it (merged with the blocks it
-    /// touches), and those tree nodes, which it replaces.
-    fn parked_view(&self) -> Option<(Area, [NodePtr; 2])> {
-        let p = self.park;
-        if p.is_null() {
-            return None;
-        }
-        let (s, e, hide) = match self.hint.cut {
-            Cut::Whole => (p.start(), p.end(), [NodePtr::NULL; 2]),
-            Cut::Left(n) => (p.start(), n.end(), [n, NodePtr::NULL]),
-            Cut::Right(n) => (n.start(), p.end(), [n, NodePtr::NULL]),
-            Cut::Middle(l, n) => (l.start(), n.end(), [l, n]),
-        };
-        Some((
-            Area {
-                start: s,
-                size: e - s,
-            },
-            hide,
-        ))
     }
 
     /// NE: `[x, xe)` from the middle of free block `n`. The block keeps the
@@ -1069,136 +959,6 @@ impl<P: PageSource> VmapArena<P> {
     pub fn lazy_ranges(&self) -> Blocks<'_> {
         Blocks::new(&self.lazy)
     }
-
-    /// Verifies every invariant: each tree is a valid red-black tree with
-    /// correct parent links; the free tree's subtree maxima are exact; each
-    /// set is in strict address order without overlap; no two free blocks
-    /// (nor two lazy ranges) touch, so all merges were made; free, busy and
-    /// lazy ranges together tile `[start, end)` exactly; the counters match;
-    /// every pool node is accounted for.
-    pub fn check(&self) -> core::result::Result<(), &'static str> {
-        let nf_tree = self.free.check_shape(true)?;
-        let parked = self.parked_view();
-        if let Some((_, hide)) = parked {
-            let h = &self.hint;
-            if h.align == 0 || h.x != self.park.start() || h.floor != self.park.end() {
-                return Err("the parked area is not the last allocation");
-            }
-            for n in hide.into_iter().filter(|n| !n.is_null()) {
-                if self.free.find_start(n.start()) != n {
-                    return Err("a neighbour of the parked area is not a free block");
-                }
-            }
-        }
-        // The parked area adds a block (a whole one), joins one, or joins two
-        // into one.
-        let nf = match (parked, self.hint.cut) {
-            (None, _) => nf_tree,
-            (Some(_), Cut::Whole) => nf_tree + 1,
-            (Some(_), Cut::Middle(..)) => nf_tree - 1,
-            (Some(_), _) => nf_tree,
-        };
-        let nb = self.busy.check_shape(false)? + self.young.iter().filter(|y| !y.is_null()).count();
-        let nl = self.lazy.check_shape(false)?;
-        if nf as u64 != self.free_blocks {
-            return Err("free block count is wrong");
-        }
-        if nb as u64 != self.busy_blocks {
-            return Err("busy block count is wrong");
-        }
-        if nl as u64 != self.lazy_nodes {
-            return Err("lazy node count is wrong");
-        }
-        for (t, merged, what) in [
-            (&self.free, true, "free"),
-            (&self.busy, false, "busy"),
-            (&self.lazy, true, "lazy"),
-        ] {
-            let mut sum = 0u64;
-            let mut last_end: Option<u64> = None;
-            let blocks = match what {
-                "busy" => self.areas(),
-                "free" => self.free_blocks(),
-                _ => Blocks::new(t),
-            };
-            for b in blocks {
-                if b.size == 0 {
-                    return Err("empty block");
-                }
-                if b.start < self.start || b.end() > self.end {
-                    return Err("block outside the arena");
-                }
-                if let Some(le) = last_end {
-                    if b.start < le {
-                        return Err("blocks out of order or overlapping");
-                    }
-                    if merged && b.start == le {
-                        return Err("two adjacent free (or lazy) blocks left unmerged");
-                    }
-                }
-                last_end = Some(b.end());
-                sum += b.size;
-            }
-            let want = match what {
-                "free" => self.free_bytes,
-                "busy" => self.busy_bytes,
-                _ => self.lazy_bytes,
-            };
-            if sum != want {
-                return Err("byte count is wrong");
-            }
-        }
-        // Free, busy and lazy tile the space: at every position exactly one
-        // of the three starts a block.
-        let mut it = [
-            self.free_blocks().peekable(),
-            self.areas().peekable(),
-            Blocks::new(&self.lazy).peekable(),
-        ];
-        let mut pos = self.start;
-        while pos < self.end {
-            let mut found = None;
-            for i in &mut it {
-                if let Some(b) = i.peek() {
-                    if b.start < pos {
-                        return Err("free, busy and lazy ranges overlap");
-                    }
-                    if b.start == pos {
-                        if found.is_some() {
-                            return Err("free, busy and lazy ranges overlap");
-                        }
-                        found = Some(b.end());
-                        i.next();
-                    }
-                }
-            }
-            pos = found.ok_or("space that is neither free, busy nor lazy")?;
-        }
-        if it.iter_mut().any(|i| i.peek().is_some()) {
-            return Err("blocks past the end");
-        }
-        if self.free.root.max_or_0() > self.free_bytes {
-            return Err("largest free block exceeds free bytes");
-        }
-        for (i, &y) in self.young.iter().enumerate() {
-            if !y.is_null()
-                && (young_slot(y.start()) != i || !self.busy.find_start(y.start()).is_null())
-            {
-                return Err("a nursery slot holds an area of another slot or of the busy tree");
-            }
-        }
-        let (total, _) = self.pool.footprint();
-        if self.pool.available() as u64
-            + nf_tree as u64
-            + u64::from(parked.is_some())
-            + self.busy_blocks
-            + self.lazy_nodes
-            != total as u64
-        {
-            return Err("tree nodes leaked or counted twice");
-        }
-        Ok(())
-    }
 }
 
 impl<P: PageSource> fmt::Debug for VmapArena<P> {
@@ -1208,134 +968,5 @@ impl<P: PageSource> fmt::Debug for VmapArena<P> {
             .field("end", &self.end)
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-/// Blocks of one of the arena's sets in address order.
-pub struct Blocks<'a> {
-    /// The next block of the tree from the front, and from the back (both
-    /// null when done).
-    front: NodePtr,
-    back: NodePtr,
-    /// Areas shown beside the tree's, sorted; `extra[lo..hi]` are still to
-    /// come: the nursery's (live areas), or the parked area merged with its
-    /// neighbours (free blocks).
-    extra: [Area; YOUNG],
-    lo: usize,
-    hi: usize,
-    /// Tree nodes not shown (the parked area's merged neighbours).
-    hide: [NodePtr; 2],
-    _arena: PhantomData<&'a ()>,
-}
-
-impl<'a> Blocks<'a> {
-    fn new(t: &'a Tree) -> Blocks<'a> {
-        Blocks {
-            front: t.first(),
-            back: t.last(),
-            extra: [Area { start: 0, size: 0 }; YOUNG],
-            lo: 0,
-            hi: 0,
-            hide: [NodePtr::NULL; 2],
-            _arena: PhantomData,
-        }
-    }
-
-    /// The tree's blocks merged with the nursery's areas.
-    fn with_young(t: &'a Tree, young: &[NodePtr; YOUNG]) -> Blocks<'a> {
-        let mut b = Self::new(t);
-        for &y in young.iter().filter(|y| !y.is_null()) {
-            b.extra[b.hi] = Self::area(y);
-            b.hi += 1;
-        }
-        b.extra[..b.hi].sort_unstable_by_key(|a| a.start);
-        b
-    }
-
-    fn area(n: NodePtr) -> Area {
-        Area {
-            start: n.start(),
-            size: n.size(),
-        }
-    }
-
-    /// Takes the tree's front block.
-    fn tree_next(&mut self) -> Area {
-        let n = self.front;
-        if n == self.back {
-            self.front = NodePtr::NULL;
-            self.back = NodePtr::NULL;
-        } else {
-            self.front = Tree::next(n);
-        }
-        Self::area(n)
-    }
-
-    /// Takes the tree's back block.
-    fn tree_next_back(&mut self) -> Area {
-        let n = self.back;
-        if n == self.front {
-            self.front = NodePtr::NULL;
-            self.back = NodePtr::NULL;
-        } else {
-            self.back = Tree::prev(n);
-        }
-        Self::area(n)
-    }
-}
-
-impl Blocks<'_> {
-    fn hidden(&self, n: NodePtr) -> bool {
-        !n.is_null() && (n == self.hide[0] || n == self.hide[1])
-    }
-}
-
-impl Iterator for Blocks<'_> {
-    type Item = Area;
-    fn next(&mut self) -> Option<Area> {
-        while self.hidden(self.front) {
-            self.tree_next();
-        }
-        let young = (self.lo < self.hi).then(|| self.extra[self.lo]);
-        match (self.front.is_null(), young) {
-            (true, None) => None,
-            (false, Some(y)) if y.start < self.front.start() => {
-                self.lo += 1;
-                Some(y)
-            }
-            (true, Some(y)) => {
-                self.lo += 1;
-                Some(y)
-            }
-            (false, _) => Some(self.tree_next()),
-        }
-    }
-}
-
-/// Blocks from the highest address down (`.rev()`).
-impl DoubleEndedIterator for Blocks<'_> {
-    fn next_back(&mut self) -> Option<Area> {
-        while self.hidden(self.back) {
-            self.tree_next_back();
-        }
-        let young = (self.lo < self.hi).then(|| self.extra[self.hi - 1]);
-        match (self.back.is_null(), young) {
-            (true, None) => None,
-            (false, Some(y)) if y.start > self.back.start() => {
-                self.hi -= 1;
-                Some(y)
-            }
-            (true, Some(y)) => {
-                self.hi -= 1;
-                Some(y)
-            }
-            (false, _) => Some(self.tree_next_back()),
-        }
-    }
-}
-
-impl fmt::Debug for Blocks<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Blocks").finish_non_exhaustive()
     }
 }
