@@ -465,7 +465,7 @@ impl<P: PageSource> VmapNodes<P> {
                     n.hits += 1;
                     x
                 }
-                None => self.refill(&mut n, c)?,
+                None => self.refill(&mut n, c, align)?,
             },
             // A larger alignment takes a cached range that happens to have
             // it (as Linux's node pools do), else the tree's lowest fit.
@@ -487,12 +487,15 @@ impl<P: PageSource> VmapNodes<P> {
     }
 
     /// Takes a batch of class-`c` ranges from the tree, keeps all but the
-    /// one returned.
+    /// one returned. The one returned is the tree's lowest fit at the
+    /// request's own alignment (a unit-aligned one may not exist when odd
+    /// sizes left the free blocks unaligned); the kept ones are unit-aligned,
+    /// as every cached range is.
     #[cold]
-    fn refill(&self, n: &mut LockGuard<'_, Node>, c: usize) -> Result<u64> {
+    fn refill(&self, n: &mut LockGuard<'_, Node>, c: usize, align: u64) -> Result<u64> {
         let size = (c as u64 + 1) * self.unit;
         let mut g = self.global.lock();
-        let x = g.alloc(size, self.unit)?;
+        let x = g.alloc(size, align)?;
         for _ in 1..BATCH {
             match g.alloc(size, self.unit) {
                 Ok(y) => {
@@ -585,17 +588,19 @@ impl<P: PageSource> VmapNodes<P> {
     }
 
     /// Puts the freed range `[x, x + size)` in node `n`'s cache, or back to
-    /// the tree; a full cache first drains a batch.
+    /// the tree; a full cache first drains a batch. Only unit-aligned
+    /// ranges are cached: a cache hit must satisfy any alignment up to the
+    /// unit.
     #[inline(always)]
     fn release(&self, n: &mut LockGuard<'_, Node>, x: u64, size: u64) {
         match self.class(size) {
-            Some(c) => {
+            Some(c) if x % self.unit == 0 => {
                 if !n.cache[c].push(x) {
                     self.drain_class(n, c);
                     n.cache[c].push(x);
                 }
             }
-            None => self.give_back(x, size),
+            _ => self.give_back(x, size),
         }
     }
 

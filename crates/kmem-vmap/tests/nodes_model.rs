@@ -231,3 +231,21 @@ fn bad_configs_are_refused() {
         Err(Error::BadConfig(_))
     ));
 }
+
+#[test]
+fn a_cached_size_fits_where_only_an_unaligned_start_is_free() {
+    // An odd-sized area at the start leaves the free space starting off
+    // the unit: a cached size at alignment 1 must still fit there (a refill
+    // at unit alignment would find nothing).
+    let end = START + 10 * UNIT + 5;
+    let arena = VmapArena::with_lazy_max(source(), START, end, LAZY_MAX).unwrap();
+    let v = VmapNodes::new(arena, 2, UNIT, Cpus::Fixed(0)).unwrap();
+    assert_eq!(v.alloc(5, 1), Ok(START));
+    assert_eq!(v.alloc(10 * UNIT, 1), Ok(START + 5));
+    v.check().unwrap();
+    // Freed, the unaligned range goes back to the tree, not to a cache (a
+    // cache hit must meet any alignment up to the unit).
+    assert_eq!(v.free(START + 5), Ok(10 * UNIT));
+    assert_eq!(v.stats().cached_ranges, 0);
+    v.check().unwrap();
+}

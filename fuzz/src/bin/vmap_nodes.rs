@@ -130,7 +130,12 @@ impl Run<'_> {
                 self.live.insert(x, size);
             }
             Err(Error::OutOfMemory { .. }) => {
-                assert!(!self.room(size, align), "failed with room left");
+                assert!(
+                    !self.room(size, align),
+                    "alloc({size}, {align}) failed with room left: {:?}, live {:?}",
+                    self.v.stats(),
+                    self.live
+                );
             }
             Err(Error::TooLarge { .. }) => {
                 assert!(size > self.end - self.start, "TooLarge for {size}");
