@@ -100,6 +100,17 @@ impl Progress {
         }
     }
 
+    /// Shows what the current step is doing now (a run inside a long case):
+    /// the bar's message becomes `step: what`; the line mode, which writes
+    /// one line per finished step, writes nothing for it.
+    pub fn detail(&self, what: &str) {
+        if let How::Bar(bar) = &self.how {
+            let msg = bar.message();
+            let step = msg.split(": ").next().unwrap_or("");
+            bar.set_message(format!("{step}: {what}"));
+        }
+    }
+
     /// Ends the bar (or writes the last step's line); a second call does nothing.
     pub fn finish(&self) {
         match &self.how {
@@ -158,6 +169,19 @@ mod tests {
     }
 
     #[test]
+    fn a_detail_shows_in_the_bar_message_after_the_step() {
+        let p = Progress::hidden();
+        p.set_steps(1);
+        p.step("larson");
+        p.detail("run 2/5, jemalloc");
+        p.detail("run 3/5, kmem");
+        let How::Bar(bar) = &p.how else {
+            panic!("a hidden progress is a bar")
+        };
+        assert_eq!(bar.message(), "larson: run 3/5, kmem");
+    }
+
+    #[test]
     fn one_line_per_finished_case() {
         let buf = Buf::default();
         let p = Progress::lines("core", Box::new(buf.clone()));
@@ -169,6 +193,13 @@ mod tests {
         let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
+        // Details inside a step add no line.
+        let p = Progress::lines("malloc", Box::new(buf.clone()));
+        p.step("larson");
+        p.detail("run 1/5, kmem");
+        p.finish();
+        let after = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(after.lines().count(), 3, "{after}");
         assert!(lines[0].starts_with("core: search done (1/2, "), "{text}");
         assert!(
             lines[1].starts_with("core: current_cpu done (2/2, "),

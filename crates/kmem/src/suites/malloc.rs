@@ -180,6 +180,8 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 if failed[i].is_some() {
                     continue;
                 }
+                ctx.progress
+                    .detail(&format!("run {}/{runs}, {}", r + 1, allocs[i].name));
                 let mut cmd = allocs[i].launched(&launcher, &exe);
                 cmd.args(args);
                 match kmem_sys::process::run_measured(&mut cmd) {
