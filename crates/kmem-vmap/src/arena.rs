@@ -1,7 +1,6 @@
 //! [`VmapArena`]: the single-threaded allocator (see the crate documentation).
 
 use core::fmt;
-use core::mem::MaybeUninit;
 
 use kmem_core::{Error, PageSource, Result};
 
@@ -10,6 +9,7 @@ use crate::rbtree::{Aug, MaxAug, NoAug, Tree};
 
 mod blocks;
 mod check;
+mod search;
 mod undo;
 
 pub use blocks::Blocks;
@@ -537,113 +537,6 @@ impl<P: PageSource> VmapArena<P> {
             return Err(Error::TooLarge { size, max: hi - lo });
         }
         Ok(())
-    }
-
-    /// Where `size` units aligned by `mask + 1` fit in free block `n`,
-    /// clipped to `[lo, hi)`.
-    #[inline(always)]
-    fn fit(n: NodePtr, size: u64, mask: u64, lo: u64, hi: u64) -> Option<u64> {
-        let s = n.start().max(lo);
-        let e = n.end().min(hi);
-        let x = s.checked_add(mask)? & !mask;
-        (x <= e && e - x >= size).then_some(x)
-    }
-
-    /// The lowest-address free block where the request fits, and the
-    /// address in it.
-    ///
-    /// First the plain descent guided by the augmentation: left while the
-    /// left subtree holds a block of at least `size` (and can reach past
-    /// `lo`), else this block, else right. Without alignment (or when blocks
-    /// and sizes are multiples of it) the block it reaches always fits and is
-    /// the answer: one descent, O(log n), no stack, no recursion. With
-    /// alignment a block of at least `size` may still miss once its start is
-    /// rounded up; then [`find_fit_exact`](Self::find_fit_exact) takes over.
-    ///
-    /// CONTEXT: `lo + size <= hi`, `mask + 1` a power of two.
-    #[inline]
-    fn find_fit(&self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
-        let mut n = self.free.root;
-        if n.is_null() || n.max() < size {
-            return None;
-        }
-        let lo_end = lo + size; // a block left of here ends too low
-        let hi_start = hi - size; // a block right of here starts too high
-        loop {
-            // `n`'s subtree holds a block of at least `size`.
-            let l = n.left();
-            if !l.is_null() && l.max() >= size && n.start() > lo_end {
-                n = l;
-                continue;
-            }
-            // Every block before `n` is in a subtree skipped for size or
-            // range, or is an ancestor that did not fit: `n` is the lowest
-            // candidate.
-            if let Some(x) = Self::fit(n, size, mask, lo, hi) {
-                return Some((n, x));
-            }
-            let r = n.right();
-            if !r.is_null() && r.max() >= size && n.end() < hi_start {
-                n = r;
-                continue;
-            }
-            break;
-        }
-        self.find_fit_exact(size, mask, lo, hi)
-    }
-
-    /// The exact search after a near miss: an in-order walk with an explicit
-    /// stack (depth at most the tree's height), skipping a subtree when its
-    /// largest block is under `size` or when the address span it covers
-    /// (known from the ancestors: between the end of the last block passed on
-    /// the left and the start of the last one passed on the right) holds no
-    /// aligned address with `size` units of room. Large alignments thus skip
-    /// whole subtrees; each block checked and missed costs O(1) amortised.
-    #[cold]
-    #[inline(never)]
-    fn find_fit_exact(&self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
-        let no_room = |lb: u64, ub: u64| -> bool {
-            let s = lb.max(lo);
-            let e = ub.min(hi);
-            match s.checked_add(mask) {
-                None => true,
-                Some(v) => {
-                    let x = v & !mask;
-                    x > e || e - x < size
-                }
-            }
-        };
-        if no_room(self.start, self.end) {
-            return None;
-        }
-        // A red-black tree of n nodes is at most 2 log2(n + 1) high: 128
-        // levels cover any tree that fits in memory. Left uninitialised: an
-        // entry is read only after it was written (below `sp`).
-        let mut stack = [const { MaybeUninit::<(NodePtr, u64)>::uninit() }; 128];
-        let mut sp = 0usize;
-        let mut cur = self.free.root;
-        let (mut lb, mut ub) = (self.start, self.end);
-        loop {
-            while !cur.is_null() && cur.max() >= size && !no_room(lb, ub) {
-                stack[sp].write((cur, ub));
-                sp += 1;
-                ub = cur.start();
-                cur = cur.left();
-            }
-            if sp == 0 {
-                return None;
-            }
-            sp -= 1;
-            // SAFETY: entries below the old `sp` were written by the loop above
-            // (each push writes `stack[sp]` before raising `sp`).
-            let (n, nub) = unsafe { stack[sp].assume_init() };
-            if let Some(x) = Self::fit(n, size, mask, lo, hi) {
-                return Some((n, x));
-            }
-            cur = n.right();
-            lb = n.end();
-            ub = nub;
-        }
     }
 
     /// Cuts `[x, x + size)` out of free block `n`: FL (the whole block), LE
