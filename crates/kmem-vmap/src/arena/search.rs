@@ -8,15 +8,22 @@ use kmem_core::PageSource;
 use super::VmapArena;
 use crate::node::NodePtr;
 
+/// Where `size` units aligned by `mask + 1` fit in `[s, e)` clipped to
+/// `[lo, hi)`: the lowest such address, if any.
+#[inline(always)]
+fn fit_in(s: u64, e: u64, size: u64, mask: u64, lo: u64, hi: u64) -> Option<u64> {
+    let s = s.max(lo);
+    let e = e.min(hi);
+    let x = s.checked_add(mask)? & !mask;
+    (x <= e && e - x >= size).then_some(x)
+}
+
 impl<P: PageSource> VmapArena<P> {
     /// Where `size` units aligned by `mask + 1` fit in free block `n`,
     /// clipped to `[lo, hi)`.
     #[inline(always)]
     pub(super) fn fit(n: NodePtr, size: u64, mask: u64, lo: u64, hi: u64) -> Option<u64> {
-        let s = n.start().max(lo);
-        let e = n.end().min(hi);
-        let x = s.checked_add(mask)? & !mask;
-        (x <= e && e - x >= size).then_some(x)
+        fit_in(n.start(), n.end(), size, mask, lo, hi)
     }
 
     /// The lowest-address free block where the request fits, and the
@@ -84,17 +91,7 @@ impl<P: PageSource> VmapArena<P> {
         lo: u64,
         hi: u64,
     ) -> Option<(NodePtr, u64)> {
-        let no_room = |lb: u64, ub: u64| -> bool {
-            let s = lb.max(lo);
-            let e = ub.min(hi);
-            match s.checked_add(mask) {
-                None => true,
-                Some(v) => {
-                    let x = v & !mask;
-                    x > e || e - x < size
-                }
-            }
-        };
+        let no_room = |lb: u64, ub: u64| fit_in(lb, ub, size, mask, lo, hi).is_none();
         if no_room(self.start, self.end) {
             return None;
         }
