@@ -7,11 +7,12 @@
 use core::ptr::NonNull;
 
 use kmem_core::sync::Ordering::{Acquire, Relaxed};
-use kmem_core::{Error, LockGuard, Result};
+use kmem_core::{Error, Result};
 
+use crate::cache::{Fast, Held};
 use crate::config::{Flags, Order, Strategy};
 use crate::frame::*;
-use crate::state::{free_error, CpuCache, PageAllocator, PerCpu, SLOT_ZERO};
+use crate::state::{free_error, PageAllocator, PerCpu};
 
 impl<'a> PageAllocator<'a> {
     // ----- single pages -----
@@ -38,53 +39,69 @@ impl<'a> PageAllocator<'a> {
         self.alloc_one(flags.zero(), order)
     }
 
-    /// The fast path: the CPU's cache slot of its next colour.
+    /// The fast path: the stack of the CPU's next colour in its cache, by a
+    /// restartable sequence where they run, else under the CPU's lock.
     #[inline]
     fn alloc_one(&self, zero: bool, order: Order) -> Result<NonNull<u8>> {
-        let pc = self.pcpu(self.cpu());
-        let colour = pc.next_colour.load(Relaxed) as usize & self.colour_mask;
+        let cpu = self.cpu();
+        let colour = self.pcpu(cpu).next_colour.load(Relaxed) as usize & self.colour_mask;
         if self.p.cache_on {
-            let mut g = pc.cache.lock();
-            if g.enabled {
-                if let Some((i, z)) = self.slot_pop(pc, &mut g, order.first(), colour, zero) {
-                    pc.hits.add_owned(1);
-                    pc.next_colour
-                        .store(((colour + 1) & self.colour_mask) as u32, Relaxed);
-                    drop(g);
-                    return Ok(self.hand_out(i, zero && !z));
+            let k = order.first() * self.p.ncolours + colour;
+            if let Fast::Done(i, on) = self.pop_fast(k) {
+                return Ok(self.cache_hit(on, i, colour, zero));
+            }
+            let h = self.hold(cpu);
+            if h.enabled {
+                if let Some(i) = self.pop_held(&h, k) {
+                    drop(h);
+                    return Ok(self.cache_hit(cpu, i, colour, zero));
                 }
             }
-            return self.alloc_slow(pc, Some(g), order, colour, zero);
+            return self.alloc_slow(cpu, Some(h), order, colour, zero);
         }
-        self.alloc_slow(pc, None, order, colour, zero)
+        self.alloc_slow(cpu, None, order, colour, zero)
+    }
+
+    /// Hands out frame `i`, just popped from CPU `cpu`'s stack of `colour`.
+    #[inline(always)]
+    fn cache_hit(&self, cpu: usize, i: usize, colour: usize, zero: bool) -> NonNull<u8> {
+        let pc = self.pcpu(cpu);
+        let f = self.frame(i);
+        let z = f.state() & ZERO != 0;
+        f.set_state(head_state(1, pc.bucket as usize));
+        pc.next_colour
+            .store(((colour + 1) & self.colour_mask) as u32, Relaxed);
+        self.hand_out(i, zero && !z)
     }
 
     /// A miss: the CPU's bucket (filling the cache while its lock is held),
     /// then other buckets, then (NUMA mode) the order the seed gives; then the
     /// per-CPU caches are flushed once and everything is tried again.
     ///
-    /// CONTEXT: `g` is the CPU's cache lock when the cache is on.
+    /// CONTEXT: `h` holds the CPU's cache when the cache is on.
     #[cold]
     #[inline(never)]
     fn alloc_slow(
         &self,
-        pc: &PerCpu,
-        mut g: Option<LockGuard<'_, CpuCache>>,
+        cpu: usize,
+        mut h: Option<Held<'_>>,
         order: Order,
         colour: usize,
         zero: bool,
     ) -> Result<NonNull<u8>> {
-        if g.as_ref().is_some_and(|g| !g.enabled) {
-            g = None; // paused: no cache to try or fill
+        let pc = self.pcpu(cpu);
+        if h.as_ref().is_some_and(|h| !h.enabled) {
+            h = None; // paused: no cache to try or fill
         }
-        if g.is_some() {
+        if let Some(h) = &h {
             pc.misses.add_owned(1);
+            self.note_fill(h);
         }
         for attempt in 0..3 {
-            if let Some((i, z, c)) = self.find_page(pc, g.as_deref_mut(), order, colour, zero) {
+            if let Some((i, z, c)) = self.find_page(pc, h.as_ref(), order, colour, zero) {
                 pc.next_colour
                     .store(((c + 1) & self.colour_mask) as u32, Relaxed);
-                drop(g);
+                drop(h);
                 return Ok(self.hand_out(i, zero && !z));
             }
             // Every bucket is empty: frames that have not joined yet come
@@ -93,7 +110,7 @@ impl<'a> PageAllocator<'a> {
                 continue;
             }
             if attempt < 2 && self.p.cache_on && self.cached_pages() > 0 {
-                drop(g.take()); // the flush takes every cache lock
+                drop(h.take()); // the flush holds every cache
                 self.flush_caches();
             } else {
                 break;
@@ -104,11 +121,11 @@ impl<'a> PageAllocator<'a> {
 
     /// Finds a page by the strategy of the mode. Returns (frame, zero, colour).
     ///
-    /// CONTEXT: `g` is the CPU's (enabled) cache lock, if any.
+    /// CONTEXT: `h` holds the CPU's (enabled) cache, if any.
     fn find_page(
         &self,
         pc: &PerCpu,
-        mut g: Option<&mut CpuCache>,
+        h: Option<&Held<'_>>,
         order: Order,
         colour: usize,
         zero: bool,
@@ -116,19 +133,21 @@ impl<'a> PageAllocator<'a> {
         let my = pc.bucket as usize;
         for (k, fl) in order.iter().enumerate() {
             if k > 0 {
-                if let Some(g) = g.as_deref_mut() {
-                    if let Some((i, z)) = self.slot_pop(pc, g, fl, colour, zero) {
-                        pc.hits.add_owned(1);
+                if let Some(h) = h {
+                    if let Some(i) = self.pop_held(h, fl * self.p.ncolours + colour) {
+                        let f = self.frame(i);
+                        let z = f.state() & ZERO != 0;
+                        f.set_state(head_state(1, my));
                         return Some((i, z, colour));
                     }
                 }
             }
-            if let Some(r) = self.take_from_bucket(pc, my, fl, colour, zero, g.as_deref_mut()) {
+            if let Some(r) = self.take_from_bucket(pc, my, fl, colour, zero, h) {
                 pc.bucket_allocs.add(1);
                 return Some(r);
             }
             if !self.p.numa {
-                if let Some(r) = self.steal(pc, g.as_deref_mut(), fl, colour, zero) {
+                if let Some(r) = self.steal(pc, h, fl, colour, zero) {
                     return Some(r);
                 }
             }
@@ -150,11 +169,11 @@ impl<'a> PageAllocator<'a> {
     /// bucket, the pages changing bucket as a free would move them, so that
     /// a CPU whose bucket ran dry does not take a remote lock for every page.
     ///
-    /// CONTEXT: `fill` is the CPU's cache lock.
+    /// CONTEXT: `fill` holds the CPU's cache.
     fn steal(
         &self,
         pc: &PerCpu,
-        mut fill: Option<&mut CpuCache>,
+        fill: Option<&Held<'_>>,
         fl: usize,
         colour: usize,
         zero: bool,
@@ -162,7 +181,7 @@ impl<'a> PageAllocator<'a> {
         let my = pc.bucket as usize;
         for k in 1..self.p.nb {
             let b = (my + k) % self.p.nb;
-            if let Some(r) = self.take_from_bucket(pc, b, fl, colour, zero, fill.as_deref_mut()) {
+            if let Some(r) = self.take_from_bucket(pc, b, fl, colour, zero, fill) {
                 pc.stolen.add(1);
                 return Some(r);
             }
@@ -174,7 +193,7 @@ impl<'a> PageAllocator<'a> {
     /// next non-empty one, and (with `fill`) tops up the CPU's cache while the
     /// lock is held. An empty bucket is skipped by its free count, unlocked.
     ///
-    /// CONTEXT: `fill` is the CPU's cache lock; `b` is the CPU's bucket, or
+    /// CONTEXT: `fill` holds the CPU's cache; `b` is the CPU's bucket, or
     /// (package mode, stealing) another whose pages then join the CPU's.
     #[inline]
     fn take_from_bucket(
@@ -184,7 +203,7 @@ impl<'a> PageAllocator<'a> {
         fl: usize,
         colour: usize,
         zero: bool,
-        fill: Option<&mut CpuCache>,
+        fill: Option<&Held<'_>>,
     ) -> Option<(usize, bool, usize)> {
         let nfree = &self.nfree[b][fl];
         if nfree.load(Relaxed) == 0 {
@@ -207,8 +226,8 @@ impl<'a> PageAllocator<'a> {
         self.unmark_listed(b, i);
         fr[i].set_state(head_state(1, b));
         let mut taken = 1;
-        if let Some(cache) = fill {
-            let pulled = self.fill(pc, &mut bg, cache, b, fl, c, zero, nfree.load(Relaxed) - 1);
+        if let Some(h) = fill {
+            let pulled = self.fill(pc, &mut bg, h, b, fl, c, zero, nfree.load(Relaxed) - 1);
             if b != pc.bucket as usize {
                 pc.stolen_to_cache.add(pulled as u64);
             }
@@ -254,28 +273,34 @@ impl<'a> PageAllocator<'a> {
         }
     }
 
+    /// A free: onto the freeing CPU's stack of the page's freelist and
+    /// colour (by a restartable sequence where they run, else under the
+    /// CPU's lock), spilling when that takes the stack above its bound; to a
+    /// bucket when the cache is off or paused, or (NUMA mode) the page's
+    /// home is another bucket.
     #[inline]
     fn free_one(&self, ptr: NonNull<u8>, zero: bool) -> Result<()> {
         let i = self.index_of(ptr)?;
         self.claim(i, 1, ptr.as_ptr() as u64)?;
-        let pc = self.pcpu(self.cpu());
+        let cpu = self.cpu();
+        let pc = self.pcpu(cpu);
         let my = pc.bucket as usize;
         let dest = if self.p.numa { self.home(i) } else { my };
         if self.p.cache_on && dest == my {
-            let mut g = pc.cache.lock();
-            if g.enabled {
-                let idx = self.freelist_of(i) * self.p.ncolours + self.colour_of(i);
-                let depth = self.p.depth;
-                if g.slot(idx, depth)[0] as usize == depth {
-                    self.spill(pc, &mut g, idx);
+            let k = self.freelist_of(i) * self.p.ncolours + self.colour_of(i);
+            self.frame(i).set_state(cached_state(my, zero));
+            if let Fast::Done(depth, _) = self.push_fast(k, i, cpu) {
+                if depth > pc.high.load(Relaxed) as usize {
+                    self.spill(cpu, k);
                 }
-                let s = g.slot(idx, depth);
-                let n = s[0] as usize + 1;
-                s[n] = i as u32 | if zero { SLOT_ZERO } else { 0 };
-                s[0] = n as u32;
-                self.frame(i).set_state(cached_state(my, zero));
-                pc.cached.store(pc.cached.load(Relaxed) + 1, Relaxed);
-                pc.cache_frees.add_owned(1);
+                return Ok(());
+            }
+            let h = self.hold(cpu);
+            if h.enabled {
+                if self.depth_of(cpu, k) >= pc.high.load(Relaxed) as usize {
+                    self.spill_held(&h, k);
+                }
+                self.push_held(&h, k, i, true);
                 return Ok(());
             }
         }
@@ -342,7 +367,9 @@ impl<'a> PageAllocator<'a> {
         self.p.ncolours
     }
 
-    /// Pages a per-CPU cache slot holds (one colour of one freelist).
+    /// Pages a per-CPU cache stack (one colour of one freelist) holds before
+    /// a free spills, at first; see [`Config::cache_max_bytes`](crate::Config::cache_max_bytes)
+    /// for how it grows.
     pub fn cache_depth(&self) -> usize {
         if self.p.cache_on {
             self.p.depth

@@ -204,13 +204,13 @@ impl<'a> PageAllocator<'a> {
         // provides, aligned as `layout` arranged, and the memory is
         // exclusively ours; values are written before any use.
         // SAFETY: as just said.
-        let (fr_ptr, listed_ptr, lists_ptr, pcpu_ptr, slots_ptr) = unsafe {
+        let (fr_ptr, listed_ptr, lists_ptr, pcpu_ptr, areas_ptr) = unsafe {
             (
                 m.add(l.frames).cast::<Frame>(),
                 m.add(l.listed).cast::<AtomicU64>(),
                 m.add(l.lists).cast::<ColourList>(),
                 m.add(l.pcpu).cast::<CachePadded<PerCpu>>(),
-                m.add(l.slots),
+                m.add(l.areas).cast::<AtomicU64>(),
             )
         };
         // With `grow`, the frame records and listed maps are written as
@@ -224,7 +224,7 @@ impl<'a> PageAllocator<'a> {
                 fr_ptr.add(i).write(Frame {
                     state: AtomicU32::new(0),
                     next: AtomicU32::new(NIL),
-                    prev: AtomicU32::new(NIL),
+                    link: AtomicU64::new(NIL as u64),
                 });
             }
             if !p.grow {
@@ -235,10 +235,14 @@ impl<'a> PageAllocator<'a> {
             for k in 0..p.nb * p.nfl * p.ncolours {
                 lists_ptr.add(k).write(ColourList::EMPTY);
             }
-            // Fresh memory (a reservation of ours) reads zero already:
-            // writing zeros would only make its pages resident.
-            if p.cache_on && !meta_fresh {
-                core::ptr::write_bytes(slots_ptr, 0, p.ncpus * l.slots_per_cpu);
+            // Every stack empty, no CPU taken. Fresh memory (a reservation
+            // of ours) reads zero already, and the words are plain 8-byte
+            // words outside loom: writing zeros would only make its pages
+            // resident.
+            if !meta_fresh || cfg!(loom) {
+                for w in 0..p.ncpus * l.area_words {
+                    areas_ptr.add(w).write(AtomicU64::new(0));
+                }
             }
         }
         let (_, shift) = fold_packages(topo.packages());
@@ -248,21 +252,20 @@ impl<'a> PageAllocator<'a> {
             } else {
                 topo.package_of(cpu) >> shift
             };
-            // SAFETY: as above; CPU `cpu`'s slots start at its own offset.
+            // SAFETY: as above.
             unsafe {
-                let slots =
-                    NonNull::new_unchecked(slots_ptr.add(cpu * l.slots_per_cpu).cast::<u32>());
                 pcpu_ptr.add(cpu).write(CachePadded(PerCpu {
                     cache: Lock::new(CpuCache {
                         enabled: p.cache_on,
-                        slots,
                     }),
-                    cached: AtomicUsize::new(0),
                     next_colour: AtomicU32::new(0),
                     bucket: bucket as u32,
-                    hits: Counter::new(),
+                    high: AtomicU32::new(p.depth as u32),
+                    spilled: AtomicU32::new(0),
+                    filled: Counter::new(),
+                    drained: Counter::new(),
+                    fills: Counter::new(),
                     misses: Counter::new(),
-                    cache_frees: Counter::new(),
                     bucket_allocs: Counter::new(),
                     stolen: Counter::new(),
                     stolen_to_cache: Counter::new(),
@@ -288,6 +291,17 @@ impl<'a> PageAllocator<'a> {
             listed: unsafe { NonNull::new_unchecked(listed_ptr) },
             // SAFETY: as above.
             pcpu: unsafe { NonNull::new_unchecked(pcpu_ptr) },
+            // SAFETY: as above.
+            areas: unsafe { NonNull::new_unchecked(areas_ptr) },
+            area_words: l.area_words,
+            #[cfg(feature = "os")]
+            fast: crate::cache::fast_layout(
+                &p,
+                cpus,
+                fr_ptr as usize,
+                areas_ptr as usize,
+                l.area_words,
+            ),
             buckets: core::array::from_fn(|b| {
                 let b = b.min(p.nb - 1);
                 CachePadded(Lock::new(BucketState {
@@ -354,7 +368,7 @@ impl PageAllocator<'_> {
                 self.frames.as_ptr().add(i).write(Frame {
                     state: AtomicU32::new(0),
                     next: AtomicU32::new(NIL),
-                    prev: AtomicU32::new(NIL),
+                    link: AtomicU64::new(NIL as u64),
                 });
             }
         }

@@ -1,75 +1,403 @@
-//! The per-CPU cache (NetBSD's `uvm_pgflcache`): slots of frames per
-//! freelist and colour, filled from and spilled to the CPU's bucket in
-//! batches under one bucket lock, paused and resumed at run time.
+//! The per-CPU cache (NetBSD's `uvm_pgflcache`): a stack of frames per
+//! freelist and colour, which a CPU's allocations and frees change without a
+//! lock where restartable sequences run; filled from and spilled to the
+//! CPU's bucket in batches under one bucket lock; paused and resumed at run
+//! time; its bound grows while the CPU cycles pages through its bucket.
+//!
+//! ```text
+//!   area of CPU c: `area_words` words of metadata, whole cache lines
+//!   word 0         taken: HELD while a thread holds the CPU's stacks (its
+//!                  lock), PAUSED while the cache is paused; sequences step
+//!                  aside while it is non-zero
+//!   word 1, 2      the hit and free counts at the last `reset_stats`
+//!   word 3         the activity `cool_caches` saw at its last look
+//!   word 4..8      spare
+//!   word 8 + 2k    top of stack k (k = freelist * colours + colour):
+//!                  (index of the top frame + 1) | depth << 32; 0 = empty
+//!   word 9 + 2k    pushes: frees ever made onto stack k
+//!
+//!   frame i, while CACHED: its `link` word holds the top below it
+//! ```
+//!
+//! With real CPUs on x86-64 Linux (glibc's rseq area registered, the
+//! membarrier fence available), a hit and a free on the CPU's own cache are
+//! the restartable sequences of `kmem_sys::rseq` over these words: the frame
+//! records play the sequences' pages (16 bytes each, link word at offset 8),
+//! so the sequences never touch a free page's memory. A hit is one pop, a
+//! free one push: no lock, no locked instruction, and a thread preempted or
+//! migrated in the middle restarts. Everything else holds the CPU's stacks
+//! ([`Held`]): a miss that fills from the bucket, a spill, a flush, a pause,
+//! `check`, a thread without rseq, and every operation with simulated CPUs
+//! or in a bare build (then the lock alone excludes). A holder sets `taken`,
+//! so that every later sequence on that CPU steps aside, and fences the CPU
+//! (`kmem_sys::rseq::fence_cpu`) so that none in flight can commit; a holder
+//! that runs on that CPU itself skips the fence: a sequence of another
+//! thread on it was preempted to let the holder run, and restarts.
+//!
+//! The hit and free counts are not counted on the fast path: a stack's
+//! push count, the pages filled into and drained out of a cache (under its
+//! lock) and the depths give them (`cache_hits`).
+//!
+//! **The bound.** A stack spills when a free takes it above the CPU's
+//! `high` pages: every stack of that freelist goes down to half of `high`.
+//! `high` starts at the configured depth (the seed's 7 pages per colour).
+//! When a CPU fills its cache from the bucket after having spilled since
+//! its last fill, its pages cycle through the bucket lock: the cache is too
+//! small for what the CPU works on, and `high` doubles, up to `max_depth`
+//! (Linux tunes its per-CPU page lists' `high` the same way since 6.7). A
+//! CPU whose cache saw no activity between two looks of the return policy
+//! drops back to the starting depth and gives its pages to its bucket
+//! (`cool_caches`), where the policy can give them back to the OS.
 
-use kmem_core::sync::Ordering::Relaxed;
-use kmem_core::Result;
+use core::ops::{Deref, DerefMut};
+
+#[cfg(feature = "os")]
+use kmem_core::sync::Ordering::SeqCst;
+use kmem_core::sync::{
+    AtomicU64,
+    Ordering::{Relaxed, Release},
+};
+#[cfg(feature = "os")]
+use kmem_core::Cpus;
+use kmem_core::{Error, LockGuard, Result};
 
 use crate::frame::*;
-use crate::state::{clear_bit, set_bit, BucketState, CpuCache, PageAllocator, PerCpu, SLOT_ZERO};
-use kmem_core::Error;
+#[cfg(feature = "os")]
+use crate::state::Params;
+use crate::state::{clear_bit, set_bit, BucketState, CpuCache, PageAllocator, PerCpu, AREA_HEADER};
+
+/// `taken`: a thread holds the CPU's stacks.
+#[cfg(feature = "os")]
+const HELD: u64 = 1;
+/// `taken`: the cache is paused.
+const PAUSED: u64 = 2;
+
+/// A stack's top: the top frame's index plus one, and the depth above bit
+/// 32 (the encoding of `kmem_sys::rseq`, which bare builds do without).
+#[inline(always)]
+const fn pack_top(i: u32, depth: usize) -> u64 {
+    (i as u64 + 1) | (depth as u64) << 32
+}
+
+/// The top frame of a packed top, `None` for an empty stack.
+#[inline(always)]
+pub(crate) const fn stack_index(top: u64) -> Option<u32> {
+    match top as u32 {
+        0 => None,
+        i => Some(i - 1),
+    }
+}
+
+/// The depth of a packed top.
+#[inline(always)]
+pub(crate) const fn stack_depth(top: u64) -> usize {
+    (top >> 32) as usize
+}
+
+/// What a restartable sequence did.
+#[cfg_attr(not(feature = "os"), allow(dead_code))]
+pub(crate) enum Fast {
+    /// Done on CPU `.1`: a pop's frame, a push's new depth.
+    Done(usize, usize),
+    /// A pop found the stack empty.
+    Empty,
+    /// No sequence ran (none in this allocator, no rseq area for the
+    /// thread, the CPU held or paused, another CPU than wanted): take the
+    /// lock.
+    Locked,
+}
+
+/// Where the sequences find the stacks, if they can run for this
+/// allocator: real CPUs, the cache on, x86-64 with rseq and the fence.
+#[cfg(feature = "os")]
+pub(crate) fn fast_layout(
+    p: &Params,
+    cpus: Cpus,
+    frames: usize,
+    areas: usize,
+    area_words: usize,
+) -> Option<kmem_sys::rseq::StackLayout> {
+    let sizes = core::mem::size_of::<Frame>() == 16 && core::mem::size_of::<AtomicU64>() == 8;
+    if cfg!(loom) || !sizes || !p.cache_on || !matches!(cpus, Cpus::Real) {
+        return None;
+    }
+    kmem_sys::rseq::fence_register().then_some(kmem_sys::rseq::StackLayout {
+        areas,
+        stride: area_words * 8,
+        units: p.ncpus,
+        pages: frames,
+        page_size: 16,
+        link: core::mem::offset_of!(Frame, link),
+    })
+}
+
+/// A CPU's stacks, held by the calling thread: the CPU's cache lock and,
+/// when sequences run, `taken` (cleared on drop, or left at PAUSED when the
+/// holder paused the cache).
+pub(crate) struct Held<'a> {
+    g: LockGuard<'a, CpuCache>,
+    pub(crate) cpu: usize,
+    taken: Option<&'a AtomicU64>,
+}
+
+impl Deref for Held<'_> {
+    type Target = CpuCache;
+    fn deref(&self) -> &CpuCache {
+        &self.g
+    }
+}
+
+impl DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut CpuCache {
+        &mut self.g
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.taken {
+            t.store(if self.g.enabled { 0 } else { PAUSED }, Release);
+        }
+        // The lock goes with `g`, after this.
+    }
+}
 
 impl PageAllocator<'_> {
-    /// Pops a page of colour `c` of freelist `fl` from the CPU's cache,
-    /// preferring a known-zero page when `zero`. Marks it allocated.
-    ///
-    /// CONTEXT: the CPU's cache lock.
+    // ----- the stacks -----
+
+    /// CPU `cpu`'s cache area.
     #[inline(always)]
-    pub(crate) fn slot_pop(
-        &self,
-        pc: &PerCpu,
-        g: &mut CpuCache,
-        fl: usize,
-        c: usize,
-        zero: bool,
-    ) -> Option<(usize, bool)> {
-        let s = g.slot(fl * self.p.ncolours + c, self.p.depth);
-        let n = s[0] as usize;
-        if n == 0 {
-            return None;
+    fn area(&self, cpu: usize) -> &[AtomicU64] {
+        debug_assert!(cpu < self.p.ncpus && self.area_words > 0);
+        // SAFETY: `ncpus` areas of `area_words` words were written at
+        // construction (with the cache on) and live with `self`.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.areas.as_ptr().add(cpu * self.area_words),
+                self.area_words,
+            )
         }
-        if zero && s[n] & SLOT_ZERO == 0 {
-            // Bring a known-zero page to the top if there is one.
-            if let Some(k) = (1..n).rev().find(|&k| s[k] & SLOT_ZERO != 0) {
-                s.swap(k, n);
-            }
-        }
-        let e = s[n];
-        s[0] = n as u32 - 1;
-        let i = (e & !SLOT_ZERO) as usize;
-        self.frame(i).set_state(head_state(1, pc.bucket as usize));
-        pc.cached.store(pc.cached.load(Relaxed) - 1, Relaxed);
-        Some((i, e & SLOT_ZERO != 0))
     }
 
-    /// Moves pages from the bucket into the CPU's cache: one per colour per
-    /// pass, starting with the colour after `c` (the order in which the CPU
-    /// will ask), each slot up to `depth - 1` (room for a free), until
-    /// `fill_target` pages moved. A bucket with no more than `fill_target`
-    /// pages left is not drawn on: its last pages stay for everyone. The
+    /// Stacks a CPU has: one per freelist and colour.
+    #[inline(always)]
+    fn stacks(&self) -> usize {
+        self.p.nfl * self.p.ncolours
+    }
+
+    #[inline(always)]
+    fn top(&self, cpu: usize, k: usize) -> &AtomicU64 {
+        &self.area(cpu)[AREA_HEADER + 2 * k]
+    }
+
+    /// Pages on stack `k` of CPU `cpu` (a racy read unless held).
+    #[inline(always)]
+    pub(crate) fn depth_of(&self, cpu: usize, k: usize) -> usize {
+        stack_depth(self.top(cpu, k).load(Relaxed))
+    }
+
+    /// Pages in CPU `cpu`'s cache (a racy read unless held).
+    pub(crate) fn cached_on(&self, cpu: usize) -> usize {
+        if !self.p.cache_on {
+            return 0;
+        }
+        (0..self.stacks()).map(|k| self.depth_of(cpu, k)).sum()
+    }
+
+    /// Frees ever pushed onto CPU `cpu`'s stacks.
+    fn pushes_on(&self, cpu: usize) -> u64 {
+        (0..self.stacks())
+            .map(|k| self.area(cpu)[AREA_HEADER + 1 + 2 * k].load(Relaxed))
+            .sum()
+    }
+
+    /// Pops ever made from CPU `cpu`'s stacks: what went in (frees and
+    /// fills) less what went out otherwise (drains) and what is there.
+    fn pops_on(&self, cpu: usize) -> u64 {
+        let pc = self.pcpu(cpu);
+        (self.pushes_on(cpu) + pc.filled.get())
+            .wrapping_sub(pc.drained.get())
+            .wrapping_sub(self.cached_on(cpu) as u64)
+    }
+
+    /// Allocations CPU `cpu`'s cache served since the last `reset_stats`,
+    /// and frees it took.
+    pub(crate) fn cache_counts(&self, cpu: usize) -> (u64, u64) {
+        if !self.p.cache_on {
+            return (0, 0);
+        }
+        let a = self.area(cpu);
+        (
+            self.pops_on(cpu).wrapping_sub(a[1].load(Relaxed)),
+            self.pushes_on(cpu).wrapping_sub(a[2].load(Relaxed)),
+        )
+    }
+
+    /// Starts CPU `cpu`'s hit and free counts again from zero.
+    pub(crate) fn reset_cache_counts(&self, cpu: usize) {
+        if self.p.cache_on {
+            let a = self.area(cpu);
+            a[1].store(self.pops_on(cpu), Relaxed);
+            a[2].store(self.pushes_on(cpu), Relaxed);
+        }
+    }
+
+    /// Takes CPU `cpu`'s stacks for the calling thread: its lock, then, when
+    /// sequences run, `taken` and (unless this thread runs on that CPU) the
+    /// fence, so that no sequence on that CPU commits until the returned
+    /// value is dropped.
+    #[inline]
+    pub(crate) fn hold(&self, cpu: usize) -> Held<'_> {
+        let g = self.pcpu(cpu).cache.lock();
+        #[cfg(feature = "os")]
+        if self.fast.is_some() {
+            let t = &self.area(cpu)[0];
+            t.store(HELD, SeqCst);
+            if kmem_sys::cpu::rseq_cpu_id() != Some(cpu as u32) {
+                kmem_sys::rseq::fence_cpu(cpu);
+            }
+            return Held {
+                g,
+                cpu,
+                taken: Some(t),
+            };
+        }
+        Held {
+            g,
+            cpu,
+            taken: None,
+        }
+    }
+
+    /// Pops stack `k` of the calling thread's CPU in a restartable sequence.
+    #[inline(always)]
+    pub(crate) fn pop_fast(&self, k: usize) -> Fast {
+        #[cfg(feature = "os")]
+        if let Some(l) = &self.fast {
+            // SAFETY: `l` describes this allocator's areas (alive with it),
+            // `taken` at offset 0 and stack k's top and push count at
+            // 64 + 16k, 16-aligned in 128-aligned areas; the words change
+            // only by these sequences or with the CPU held (`hold`); a
+            // stack's frames are records below `grown` (mapped metadata)
+            // whose link word holds the top below them; frame records are
+            // 16 bytes, a power of two.
+            return match unsafe { kmem_sys::rseq::stack_pop(l, 8 * (AREA_HEADER + 2 * k), 0, None) }
+            {
+                kmem_sys::rseq::Step::Done { value, cpu } => {
+                    Fast::Done((value - l.pages) >> 4, cpu)
+                }
+                kmem_sys::rseq::Step::Empty => Fast::Empty,
+                _ => Fast::Locked,
+            };
+        }
+        let _ = k;
+        Fast::Locked
+    }
+
+    /// Pushes frame `i` (claimed by the caller and recorded `CACHED`) onto
+    /// stack `k` of CPU `want` in a restartable sequence, if the calling
+    /// thread runs there.
+    #[inline(always)]
+    pub(crate) fn push_fast(&self, k: usize, i: usize, want: usize) -> Fast {
+        #[cfg(feature = "os")]
+        if let Some(l) = &self.fast {
+            // SAFETY: as in `pop_fast`; frame i is ours (claimed) and on no
+            // stack or list, so its link word may be written.
+            return match unsafe {
+                kmem_sys::rseq::stack_push(
+                    l,
+                    8 * (AREA_HEADER + 2 * k),
+                    l.pages + 16 * i,
+                    i as u32,
+                    Some(want),
+                )
+            } {
+                kmem_sys::rseq::Step::Done { value, cpu } => Fast::Done(value, cpu),
+                _ => Fast::Locked,
+            };
+        }
+        let _ = (k, i, want);
+        Fast::Locked
+    }
+
+    /// Stack `k`'s packed top on the held CPU.
+    pub(crate) fn top_word(&self, h: &Held<'_>, k: usize) -> u64 {
+        self.top(h.cpu, k).load(Relaxed)
+    }
+
+    /// Pops stack `k` of the held CPU.
+    #[inline]
+    pub(crate) fn pop_held(&self, h: &Held<'_>, k: usize) -> Option<usize> {
+        let w = self.top(h.cpu, k);
+        let i = stack_index(w.load(Relaxed))? as usize;
+        w.store(self.frame(i).link.load(Relaxed), Relaxed);
+        Some(i)
+    }
+
+    /// Pushes frame `i` onto stack `k` of the held CPU, counting a free when
+    /// `free`; returns the new depth.
+    #[inline]
+    pub(crate) fn push_held(&self, h: &Held<'_>, k: usize, i: usize, free: bool) -> usize {
+        let w = self.top(h.cpu, k);
+        let top = w.load(Relaxed);
+        self.frame(i).link.store(top, Relaxed);
+        let d = stack_depth(top) + 1;
+        w.store(pack_top(i as u32, d), Relaxed);
+        if free {
+            let p = &self.area(h.cpu)[AREA_HEADER + 1 + 2 * k];
+            p.store(p.load(Relaxed) + 1, Relaxed);
+        }
+        d
+    }
+
+    // ----- filling and spilling -----
+
+    /// A miss is about to fill the held CPU's cache: if it spilled since its
+    /// last fill, its pages cycle through the bucket, and its bound doubles
+    /// (up to `max_depth`).
+    ///
+    /// CONTEXT: the CPU held.
+    pub(crate) fn note_fill(&self, h: &Held<'_>) {
+        let pc = self.pcpu(h.cpu);
+        pc.fills.add_owned(1);
+        if pc.spilled.load(Relaxed) != 0 {
+            pc.spilled.store(0, Relaxed);
+            let high = pc.high.load(Relaxed) as usize;
+            pc.high
+                .store((2 * high).min(self.p.max_depth) as u32, Relaxed);
+        }
+    }
+
+    /// Moves pages from the bucket into the held CPU's cache: one per colour
+    /// per pass, starting with the colour after `c` (the order in which the
+    /// CPU will ask), each stack up to its bound less one (room for a free),
+    /// until half the cache's bound moved. A bucket with no more pages than
+    /// that left is not drawn on: its last pages stay for everyone. The
     /// pages join the CPU's bucket (`b` itself, or a bucket being stolen
     /// from in package mode). Returns the pages moved.
     ///
-    /// CONTEXT: the CPU's cache lock, then bucket `b`'s lock.
+    /// CONTEXT: the CPU held, then bucket `b`'s lock.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn fill(
         &self,
         pc: &PerCpu,
         bg: &mut BucketState,
-        cache: &mut CpuCache,
+        h: &Held<'_>,
         b: usize,
         fl: usize,
         c: usize,
         zero: bool,
         left: usize,
     ) -> usize {
-        if left <= self.p.fill_target {
+        let nc = self.p.ncolours;
+        let high = pc.high.load(Relaxed) as usize;
+        let target = (high * nc / 2).max(1);
+        if left <= target {
             return 0;
         }
         let fr = self.frames();
         let listed = self.listed(b);
         let owner = pc.bucket as usize;
-        let (nc, depth) = (self.p.ncolours, self.p.depth);
         let mut pulled = 0;
         'passes: loop {
             let before = pulled;
@@ -78,19 +406,18 @@ impl PageAllocator<'_> {
                 if bg.masks[fl] & (1 << col) == 0 {
                     continue;
                 }
-                let s = cache.slot(fl * nc + col, depth);
-                let n = s[0] as usize;
-                if n + 1 >= depth {
+                let s = fl * nc + col;
+                if self.depth_of(h.cpu, s) + 1 >= high {
                     continue;
                 }
                 let (j, z) = bg.take(fr, nc, fl, col, zero);
-                clear_bit(listed, j as usize);
-                let fresh = fr[j as usize].state() & FRESH;
-                fr[j as usize].set_state(cached_state(owner, z) | fresh);
-                s[n + 1] = j | if z { SLOT_ZERO } else { 0 };
-                s[0] = n as u32 + 1;
+                let j = j as usize;
+                clear_bit(listed, j);
+                let fresh = fr[j].state() & FRESH;
+                fr[j].set_state(cached_state(owner, z) | fresh);
+                self.push_held(h, s, j, false);
                 pulled += 1;
-                if pulled == self.p.fill_target {
+                if pulled == target {
                     break 'passes;
                 }
             }
@@ -98,34 +425,42 @@ impl PageAllocator<'_> {
                 break;
             }
         }
-        pc.cached.store(pc.cached.load(Relaxed) + pulled, Relaxed);
+        pc.filled.add_owned(pulled as u64);
         pulled
     }
 
-    /// A slot overflowed: every slot of its freelist gives back to the CPU's
-    /// bucket all pages above half its depth, under one lock acquisition.
+    /// A free took stack `k` of CPU `cpu` above its bound: every stack of
+    /// its freelist gives back to the CPU's bucket all pages above half the
+    /// bound, under one lock acquisition.
     ///
-    /// CONTEXT: the CPU's cache lock.
+    /// CONTEXT: no lock; holds the CPU.
     #[cold]
     #[inline(never)]
-    pub(crate) fn spill(&self, pc: &PerCpu, g: &mut CpuCache, idx: usize) {
-        let fl = idx / self.p.ncolours;
-        self.move_to_bucket(pc, g, fl..fl + 1, self.p.depth / 2);
+    pub(crate) fn spill(&self, cpu: usize, k: usize) {
+        let h = self.hold(cpu);
+        if h.enabled {
+            self.spill_held(&h, k);
+        }
     }
 
-    /// Moves every page above `keep` in the slots of freelists `fls` to the
-    /// CPU's bucket.
+    /// As [`spill`](Self::spill), for a CPU the caller holds.
+    #[cold]
+    pub(crate) fn spill_held(&self, h: &Held<'_>, k: usize) {
+        let pc = self.pcpu(h.cpu);
+        pc.spilled.store(1, Relaxed);
+        let fl = k / self.p.ncolours;
+        let keep = pc.high.load(Relaxed) as usize / 2;
+        self.move_to_bucket(h, fl..fl + 1, keep);
+    }
+
+    /// Moves every page above `keep` on the held CPU's stacks of freelists
+    /// `fls` to the CPU's bucket.
     ///
-    /// CONTEXT: the CPU's cache lock.
-    pub(crate) fn move_to_bucket(
-        &self,
-        pc: &PerCpu,
-        g: &mut CpuCache,
-        fls: core::ops::Range<usize>,
-        keep: usize,
-    ) {
+    /// CONTEXT: the CPU held.
+    pub(crate) fn move_to_bucket(&self, h: &Held<'_>, fls: core::ops::Range<usize>, keep: usize) {
+        let pc = self.pcpu(h.cpu);
         let b = pc.bucket as usize;
-        let (nc, depth) = (self.p.ncolours, self.p.depth);
+        let nc = self.p.ncolours;
         let fr = self.frames();
         let listed = self.listed(b);
         let mut bg = self.buckets[b].lock();
@@ -133,20 +468,20 @@ impl PageAllocator<'_> {
         for fl in fls {
             let (mut moved, mut joined) = (0, 0u64);
             for c in 0..nc {
-                let s = g.slot(fl * nc + c, depth);
-                let n = s[0] as usize;
-                if n <= keep {
+                let k = fl * nc + c;
+                if self.depth_of(h.cpu, k) <= keep {
                     continue;
                 }
                 let list = bg.list(fl, c, nc);
-                for &e in &s[keep + 1..=n] {
-                    let (j, z) = ((e & !SLOT_ZERO) as usize, e & SLOT_ZERO != 0);
-                    fr[j].set_state(free_state(b, z) | (fr[j].state() & FRESH));
+                while self.depth_of(h.cpu, k) > keep {
+                    let j = self.pop_held(h, k).expect("a stack above its depth");
+                    let st = fr[j].state();
+                    let z = st & ZERO != 0;
+                    fr[j].set_state(free_state(b, z) | (st & FRESH));
                     list.insert(fr, j as u32, z);
                     set_bit(listed, j);
+                    moved += 1;
                 }
-                s[0] = keep as u32;
-                moved += n - keep;
                 joined |= 1 << c;
             }
             bg.masks[fl] |= joined;
@@ -155,9 +490,10 @@ impl PageAllocator<'_> {
             moved_all += moved;
         }
         drop(bg);
-        pc.cached
-            .store(pc.cached.load(Relaxed) - moved_all, Relaxed);
+        pc.drained.add_owned(moved_all as u64);
     }
+
+    // ----- the whole cache -----
 
     /// Empties every CPU's cache into its bucket (caches stay enabled).
     pub fn flush_caches(&self) {
@@ -165,12 +501,38 @@ impl PageAllocator<'_> {
             return;
         }
         for cpu in 0..self.p.ncpus {
-            let pc = self.pcpu(cpu);
-            if pc.cached.load(Relaxed) == 0 {
+            if self.cached_on(cpu) == 0 {
                 continue;
             }
-            let mut g = pc.cache.lock();
-            self.move_to_bucket(pc, &mut g, 0..self.p.nfl, 0);
+            let h = self.hold(cpu);
+            self.move_to_bucket(&h, 0..self.p.nfl, 0);
+        }
+    }
+
+    /// Looks at the per-CPU caches: a CPU whose cache saw no hit, free or
+    /// fill since the previous look drops back to the starting bound and
+    /// gives its pages to its bucket (where the return policy can give them
+    /// back to the OS). [`maintain`](Self::maintain) looks every second; a
+    /// kernel calls this from a timer.
+    ///
+    /// CONTEXT: no cache or bucket lock (takes them).
+    pub fn cool_caches(&self) {
+        if !self.p.cache_on {
+            return;
+        }
+        for cpu in 0..self.p.ncpus {
+            let pc = self.pcpu(cpu);
+            let activity = self.pushes_on(cpu) + self.pops_on(cpu) + pc.fills.get();
+            if self.area(cpu)[3].swap(activity, Relaxed) != activity {
+                continue;
+            }
+            if self.cached_on(cpu) == 0 && pc.high.load(Relaxed) as usize == self.p.depth {
+                continue;
+            }
+            let h = self.hold(cpu);
+            pc.high.store(self.p.depth as u32, Relaxed);
+            pc.spilled.store(0, Relaxed);
+            self.move_to_bucket(&h, 0..self.p.nfl, 0);
         }
     }
 
@@ -182,10 +544,9 @@ impl PageAllocator<'_> {
         *depth += 1;
         if *depth == 1 && self.p.cache_on {
             for cpu in 0..self.p.ncpus {
-                let pc = self.pcpu(cpu);
-                let mut g = pc.cache.lock();
-                g.enabled = false;
-                self.move_to_bucket(pc, &mut g, 0..self.p.nfl, 0);
+                let mut h = self.hold(cpu);
+                h.enabled = false;
+                self.move_to_bucket(&h, 0..self.p.nfl, 0);
             }
         }
     }
@@ -200,7 +561,7 @@ impl PageAllocator<'_> {
         *depth -= 1;
         if *depth == 0 && self.p.cache_on {
             for cpu in 0..self.p.ncpus {
-                self.pcpu(cpu).cache.lock().enabled = true;
+                self.hold(cpu).enabled = true;
             }
         }
         Ok(())
@@ -218,7 +579,9 @@ impl PageAllocator<'_> {
     /// CPU's cache lock (several at once only here, in CPU order; nobody else
     /// holds two, so nobody waits for one while holding another), then the
     /// buckets in ascending order. Release with
-    /// [`fork_release`](Self::fork_release).
+    /// [`fork_release`](Self::fork_release). The restartable sequences go
+    /// on meanwhile: each commits with one store, so the child's copy of a
+    /// stack is one that some moment had.
     pub fn fork_prepare(&self) {
         core::mem::forget(self.release.lock());
         core::mem::forget(self.control.lock());
@@ -250,13 +613,19 @@ impl PageAllocator<'_> {
         }
     }
 
-    /// Pages in per-CPU caches.
-    pub fn cached_pages(&self) -> usize {
+    /// Pages a stack of CPU `cpu`'s cache holds now before a free spills:
+    /// between [`cache_depth`](Self::cache_depth) and the bound that
+    /// [`Config::cache_max_bytes`](crate::Config::cache_max_bytes) allows
+    /// (0 with the cache off; `cpu` is folded into the topology).
+    pub fn cache_bound(&self, cpu: usize) -> usize {
         if !self.p.cache_on {
             return 0;
         }
-        (0..self.p.ncpus)
-            .map(|c| self.pcpu(c).cached.load(Relaxed))
-            .sum()
+        self.pcpu(cpu % self.p.ncpus).high.load(Relaxed) as usize
+    }
+
+    /// Pages in per-CPU caches.
+    pub fn cached_pages(&self) -> usize {
+        (0..self.p.ncpus).map(|c| self.cached_on(c)).sum()
     }
 }

@@ -28,6 +28,7 @@ pub struct Config {
     pub(crate) numa: bool,
     pub(crate) cache: CacheMode,
     pub(crate) cache_bytes: Option<usize>,
+    pub(crate) cache_max_bytes: usize,
     pub(crate) limits: [usize; MAX_FREELISTS - 1],
     pub(crate) nlimits: usize,
     pub(crate) zeroed: Option<bool>,
@@ -40,6 +41,12 @@ pub struct Config {
 /// the 32 colours of a 2 MiB 16-way L2), as NetBSD's does.
 pub const CACHE_PAGES_PER_COLOUR: usize = 7;
 
+/// Bytes a CPU's cache may grow to per freelist by default when its CPU
+/// keeps cycling pages through its bucket (see [`Config::cache_max_bytes`]):
+/// 1 MiB, about what Linux's per-CPU page lists hold on a CPU of a large
+/// zone (`pcp->high`).
+pub const CACHE_MAX_BYTES: usize = 1 << 20;
+
 impl Default for Config {
     fn default() -> Config {
         Config {
@@ -47,6 +54,7 @@ impl Default for Config {
             numa: false,
             cache: CacheMode::Auto,
             cache_bytes: None,
+            cache_max_bytes: CACHE_MAX_BYTES,
             limits: [0; MAX_FREELISTS - 1],
             nlimits: 0,
             zeroed: None,
@@ -89,6 +97,22 @@ impl Config {
     /// the colours, with at least two pages per colour.
     pub fn cache_bytes(mut self, bytes: usize) -> Config {
         self.cache_bytes = Some(bytes);
+        self
+    }
+
+    /// Bytes each CPU's cache may grow to per freelist (default
+    /// [`CACHE_MAX_BYTES`]). A cache starts at [`cache_bytes`](Self::cache_bytes);
+    /// when its CPU fills it from the bucket after having spilled to the
+    /// bucket since the last fill (the CPU's pages cycle through the bucket
+    /// lock because the cache is too small for them), its bound doubles, up
+    /// to this size; a CPU whose cache saw no activity between two looks of
+    /// the return policy ([`PageAllocator::maintain`](crate::PageAllocator::maintain))
+    /// drops back to the starting size, its pages going to its bucket. At
+    /// most a quarter of the frames is ever allowed into caches, whatever
+    /// this says. A value at or below `cache_bytes` keeps the seed's fixed
+    /// cache.
+    pub fn cache_max_bytes(mut self, bytes: usize) -> Config {
+        self.cache_max_bytes = bytes;
         self
     }
 

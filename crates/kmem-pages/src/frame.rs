@@ -2,12 +2,15 @@
 //!
 //! ```text
 //!   Frame (16 bytes, in the metadata area, never in the page itself)
-//!   +--------------------------------+--------+--------+--------+
-//!   | state: len:24 | bkt:3 mark zero kind:3 |  next  |  prev  |  pad
-//!   +--------------------------------+--------+--------+--------+
+//!   +--------------------------------+--------+-----------------+
+//!   | state: len:24 | bkt:3 mark zero kind:3 |  next  |  link (64 bits) |
+//!   +--------------------------------+--------+-----------------+
+//!
+//!   link   FREE: the colour list's `prev` (its low 32 bits)
+//!          CACHED: the per-CPU stack's `top` below this frame (see `cache`)
 //!
 //!   kind   FREE    on the colour list (freelist, bucket `bkt`, colour)
-//!          CACHED  in a per-CPU cache slot of bucket `bkt`
+//!          CACHED  on a per-CPU cache stack of bucket `bkt`
 //!          HEAD    first frame of an allocation of `len` frames (from `bkt`)
 //!          TAIL    any other frame of an allocation
 //!          BUSY    being freed (between the validating CAS and the list insert)
@@ -29,7 +32,7 @@
 //! zeroed ones for requests that need them) and a zeroing request takes a
 //! zeroed one, both in O(1) without separate queues.
 
-use kmem_core::sync::{AtomicU32, Ordering::Relaxed};
+use kmem_core::sync::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// The end of a list.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -89,7 +92,11 @@ pub(crate) const fn head_state(len: usize, bucket: usize) -> u32 {
 pub(crate) struct Frame {
     pub(crate) state: AtomicU32,
     pub(crate) next: AtomicU32,
-    pub(crate) prev: AtomicU32,
+    /// The colour list's previous frame while `FREE` (low 32 bits), the
+    /// per-CPU stack's packed `top` below this frame while `CACHED`: one
+    /// 8-aligned word, which the restartable sequences of `kmem_sys::rseq`
+    /// read and write at its offset.
+    pub(crate) link: AtomicU64,
 }
 
 impl Frame {
@@ -101,6 +108,17 @@ impl Frame {
     #[inline(always)]
     pub(crate) fn set_state(&self, s: u32) {
         self.state.store(s, Relaxed)
+    }
+
+    /// The previous frame on its colour list.
+    #[inline(always)]
+    pub(crate) fn prev(&self) -> u32 {
+        self.link.load(Relaxed) as u32
+    }
+
+    #[inline(always)]
+    pub(crate) fn set_prev(&self, i: u32) {
+        self.link.store(i as u64, Relaxed)
     }
 }
 
@@ -127,10 +145,10 @@ impl ColourList {
     #[inline]
     fn push_head(&mut self, fr: &[Frame], i: u32) {
         let f = &fr[i as usize];
-        f.prev.store(NIL, Relaxed);
+        f.set_prev(NIL);
         f.next.store(self.head, Relaxed);
         if self.head != NIL {
-            fr[self.head as usize].prev.store(i, Relaxed);
+            fr[self.head as usize].set_prev(i);
         } else {
             self.tail = i;
         }
@@ -142,7 +160,7 @@ impl ColourList {
     fn push_tail(&mut self, fr: &[Frame], i: u32) {
         let f = &fr[i as usize];
         f.next.store(NIL, Relaxed);
-        f.prev.store(self.tail, Relaxed);
+        f.set_prev(self.tail);
         if self.tail != NIL {
             fr[self.tail as usize].next.store(i, Relaxed);
         } else {
@@ -167,14 +185,14 @@ impl ColourList {
     #[inline]
     pub(crate) fn unlink(&mut self, fr: &[Frame], i: u32, zero: bool) {
         let f = &fr[i as usize];
-        let (p, n) = (f.prev.load(Relaxed), f.next.load(Relaxed));
+        let (p, n) = (f.prev(), f.next.load(Relaxed));
         if p != NIL {
             fr[p as usize].next.store(n, Relaxed);
         } else {
             self.head = n;
         }
         if n != NIL {
-            fr[n as usize].prev.store(p, Relaxed);
+            fr[n as usize].set_prev(p);
         } else {
             self.tail = p;
         }
@@ -252,7 +270,7 @@ mod tests {
             .map(|_| Frame {
                 state: AtomicU32::new(0),
                 next: AtomicU32::new(NIL),
-                prev: AtomicU32::new(NIL),
+                link: AtomicU64::new(NIL as u64),
             })
             .collect()
     }
@@ -262,7 +280,7 @@ mod tests {
         let mut i = l.head;
         let mut prev = NIL;
         while i != NIL {
-            assert_eq!(fr[i as usize].prev.load(Relaxed), prev);
+            assert_eq!(fr[i as usize].prev(), prev);
             v.push(i);
             prev = i;
             i = fr[i as usize].next.load(Relaxed);

@@ -13,8 +13,9 @@
 //!    |       +- colour[c]    list of free frames: dirty ... | ... zeroed
 //!    |
 //!    +- cpu[n]               one record per CPU of the Topology, own lines
-//!    |     lock, next colour, bucket, counters
-//!    |     slot[f][c]        up to `depth` cached frames (the per-CPU cache)
+//!    |     lock, next colour, bucket, bound, counters
+//!    |     stack[f][c]       cached frames linked through their records
+//!    |                       (the per-CPU cache; restartable sequences)
 //!    |
 //!    +- frame[i]             16-byte record per page frame, apart from the
 //!                            pages: state | bucket | zero flag, list links
@@ -33,12 +34,20 @@
 //! kmem-sys with `os` ([`PageAllocator::new`]), or a caller's buffer
 //! ([`PageAllocator::from_buffer`]) or another [`PageSource`]
 //! ([`PageAllocator::from_source`]) in `no_std`. The metadata (frame records,
-//! a listed bitmap per bucket, colour lists, per-CPU records and slots) comes from the same
+//! a listed bitmap per bucket, colour lists, per-CPU records and cache stacks) comes from the same
 //! place, never from a global heap.
+//!
+//! **The per-CPU cache scales.** Where restartable sequences run (real
+//! CPUs on x86-64 Linux with glibc's rseq area), a hit is one pop and a free
+//! one push on the CPU's own stack: no lock and no locked instruction. The
+//! lock of a CPU's cache is taken on a miss (a batch from the bucket), a
+//! spill (a batch back), and by whoever works on another CPU's stacks (they
+//! fence that CPU first); with simulated CPUs and in bare builds it is taken
+//! for every cache operation. See the `cache` module.
 //!
 //! # Policy
 //!
-//! - **Allocating one page** on CPU n, next colour c: the slot `[0][c]` of
+//! - **Allocating one page** on CPU n, next colour c: the stack `[0][c]` of
 //!   n's cache; on a miss, n's bucket, colour c or the next non-empty one
 //!   (found in a 64-bit mask of non-empty colours), and while that bucket's
 //!   lock is held the cache is topped up for the colours n will ask for next
@@ -51,15 +60,20 @@
 //!   before any other bucket. The CPU's next colour becomes the one it got,
 //!   plus one: consecutive allocations rotate through the colours.
 //! - **Freeing one page**: into the freeing CPU's cache (its bucket's pages);
-//!   a full slot first spills every slot of its freelist down to half, under
-//!   one bucket lock. The page thereby moves to the bucket of the CPU that
+//!   a stack taken above the CPU's bound spills every stack of its freelist
+//!   down to half the bound, under one bucket lock. The bound starts at the
+//!   configured depth and doubles (up to [`Config::cache_max_bytes`]) each
+//!   time the CPU fills its cache after having spilled since its last fill;
+//!   an idle CPU's cache goes back to its bucket
+//!   ([`PageAllocator::cool_caches`]). The page thereby moves to the bucket of the CPU that
 //!   last used it (the seed's L2/L3 strategy). In NUMA mode a page always goes
 //!   back to its home bucket: the cache if that is the CPU's, else the home
 //!   bucket's list.
 //! - **Zeroed pages**: a page freed as known zero keeps the flag, at the tail
-//!   of its colour list (and with a flag bit in a cache slot); `ZERO` requests
+//!   of its colour list (and in its record while cached); `ZERO` requests
 //!   take from the tail and clear only pages not known zero; other requests
 //!   take from the head and so leave the zeroed pages for those that want them.
+//!   A cache hit takes the top of the stack, zeroing it unless known zero.
 //! - **Runs** of contiguous frames come from a word-at-a-time search of the
 //!   union of the buckets' listed bitmaps with every bucket lock held (a slower path); frames in caches are not
 //!   eligible, so a failed search flushes the caches and tries once more.
@@ -72,7 +86,7 @@
 //! # Invariants (verified by [`PageAllocator::check`])
 //!
 //! - A frame is in exactly one place: on the colour list of its freelist, its
-//!   colour and the bucket in its state (`FREE`); in one cache slot of its
+//!   colour and the bucket in its state (`FREE`); on one cache stack of its
 //!   freelist and colour of a CPU of that bucket (`CACHED`); or allocated, as
 //!   the `HEAD` of a run of `len` frames or one of its `TAIL`s.
 //! - A frame's bit is set in the listed map of bucket b exactly when it is
@@ -80,7 +94,8 @@
 //! - `nfree[b][f]` is the length of bucket b's lists of freelist f; bit c of
 //!   `masks[f]` is set exactly when list c is non-empty; a list's zeroed
 //!   frames are its last `nzero` ones.
-//! - A cache holds only its CPU's bucket's frames and at most `depth` per slot.
+//! - A cache holds only its CPU's bucket's frames; a stack's depth is what its
+//!   top says, counting down by one per frame to an empty end.
 //! - In NUMA mode every free frame is in its home bucket.
 //!
 //! # Locking
@@ -88,9 +103,12 @@
 //! - A bucket's lock guards its colour lists and masks, the `FREE` states
 //!   and listed bitmap, the `FREE` states of its frames, and the writes of
 //!   its `nfree`.
-//! - A CPU's cache lock guards its slots and the `CACHED` states in them. A
-//!   thread may move CPUs at any moment: correctness never depends on it,
-//!   only the locks' privacy does.
+//! - A CPU's stacks change only by restartable sequences on that CPU (which
+//!   commit with one store and restart if preempted) or by a holder of the
+//!   CPU's cache lock that has set the CPU's `taken` word, after which every
+//!   sequence there steps aside (and fenced the CPU, unless it runs there). A
+//!   thread may move CPUs at any moment: a sequence reads the CPU inside
+//!   itself, and a free pushes only on the CPU whose bucket it chose.
 //! - Order: the control lock (pause), then a CPU's cache lock, then bucket
 //!   locks, several of them only in ascending order (runs, check). No two
 //!   cache locks are ever held together.
@@ -130,7 +148,7 @@ mod stats;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use config::{CacheMode, Config, Flags, Strategy, CACHE_PAGES_PER_COLOUR};
+pub use config::{CacheMode, Config, Flags, Strategy, CACHE_MAX_BYTES, CACHE_PAGES_PER_COLOUR};
 pub use frame::{FrameInfo, FrameState};
 #[cfg(feature = "os")]
 pub use global::GlobalPages;

@@ -8,11 +8,11 @@
 //! loom thread-local, so loom explores the interleavings of the code as it
 //! runs: `pause_cache` (control lock, then each CPU's cache lock, drain into
 //! the bucket), `resume_cache`, `alloc_one` (cache hit, or the slow path with
-//! its fill) and `free_one` (claim, cache slot or bucket, spill).
+//! its fill) and `free_one` (claim, cache stack or bucket, spill).
 //!
 //! The allocator is as small as the paths allow: 8 frames of the OS page
 //! size, one package (one bucket), two simulated CPUs (so the cache is on),
-//! one colour, a cache of 2 pages a slot topped up one page at a time. The
+//! one colour, a cache of 2 pages a stack topped up one page at a time. The
 //! number of operations is tiny, and preemptions are bounded where loom's
 //! search would not finish otherwise (see [`model`] and each test).
 //!
@@ -49,7 +49,7 @@ fn model(bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
 
 /// The modelled allocator: `FRAMES` frames over reserved address space,
 /// one bucket shared by two simulated CPUs (`CacheMode::Auto` turns the
-/// cache on), one colour, two pages a slot, one page moved per fill.
+/// cache on), one colour, two pages a stack, one page moved per fill.
 fn allocator() -> PageAllocator<'static> {
     let topo = Topology::uniform(2, 1, 1).unwrap();
     let page = kmem_sys::page_size();

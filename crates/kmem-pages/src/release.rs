@@ -17,7 +17,9 @@
 //! ```
 //!
 //! Only frames on the buckets' lists are given back: a per-CPU cache holds
-//! a few pages a CPU (its depth times the colours) that its CPU takes next.
+//! the pages its CPU takes next (its bound times the colours, at most
+//! `Config::cache_max_bytes`); a cache that saw no activity between two
+//! looks (every second, from `maintain`) is emptied into its bucket.
 //! The clock is read by whoever calls [`maintain`](PageAllocator::maintain)
 //! (kmem-nta does every 100 ms from its slow paths) and when frees of runs
 //! have put more than the policy's smallest limit back since the last look.
@@ -34,6 +36,12 @@ use crate::frame::*;
 use crate::state::Release;
 use crate::state::{BucketState, PageAllocator};
 use crate::MAX_BUCKETS;
+
+/// How often [`maintain`](PageAllocator::maintain) looks at the per-CPU
+/// caches (`cool_caches`): a CPU idle for one to two of these gives its
+/// cache back to its bucket.
+#[cfg(feature = "os")]
+const COOL_NS: u64 = 1_000_000_000;
 
 type Guards<'a> = [Option<LockGuard<'a, BucketState>>; MAX_BUCKETS];
 
@@ -99,6 +107,10 @@ impl PageAllocator<'_> {
         #[cfg(feature = "os")]
         if let Some(mut r) = self.release.try_lock() {
             let now = kmem_sys::clock::coarse_ns();
+            if now.saturating_sub(r.cooled) >= COOL_NS {
+                r.cooled = now;
+                self.cool_caches();
+            }
             self.apply(&mut r, now, false);
         }
     }

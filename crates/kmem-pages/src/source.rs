@@ -23,7 +23,7 @@ use crate::state::PageAllocator;
 
 // SAFETY: every page handed out is a frame of the region this allocator owns,
 // `page_size` bytes long, readable and writable; a frame is handed out only
-// from a colour list or a cache slot, which it then leaves (and the listed maps
+// from a colour list or a cache stack, which it then leaves (and the listed maps
 // and its HEAD/TAIL state say so) until it is freed, so no two live
 // allocations overlap; runs are aligned by the address-based search.
 unsafe impl PageSource for PageAllocator<'_> {

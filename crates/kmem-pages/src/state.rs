@@ -1,5 +1,5 @@
 //! The allocator's state and geometry: the `PageAllocator` value, its
-//! buckets, per-CPU records and caches' slots, the parameters a
+//! buckets, per-CPU records and caches' areas, the parameters a
 //! configuration gives and the metadata layout, and the helpers every path
 //! uses (frame records, listed maps, colours, freelists, addresses). The
 //! bottom layer of the crate: it names only `frame` and `config`.
@@ -7,7 +7,7 @@
 //! ```text
 //!   frame, config          records, colour lists; construction parameters
 //!   state                  this file
-//!   cache                  the per-CPU caches (slot pop, fill, spill, flush)
+//!   cache                  the per-CPU caches (stacks, sequences, fill, spill, flush, the bound)
 //!   build                  constructors, growth on demand
 //!   alloc                  single pages: cache, own bucket, stealing
 //!   run                    contiguous runs
@@ -113,22 +113,30 @@ impl BucketState {
     }
 }
 
-/// What each CPU owns, on its own cache lines.
+/// What each CPU owns, on its own cache lines. Its cache's stacks live in
+/// metadata memory (`PageAllocator::area`), apart from this record.
 pub(crate) struct PerCpu {
-    /// A spin lock: its CPU takes it on every operation, others almost never.
+    /// A spin lock: its CPU takes it on a miss, a spill and (without
+    /// restartable sequences) every operation; others almost never.
     pub(crate) cache: Lock<CpuCache>,
-    /// Pages in the cache (written under the lock, read by anyone).
-    pub(crate) cached: AtomicUsize,
     /// The colour the next allocation on this CPU tries first.
     pub(crate) next_colour: AtomicU32,
     /// The CPU's bucket (its package's, or its node's in NUMA mode).
     pub(crate) bucket: u32,
-    /// Allocations served by the cache (written under the cache lock).
-    pub(crate) hits: Counter,
+    /// Pages a stack of this cache holds before a free spills (between the
+    /// configured depth and `Params::max_depth`; see `cache`).
+    pub(crate) high: AtomicU32,
+    /// This cache spilled since its last fill (under the cache lock).
+    pub(crate) spilled: AtomicU32,
+    /// Pages moved into the stacks by fills, and out of them by spills,
+    /// flushes and pauses (under the cache lock; never reset).
+    pub(crate) filled: Counter,
+    pub(crate) drained: Counter,
+    /// Fills so far (under the cache lock; never reset), and the count the
+    /// return policy saw at its last look (`cool_caches`).
+    pub(crate) fills: Counter,
     /// Allocations the cache could not serve (under the cache lock).
     pub(crate) misses: Counter,
-    /// Frees into the cache (under the cache lock).
-    pub(crate) cache_frees: Counter,
     /// Pages taken from the CPU's own bucket on a miss.
     pub(crate) bucket_allocs: Counter,
     /// Pages taken from another bucket (stolen) for an allocation.
@@ -157,6 +165,15 @@ pub struct PageAllocator<'a> {
     /// Per bucket, a bitmap of the frames on its colour lists.
     pub(crate) listed: NonNull<AtomicU64>,
     pub(crate) pcpu: NonNull<CachePadded<PerCpu>>,
+    /// The per-CPU caches' stacks: CPU c's area is `area_words` words from
+    /// `areas + c * area_words` (see `cache`).
+    pub(crate) areas: NonNull<AtomicU64>,
+    pub(crate) area_words: usize,
+    /// Where the restartable sequences find the stacks, when they run
+    /// (real CPUs, x86-64 Linux with glibc's rseq area and the membarrier
+    /// fence); `None`: every cache operation takes the CPU's lock.
+    #[cfg(feature = "os")]
+    pub(crate) fast: Option<kmem_sys::rseq::StackLayout>,
     // The buckets: one lock each, and free counts read without the lock.
     pub(crate) buckets: [CachePadded<Lock<BucketState>>; MAX_BUCKETS],
     pub(crate) nfree: [CachePadded<[AtomicUsize; MAX_FREELISTS]>; MAX_BUCKETS],
@@ -356,6 +373,9 @@ pub(crate) struct Release {
     /// Purges so far, and frames they gave back.
     pub(crate) purges: u64,
     pub(crate) purged: u64,
+    /// When `maintain` last looked at the per-CPU caches (ns).
+    #[cfg_attr(not(feature = "os"), allow(dead_code))]
+    pub(crate) cooled: u64,
 }
 
 impl Release {
@@ -364,12 +384,10 @@ impl Release {
             decay: Decay::new(ReturnPolicy::DEFAULT),
             purges: 0,
             purged: 0,
+            cooled: 0,
         }
     }
 }
-
-/// Longest per-CPU slot (pages of one colour).
-const MAX_DEPTH: usize = 64;
 
 /// Where the frames and the metadata came from, and what gives them back.
 pub(crate) enum Backing<'a> {
@@ -401,8 +419,12 @@ pub(crate) struct Params {
     pub(crate) numa: bool,
     pub(crate) ncpus: usize,
     pub(crate) cache_on: bool,
+    /// Pages a cache stack holds before a free spills, at first (the
+    /// configured cache size over the colours).
     pub(crate) depth: usize,
-    pub(crate) fill_target: usize,
+    /// The most a stack's bound may grow to when its CPU keeps cycling
+    /// pages through its bucket (`Config::cache_max_bytes`).
+    pub(crate) max_depth: usize,
     pub(crate) zeroed: bool,
     /// Frames join as needed (see `Config::grow_on_demand`).
     pub(crate) grow: bool,
@@ -415,8 +437,9 @@ pub(crate) struct Layout {
     pub(crate) listed: usize,
     pub(crate) lists: usize,
     pub(crate) pcpu: usize,
-    pub(crate) slots: usize,
-    pub(crate) slots_per_cpu: usize,
+    pub(crate) areas: usize,
+    /// Words of one CPU's cache area (0 with the cache off).
+    pub(crate) area_words: usize,
     pub(crate) total: usize,
 }
 
@@ -468,7 +491,12 @@ impl Params {
             Some(bytes) => (bytes / page_size).max(2),
             None => crate::config::CACHE_PAGES_PER_COLOUR * ncolours,
         };
-        let depth = budget.div_ceil(ncolours).clamp(2, MAX_DEPTH);
+        let depth = budget.div_ceil(ncolours).max(2);
+        // The bound may grow up to the configured maximum, but all caches
+        // together never to more than a quarter of the frames.
+        let max_budget = (config.cache_max_bytes / page_size).max(budget);
+        let share = npages / 4 / (ncpus * (l.len() + 1) * ncolours).max(1);
+        let max_depth = max_budget.div_ceil(ncolours).min(share).max(depth);
         Ok(Params {
             page_size,
             npages,
@@ -481,7 +509,7 @@ impl Params {
             ncpus,
             cache_on,
             depth,
-            fill_target: (budget / 2).max(1),
+            max_depth,
             zeroed: config.zeroed.unwrap_or(default_zeroed),
             grow: {
                 let g = config.grow.unwrap_or(default_grow);
@@ -512,12 +540,18 @@ impl Params {
             lists + self.nb * self.nfl * self.ncolours * core::mem::size_of::<ColourList>(),
             META_ALIGN,
         );
-        let slots = up(
+        let areas = up(
             pcpu + self.ncpus * core::mem::size_of::<CachePadded<PerCpu>>(),
             META_ALIGN,
         );
-        let slots_per_cpu = if self.cache_on {
-            up(self.nfl * self.ncolours * (self.depth + 1) * 4, META_ALIGN)
+        // Per CPU: a header (`taken`, colder words), then a stack's top and
+        // push count per freelist and colour; whole cache lines a CPU.
+        let word = core::mem::size_of::<AtomicU64>();
+        let area_words = if self.cache_on {
+            up(
+                (AREA_HEADER + 2 * self.nfl * self.ncolours) * word,
+                META_ALIGN,
+            ) / word
         } else {
             0
         };
@@ -526,9 +560,9 @@ impl Params {
             listed,
             lists,
             pcpu,
-            slots,
-            slots_per_cpu,
-            total: slots + self.ncpus * slots_per_cpu,
+            areas,
+            area_words,
+            total: areas + self.ncpus * area_words * word,
         }
     }
 }
@@ -544,32 +578,13 @@ pub(crate) fn fold_packages(packages: usize) -> (usize, u32) {
     (n, shift)
 }
 
-/// A slot entry's flag bit: the page is known zero.
-pub(crate) const SLOT_ZERO: u32 = 1 << 31;
+/// Words before the stacks in a CPU's cache area (see `cache`).
+pub(crate) const AREA_HEADER: usize = 8;
 
-/// One CPU's cache: `nfl * ncolours` slots of `depth` frame indexes each.
+/// What a CPU's cache lock guards besides the stacks: whether the cache
+/// runs (false while paused).
 pub(crate) struct CpuCache {
     pub(crate) enabled: bool,
-    /// Slots in metadata memory: per slot a count, then `depth` entries.
-    pub(crate) slots: NonNull<u32>,
-}
-
-// SAFETY: `slots` points at this CPU's own slots; only the holder of the
-// CPU's cache lock touches them.
-unsafe impl Send for CpuCache {}
-
-impl CpuCache {
-    /// Slot `(fl, c)` as `[count, entries...]` of `depth + 1` words.
-    ///
-    /// CONTEXT: the CPU's cache lock.
-    #[inline(always)]
-    pub(crate) fn slot(&mut self, idx: usize, depth: usize) -> &mut [u32] {
-        // SAFETY: idx < nfl * ncolours, so the slot lies inside this CPU's
-        // slot area; exclusive through the lock guard.
-        unsafe {
-            core::slice::from_raw_parts_mut(self.slots.as_ptr().add(idx * (depth + 1)), depth + 1)
-        }
-    }
 }
 
 /// Sets bit `i` of a listed map: kmem-core's bitmap over relaxed atomic

@@ -5,9 +5,9 @@ use core::fmt;
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::LockStats;
 
+use crate::cache::{stack_depth, stack_index};
 use crate::frame::*;
 use crate::state::PageAllocator;
-use crate::state::SLOT_ZERO;
 use crate::{MAX_BUCKETS, MAX_FREELISTS};
 
 /// A snapshot of an allocator's counters (each exact; together a moment
@@ -91,18 +91,15 @@ impl PageAllocator<'_> {
         }
         for c in 0..self.p.ncpus {
             let pc = self.pcpu(c);
-            s.cached_pages += if self.p.cache_on {
-                pc.cached.load(Relaxed)
-            } else {
-                0
-            };
+            let (hits, cache_frees) = self.cache_counts(c);
+            s.cached_pages += self.cached_on(c);
             s.cache_locks += pc.cache.stats();
-            s.cache_hits += pc.hits.get();
+            s.cache_hits += hits;
             s.cache_misses += pc.misses.get();
             s.bucket_allocs += pc.bucket_allocs.get();
             s.stolen += pc.stolen.get();
             s.stolen_to_cache += pc.stolen_to_cache.get();
-            s.frees_local += pc.frees_local.get() + pc.cache_frees.get();
+            s.frees_local += pc.frees_local.get() + cache_frees;
             s.frees_remote += pc.frees_remote.get();
         }
         s.free_pages = s.free_per_bucket.iter().sum::<usize>() + s.cached_pages;
@@ -117,10 +114,9 @@ impl PageAllocator<'_> {
         for c in 0..self.p.ncpus {
             let pc = self.pcpu(c);
             pc.cache.reset_stats();
+            self.reset_cache_counts(c);
             for k in [
-                &pc.hits,
                 &pc.misses,
-                &pc.cache_frees,
                 &pc.bucket_allocs,
                 &pc.stolen,
                 &pc.stolen_to_cache,
@@ -191,8 +187,9 @@ impl PageAllocator<'_> {
         if self.p.cache_on {
             writeln!(
                 w,
-                "per-CPU caches: {} pages a slot, {} hits, {} misses{}",
+                "per-CPU caches: {} to {} pages a stack, {} hits, {} misses{}",
                 self.p.depth,
+                self.p.max_depth,
                 st.cache_hits,
                 st.cache_misses,
                 if self.cache_enabled() {
@@ -203,9 +200,14 @@ impl PageAllocator<'_> {
             )?;
             for c in 0..self.p.ncpus {
                 let pc = self.pcpu(c);
-                let n = pc.cached.load(Relaxed);
+                let n = self.cached_on(c);
                 if n > 0 {
-                    writeln!(w, "    cpu({c}) bucket {} cached {n}", pc.bucket)?;
+                    writeln!(
+                        w,
+                        "    cpu({c}) bucket {} cached {n} (bound {} a stack)",
+                        pc.bucket,
+                        pc.high.load(Relaxed)
+                    )?;
                 }
             }
         }
@@ -234,7 +236,7 @@ impl PageAllocator<'_> {
 
     fn check_inner(&self) -> core::result::Result<(), &'static str> {
         let fr = self.frames();
-        let (nc, nfl, nb, depth) = (self.p.ncolours, self.p.nfl, self.p.nb, self.p.depth);
+        let (nc, nfl, nb) = (self.p.ncolours, self.p.nfl, self.p.nb);
         // The buckets whose listed maps hold frame j (a bitmask).
         let listed_in = |j: usize| {
             (0..nb).fold(0u32, |m, b| {
@@ -242,58 +244,57 @@ impl PageAllocator<'_> {
             })
         };
         let busy = |j: usize| listed_in(j) == 0;
-        // 1. Cache slots, one CPU at a time: each entry a CACHED frame of the
-        //    slot's freelist and colour and of the CPU's bucket, its zero flag
-        //    as recorded, none twice (MARK).
+        // 1. Cache stacks, one CPU at a time: each frame a CACHED frame of
+        //    the stack's freelist and colour and of the CPU's bucket, none
+        //    twice (MARK), the depths counting down to an empty end.
         let mut cached = 0usize;
         for cpu in 0..self.p.ncpus {
-            let pc = self.pcpu(cpu);
             if !self.p.cache_on {
-                if pc.cached.load(Relaxed) != 0 {
-                    return Err("cached pages with the cache off");
-                }
                 continue;
             }
-            let mut g = pc.cache.lock();
+            let pc = self.pcpu(cpu);
+            let h = self.hold(cpu);
             let mut here = 0usize;
             for f in 0..nfl {
                 for c in 0..nc {
-                    let s = g.slot(f * nc + c, depth);
-                    let n = s[0] as usize;
-                    if n > depth {
-                        return Err("slot count above depth");
+                    let k = f * nc + c;
+                    let (mut d, mut top) = (self.depth_of(cpu, k), self.top_word(&h, k));
+                    if d > self.p.max_depth + 1 {
+                        return Err("stack deeper than the largest bound");
                     }
-                    for &e in &s[1..=n] {
-                        let j = (e & !SLOT_ZERO) as usize;
+                    here += d;
+                    while let Some(j) = stack_index(top) {
+                        let j = j as usize;
                         if j >= fr.len() {
-                            return Err("slot entry out of range");
+                            return Err("stack entry out of range");
+                        }
+                        if stack_depth(top) != d || d == 0 {
+                            return Err("stack depth does not count down");
                         }
                         let st = fr[j].state();
                         if kind(st) != K_CACHED || st & MARK != 0 {
-                            return Err("slot entry not a cached frame, or in two slots");
+                            return Err("stack entry not a cached frame, or on two stacks");
                         }
                         if bucket_of(st) != pc.bucket as usize {
                             return Err("cached frame of another bucket");
                         }
                         if self.freelist_of(j) != f || self.colour_of(j) != c {
-                            return Err("cached frame in the wrong slot");
-                        }
-                        if (st & ZERO != 0) != (e & SLOT_ZERO != 0) {
-                            return Err("slot zero flag differs from the frame");
+                            return Err("cached frame on the wrong stack");
                         }
                         if !busy(j) {
                             return Err("cached frame in a listed map");
                         }
                         fr[j].state.fetch_or(MARK, Relaxed);
+                        top = fr[j].link.load(Relaxed);
+                        d -= 1;
                     }
-                    here += n;
+                    if d != 0 || stack_depth(top) != 0 {
+                        return Err("stack shorter than its depth");
+                    }
                 }
             }
-            if !g.enabled && here > 0 {
+            if !h.enabled && here > 0 {
                 return Err("paused cache holds pages");
-            }
-            if pc.cached.load(Relaxed) != here {
-                return Err("per-CPU cached count wrong");
             }
             cached += here;
         }
@@ -313,7 +314,7 @@ impl PageAllocator<'_> {
                             return Err("list link out of range");
                         }
                         let fj = &fr[j];
-                        if fj.prev.load(Relaxed) != prev {
+                        if fj.prev() != prev {
                             return Err("list prev link broken");
                         }
                         let s = fj.state();
@@ -385,7 +386,7 @@ impl PageAllocator<'_> {
                 K_CACHED => {
                     ncached += 1;
                     if s & MARK == 0 {
-                        return Err("cached frame in no slot");
+                        return Err("cached frame on no stack");
                     }
                 }
                 K_HEAD => {
@@ -414,7 +415,7 @@ impl PageAllocator<'_> {
             return Err("free frames not all on lists");
         }
         if ncached != cached {
-            return Err("cached frames not all in slots");
+            return Err("cached frames not all on stacks");
         }
         for b in 0..MAX_BUCKETS {
             for f in 0..MAX_FREELISTS {

@@ -662,7 +662,9 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
             // SAFETY: as in `pop_fast`; `p` is a page of the span that the
             // caller owns (the record said LIVE and the handle was the page's
             // only one) and that is on no list, so its link word may be written.
-            return match unsafe { kmem_sys::rseq::stack_push(l, Self::slot(list), p, i as u32) } {
+            return match unsafe {
+                kmem_sys::rseq::stack_push(l, Self::slot(list), p, i as u32, None)
+            } {
                 kmem_sys::rseq::Step::Done { value, cpu } => Fast::Done(value, cpu),
                 _ => Fast::Locked,
             };

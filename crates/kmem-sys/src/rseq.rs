@@ -213,23 +213,31 @@ pub unsafe fn stack_pop(
 }
 
 /// Pushes the page at `page` (index `index` in the layout) onto the stack at
-/// `slot` of the calling thread's CPU; `Done` carries the new depth.
+/// `slot` of the calling thread's CPU if that CPU is `want` (any CPU if
+/// `None`); `Done` carries the new depth.
 ///
 /// # Safety
 /// As [`stack_pop`], and `page` must be a mapped page of the layout, index
 /// `index`, owned by the caller and on no stack: its link word is written.
 /// `slot` must be 16-aligned within 16-aligned areas.
 #[inline]
-pub unsafe fn stack_push(layout: &StackLayout, slot: usize, page: usize, index: u32) -> Step {
+pub unsafe fn stack_push(
+    layout: &StackLayout,
+    slot: usize,
+    page: usize,
+    index: u32,
+    want: Option<usize>,
+) -> Step {
     #[cfg(target_arch = "x86_64")]
     {
         let Some(rseq) = crate::cpu::rseq_area() else {
             return Step::Unavailable;
         };
+        let want = want.map_or(u64::MAX, |c| c as u64);
         let (st, depth, cpu): (u32, usize, usize);
         // SAFETY: the section is entered and restarted as in `stack_pop`. It
-        // reads cpu_id, leaves for 72 if it has no area or for 74 if the
-        // area is taken, writes the current top into the page's link word
+        // reads cpu_id, leaves for 72 if it has no area or is not the wanted
+        // CPU, or for 74 if the area is taken, writes the current top into the page's link word
         // (the caller's page; rewriting it on a restart is harmless) and
         // commits the new top and the push count with one aligned 16-byte
         // store (movdqa: the slot is 16-aligned by contract). xmm0 and xmm1
@@ -240,6 +248,11 @@ pub unsafe fn stack_push(layout: &StackLayout, slot: usize, page: usize, index: 
                 "mov {cpu:e}, dword ptr [{rseq} + 4]",
                 "cmp {cpu}, qword ptr [{l} + 16]",
                 "jae 72f",
+                "cmp {want}, -1",
+                "je 73f",
+                "cmp {want}, {cpu}",
+                "jne 72f",
+                "73:",
                 "mov {a}, {cpu}",
                 "imul {a}, qword ptr [{l} + 8]",
                 "add {a}, qword ptr [{l}]",
@@ -274,6 +287,7 @@ pub unsafe fn stack_push(layout: &StackLayout, slot: usize, page: usize, index: 
                 slot = in(reg) slot,
                 page = in(reg) page,
                 idx = in(reg) index as u64 + 1,
+                want = in(reg) want,
                 cpu = out(reg) cpu,
                 a = out(reg) _,
                 h = out(reg) depth,
@@ -288,7 +302,7 @@ pub unsafe fn stack_push(layout: &StackLayout, slot: usize, page: usize, index: 
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (layout, slot, page, index);
+        let _ = (layout, slot, page, index, want);
         Step::Unavailable
     }
 }
@@ -433,7 +447,7 @@ mod tests {
         let mut cpu_seen = None;
         for i in 0..3u32 {
             // SAFETY: as above; each page is pushed once.
-            match unsafe { stack_push(&layout, 16, page(i as usize), i) } {
+            match unsafe { stack_push(&layout, 16, page(i as usize), i, None) } {
                 Step::Done { value, cpu } => {
                     // The thread may move between pushes: count per CPU.
                     let a = &areas[cpu].0;
@@ -482,12 +496,16 @@ mod tests {
                 a.0[0] = 1;
             }
             assert_eq!(stack_pop(&layout, 16, 0, None), Step::Busy);
-            assert_eq!(stack_push(&layout, 16, page(3), 3), Step::Busy);
+            assert_eq!(stack_push(&layout, 16, page(3), 3, None), Step::Busy);
             for a in areas.iter_mut() {
                 a.0[0] = 0;
             }
             assert_eq!(
                 stack_pop(&layout, 16, 0, Some(units + 5)),
+                Step::Unavailable
+            );
+            assert_eq!(
+                stack_push(&layout, 16, page(3), 3, Some(units + 5)),
                 Step::Unavailable
             );
         }
