@@ -52,7 +52,13 @@ impl<'a> PageAllocator<'a> {
             }
             let h = self.hold(cpu);
             if h.enabled {
-                if let Some(i) = self.pop_held(&h, k) {
+                // The stack, then what other CPUs freed for this one.
+                let i = self.pop_held(&h, k).or_else(|| {
+                    (self.collect_remote(&h, false) > 0)
+                        .then(|| self.pop_held(&h, k))
+                        .flatten()
+                });
+                if let Some(i) = i {
                     drop(h);
                     return Ok(self.cache_hit(cpu, i, colour, zero));
                 }
@@ -69,6 +75,7 @@ impl<'a> PageAllocator<'a> {
         let f = self.frame(i);
         let z = f.state() & ZERO != 0;
         f.set_state(head_state(1, pc.bucket as usize));
+        f.next.store(cpu as u32, Relaxed); // the owner
         pc.next_colour
             .store(((colour + 1) & self.colour_mask) as u32, Relaxed);
         self.hand_out(i, zero && !z)
@@ -99,6 +106,7 @@ impl<'a> PageAllocator<'a> {
         }
         for attempt in 0..3 {
             if let Some((i, z, c)) = self.find_page(pc, h.as_ref(), order, colour, zero) {
+                self.frame(i).next.store(cpu as u32, Relaxed); // the owner
                 pc.next_colour
                     .store(((c + 1) & self.colour_mask) as u32, Relaxed);
                 drop(h);
@@ -273,11 +281,13 @@ impl<'a> PageAllocator<'a> {
         }
     }
 
-    /// A free: onto the freeing CPU's stack of the page's freelist and
-    /// colour (by a restartable sequence where they run, else under the
-    /// CPU's lock), spilling when that takes the stack above its bound; to a
-    /// bucket when the cache is off or paused, or (NUMA mode) the page's
-    /// home is another bucket.
+    /// A free: onto the remote list of the CPU that allocated the page when
+    /// that is another CPU of the freeing CPU's bucket (see `cache`); else
+    /// onto the freeing CPU's stack of the page's freelist and colour (by a
+    /// restartable sequence where they run, else under the CPU's lock),
+    /// spilling when that takes the stack above its bound; to a bucket when
+    /// the cache is off or paused, or (NUMA mode) the page's home is another
+    /// bucket.
     #[inline]
     fn free_one(&self, ptr: NonNull<u8>, zero: bool) -> Result<()> {
         let i = self.index_of(ptr)?;
@@ -288,7 +298,18 @@ impl<'a> PageAllocator<'a> {
         let dest = if self.p.numa { self.home(i) } else { my };
         if self.p.cache_on && dest == my {
             let k = self.freelist_of(i) * self.p.ncolours + self.colour_of(i);
-            self.frame(i).set_state(cached_state(my, zero));
+            let f = self.frame(i);
+            f.set_state(cached_state(my, zero));
+            // Back to the CPU that allocated it, if it shares our bucket.
+            let owner = f.next.load(Relaxed) as usize;
+            if owner != cpu
+                && owner < self.p.ncpus
+                && self.pcpu(owner).bucket as usize == my
+                && self.push_remote(owner, i)
+            {
+                pc.frees_local.add(1);
+                return Ok(());
+            }
             if let Fast::Done(depth, _) = self.push_fast(k, i, cpu) {
                 if depth > pc.high.load(Relaxed) as usize {
                     self.spill(cpu, k);

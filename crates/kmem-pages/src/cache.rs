@@ -11,13 +11,32 @@
 //!                  aside while it is non-zero
 //!   word 1, 2      the hit and free counts at the last `reset_stats`
 //!   word 3         the activity `cool_caches` saw at its last look
-//!   word 4..8      spare
-//!   word 8 + 2k    top of stack k (k = freelist * colours + colour):
+//!   word 16        the remote list: frames that other CPUs freed for this
+//!                  one, packed as a top; CLOSED while the cache is paused
+//!                  (its own 128 bytes: other CPUs write it)
+//!   word 32 + 2k   top of stack k (k = freelist * colours + colour):
 //!                  (index of the top frame + 1) | depth << 32; 0 = empty
-//!   word 9 + 2k    pushes: frees ever made onto stack k
+//!   word 33 + 2k   pushes: frees ever made onto stack k
 //!
 //!   frame i, while CACHED: its `link` word holds the top below it
+//!   frame i, while allocated as one page: its `next` word holds the CPU
+//!                  that allocated it (the owner)
 //! ```
+//!
+//! **Frees from other CPUs.** A page freed on another CPU than the one that
+//! allocated it, both of one bucket, goes onto the owner's remote list with
+//! one compare-exchange (a push-only stack that its owner empties with one
+//! swap, so no ABA), and the owner moves the list onto its stacks when its
+//! stack comes up empty, before it counts a miss. The page stays in the
+//! bucket the seed's rule gives it (the freeing CPU's, which is the
+//! owner's), and the flow of pages from a CPU that frees what another
+//! allocated (a producer and its consumer, a network stack's receive path)
+//! returns to the allocator without a bucket lock: otherwise the consumer
+//! spills every page to the bucket and the producer fills every page from
+//! it, each a batch under the one lock all CPUs of a package share. A list
+//! holds at most its owner's cache bound times the colours; past that, and
+//! while the owner's cache is paused, the page goes to the freeing CPU's
+//! own cache as before.
 //!
 //! With real CPUs on x86-64 Linux (glibc's rseq area registered, the
 //! membarrier fence available), a hit and a free on the CPU's own cache are
@@ -55,7 +74,7 @@ use core::ops::{Deref, DerefMut};
 use kmem_core::sync::Ordering::SeqCst;
 use kmem_core::sync::{
     AtomicU64,
-    Ordering::{Relaxed, Release},
+    Ordering::{Acquire, Relaxed, Release},
 };
 #[cfg(feature = "os")]
 use kmem_core::Cpus;
@@ -71,6 +90,12 @@ use crate::state::{clear_bit, set_bit, BucketState, CpuCache, PageAllocator, Per
 const HELD: u64 = 1;
 /// `taken`: the cache is paused.
 const PAUSED: u64 = 2;
+
+/// A CPU's remote list word, in its area.
+const REMOTE: usize = 16;
+
+/// The remote list of a paused cache: pushes are refused.
+const CLOSED: u64 = u64::MAX;
 
 /// A stack's top: the top frame's index plus one, and the depth above bit
 /// 32 (the encoding of `kmem_sys::rseq`, which bare builds do without).
@@ -196,12 +221,26 @@ impl PageAllocator<'_> {
         stack_depth(self.top(cpu, k).load(Relaxed))
     }
 
-    /// Pages in CPU `cpu`'s cache (a racy read unless held).
+    /// Pages on CPU `cpu`'s stacks (a racy read unless held).
+    fn stacked_on(&self, cpu: usize) -> usize {
+        (0..self.stacks()).map(|k| self.depth_of(cpu, k)).sum()
+    }
+
+    /// Pages on CPU `cpu`'s remote list (a racy read).
+    fn remote_on(&self, cpu: usize) -> usize {
+        match self.area(cpu)[REMOTE].load(Relaxed) {
+            CLOSED => 0,
+            top => stack_depth(top),
+        }
+    }
+
+    /// Pages in CPU `cpu`'s cache, its remote list included (a racy read
+    /// unless held).
     pub(crate) fn cached_on(&self, cpu: usize) -> usize {
         if !self.p.cache_on {
             return 0;
         }
-        (0..self.stacks()).map(|k| self.depth_of(cpu, k)).sum()
+        self.stacked_on(cpu) + self.remote_on(cpu)
     }
 
     /// Frees ever pushed onto CPU `cpu`'s stacks.
@@ -211,13 +250,14 @@ impl PageAllocator<'_> {
             .sum()
     }
 
-    /// Pops ever made from CPU `cpu`'s stacks: what went in (frees and
-    /// fills) less what went out otherwise (drains) and what is there.
+    /// Pops ever made from CPU `cpu`'s stacks: what went in (frees, fills
+    /// and remote lists moved over) less what went out otherwise (drains)
+    /// and what is there.
     fn pops_on(&self, cpu: usize) -> u64 {
         let pc = self.pcpu(cpu);
         (self.pushes_on(cpu) + pc.filled.get())
             .wrapping_sub(pc.drained.get())
-            .wrapping_sub(self.cached_on(cpu) as u64)
+            .wrapping_sub(self.stacked_on(cpu) as u64)
     }
 
     /// Allocations CPU `cpu`'s cache served since the last `reset_stats`,
@@ -348,6 +388,75 @@ impl PageAllocator<'_> {
             p.store(p.load(Relaxed) + 1, Relaxed);
         }
         d
+    }
+
+    // ----- frees from other CPUs -----
+
+    /// Puts frame `i` (claimed by the caller, recorded `CACHED` in CPU
+    /// `owner`'s bucket) on `owner`'s remote list. False, changing nothing,
+    /// when the list is full or closed.
+    #[inline]
+    pub(crate) fn push_remote(&self, owner: usize, i: usize) -> bool {
+        let w = &self.area(owner)[REMOTE];
+        let limit = self.pcpu(owner).high.load(Relaxed) as usize * self.p.ncolours;
+        let mut old = w.load(Relaxed);
+        loop {
+            if old == CLOSED || stack_depth(old) >= limit {
+                return false;
+            }
+            self.frame(i).link.store(old, Relaxed);
+            // Release: the owner's swap (Acquire) then sees the frame's state
+            // and link. A stale `old` that compares equal is the list as it
+            // is (a push-only list emptied whole has no ABA).
+            let new = pack_top(i as u32, stack_depth(old) + 1);
+            match w.compare_exchange_weak(old, new, Release, Relaxed) {
+                Ok(_) => return true,
+                Err(now) => old = now,
+            }
+        }
+    }
+
+    /// Moves the held CPU's remote list onto its stacks (each frame onto the
+    /// stack of its freelist and colour) and, with `close`, closes the list
+    /// (a pause). Returns the pages moved.
+    ///
+    /// CONTEXT: the CPU held.
+    pub(crate) fn collect_remote(&self, h: &Held<'_>, close: bool) -> usize {
+        let w = &self.area(h.cpu)[REMOTE];
+        let cur = w.load(Relaxed);
+        if cur == CLOSED || (cur == 0 && !close) {
+            return 0;
+        }
+        // Only holders open and close the list, so it stays open here.
+        let mut top = w.swap(if close { CLOSED } else { 0 }, Acquire);
+        let mut n = 0;
+        while let Some(j) = stack_index(top) {
+            let j = j as usize;
+            top = self.frame(j).link.load(Relaxed);
+            let k = self.freelist_of(j) * self.p.ncolours + self.colour_of(j);
+            self.push_held(h, k, j, false);
+            n += 1;
+        }
+        self.pcpu(h.cpu).filled.add_owned(n as u64);
+        n
+    }
+
+    /// Opens the held CPU's remote list again (the end of a pause).
+    ///
+    /// CONTEXT: the CPU held.
+    fn open_remote(&self, h: &Held<'_>) {
+        let w = &self.area(h.cpu)[REMOTE];
+        if w.load(Relaxed) == CLOSED {
+            w.store(0, Release);
+        }
+    }
+
+    /// The held CPU's remote list, packed, or `None` when closed.
+    pub(crate) fn remote_word(&self, h: &Held<'_>) -> Option<u64> {
+        match self.area(h.cpu)[REMOTE].load(Acquire) {
+            CLOSED => None,
+            top => Some(top),
+        }
     }
 
     // ----- filling and spilling -----
@@ -505,6 +614,7 @@ impl PageAllocator<'_> {
                 continue;
             }
             let h = self.hold(cpu);
+            self.collect_remote(&h, false);
             self.move_to_bucket(&h, 0..self.p.nfl, 0);
         }
     }
@@ -532,6 +642,7 @@ impl PageAllocator<'_> {
             let h = self.hold(cpu);
             pc.high.store(self.p.depth as u32, Relaxed);
             pc.spilled.store(0, Relaxed);
+            self.collect_remote(&h, false);
             self.move_to_bucket(&h, 0..self.p.nfl, 0);
         }
     }
@@ -546,6 +657,7 @@ impl PageAllocator<'_> {
             for cpu in 0..self.p.ncpus {
                 let mut h = self.hold(cpu);
                 h.enabled = false;
+                self.collect_remote(&h, true);
                 self.move_to_bucket(&h, 0..self.p.nfl, 0);
             }
         }
@@ -561,7 +673,9 @@ impl PageAllocator<'_> {
         *depth -= 1;
         if *depth == 0 && self.p.cache_on {
             for cpu in 0..self.p.ncpus {
-                self.hold(cpu).enabled = true;
+                let mut h = self.hold(cpu);
+                h.enabled = true;
+                self.open_remote(&h);
             }
         }
         Ok(())

@@ -123,6 +123,9 @@ impl PageAllocator<'_> {
                 self.hand_out(j, true);
             }
             f.set_state(if j == i { head_state(n, b) } else { K_TAIL });
+            if j == i {
+                f.next.store(NIL, Relaxed); // no owning CPU (see `cache`)
+            }
         }
         Some(i)
     }

@@ -578,8 +578,9 @@ pub(crate) fn fold_packages(packages: usize) -> (usize, u32) {
     (n, shift)
 }
 
-/// Words before the stacks in a CPU's cache area (see `cache`).
-pub(crate) const AREA_HEADER: usize = 8;
+/// Words before the stacks in a CPU's cache area (see `cache`): the
+/// owner's header line, and the remote list on lines of its own.
+pub(crate) const AREA_HEADER: usize = 32;
 
 /// What a CPU's cache lock guards besides the stacks: whether the cache
 /// runs (false while paused).

@@ -293,6 +293,36 @@ impl PageAllocator<'_> {
                     }
                 }
             }
+            // The remote list: CACHED frames of the CPU's bucket, closed
+            // exactly while paused.
+            match self.remote_word(&h) {
+                None if h.enabled => return Err("remote list closed while the cache runs"),
+                None => {}
+                Some(_) if !h.enabled => return Err("remote list open while paused"),
+                Some(mut top) => {
+                    let mut d = stack_depth(top);
+                    here += d;
+                    while let Some(j) = stack_index(top) {
+                        let j = j as usize;
+                        if j >= fr.len() || stack_depth(top) != d || d == 0 {
+                            return Err("remote list broken");
+                        }
+                        let st = fr[j].state();
+                        if kind(st) != K_CACHED || st & MARK != 0 {
+                            return Err("remote entry not a cached frame, or in two places");
+                        }
+                        if bucket_of(st) != pc.bucket as usize || !busy(j) {
+                            return Err("remote entry of another bucket, or listed");
+                        }
+                        fr[j].state.fetch_or(MARK, Relaxed);
+                        top = fr[j].link.load(Relaxed);
+                        d -= 1;
+                    }
+                    if d != 0 || stack_depth(top) != 0 {
+                        return Err("remote list shorter than its count");
+                    }
+                }
+            }
             if !h.enabled && here > 0 {
                 return Err("paused cache holds pages");
             }

@@ -360,3 +360,66 @@ fn the_bound_grows_while_pages_cycle_and_falls_when_idle() {
     assert!(a.stats().bucket_locks[0].acquisitions > before.bucket_locks[0].acquisitions);
     a.check().unwrap();
 }
+
+/// Pages another CPU of the bucket frees go back to the CPU that allocated
+/// them (its remote list), which takes them again without a bucket lock;
+/// while paused, and across buckets, the freeing CPU's rule holds.
+#[test]
+fn pages_freed_on_another_cpu_return_to_their_owner() {
+    let ps = kmem_sys::page_size();
+    let t = Topology::uniform(4, 2, 1).unwrap(); // CPUs 0, 1 in package 0
+    let cfg = Config::new().colours(4).cache(CacheMode::On);
+    let a = PageAllocator::with_config(&t, Cpus::Simulated, 2048 * ps, &cfg).unwrap();
+    bind_simulated_cpu(0);
+    let pages: Vec<_> = (0..16).map(|_| a.alloc_page().unwrap()).collect();
+    let mut want: Vec<usize> = pages.iter().map(|p| p.as_ptr() as usize).collect();
+    a.flush_caches(); // CPU 0's stacks empty: its next pages are the remote ones
+    bind_simulated_cpu(1);
+    for &p in &pages {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(p) }.unwrap();
+    }
+    a.check().unwrap();
+    let before = a.stats();
+    bind_simulated_cpu(0);
+    let mut got: Vec<usize> = (0..16)
+        .map(|_| a.alloc_page().unwrap().as_ptr() as usize)
+        .collect();
+    let after = a.stats();
+    assert_eq!(
+        after.bucket_locks[0].acquisitions, before.bucket_locks[0].acquisitions,
+        "the owner took its pages back without the bucket"
+    );
+    assert_eq!(after.cache_hits - before.cache_hits, 16);
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "the same pages came back");
+    a.check().unwrap();
+
+    // A CPU of the other package frees into its own cache (the seed's rule).
+    bind_simulated_cpu(2);
+    for &p in &got {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(NonNull::new(p as *mut u8).unwrap()) }.unwrap();
+    }
+    for p in &got {
+        let fi = a.frame_info(NonNull::new(*p as *mut u8).unwrap()).unwrap();
+        assert_eq!(fi.bucket, 1, "freed into the freeing CPU's bucket");
+    }
+    a.check().unwrap();
+
+    // Paused: frees from another CPU go to the bucket, not a remote list.
+    bind_simulated_cpu(0);
+    let pages: Vec<_> = (0..8).map(|_| a.alloc_page().unwrap()).collect();
+    a.pause_cache();
+    bind_simulated_cpu(1);
+    for p in pages {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(p) }.unwrap();
+    }
+    assert_eq!(a.cached_pages(), 0);
+    a.check().unwrap();
+    a.resume_cache().unwrap();
+    a.check().unwrap();
+    assert_eq!(a.free_count(), 2048);
+}
