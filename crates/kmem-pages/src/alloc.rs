@@ -304,7 +304,7 @@ impl<'a> PageAllocator<'a> {
             let owner = f.next.load(Relaxed) as usize;
             if owner != cpu
                 && owner < self.p.ncpus
-                && self.pcpu(owner).bucket as usize == my
+                && self.remote_bucket(owner) == my
                 && self.push_remote(owner, i)
             {
                 pc.frees_local.add(1);

@@ -29,7 +29,7 @@ impl PageAllocator<'static> {
     ///
     /// The frames are reserved and made accessible at once; the kernel backs
     /// each page only when it is first touched, so untouched frames cost no
-    /// memory, and fresh frames are known zero. The metadata (16 bytes a
+    /// memory, and fresh frames are known zero. The metadata (64 bytes a
     /// frame plus the per-CPU caches) lives in a second reservation.
     pub fn new(topology: &Topology, cpus: Cpus, bytes: usize) -> Result<PageAllocator<'static>> {
         Self::with_config(topology, cpus, bytes, &Config::default())
@@ -273,6 +273,18 @@ impl<'a> PageAllocator<'a> {
                     frees_remote: Counter::new(),
                 }));
             }
+        }
+        // What freeing CPUs read beside each remote list (see `cache`).
+        for cpu in 0..p.ncpus {
+            if l.area_words == 0 {
+                break;
+            }
+            // SAFETY: inside CPU `cpu`'s area, written above or fresh zero.
+            let w = |k: usize| unsafe { &*areas_ptr.add(cpu * l.area_words + k) };
+            // SAFETY: `cpu`'s record was written above.
+            let bucket = unsafe { (*pcpu_ptr.add(cpu)).0.bucket };
+            w(crate::cache::REMOTE_BUCKET).store(bucket as u64, Relaxed);
+            w(crate::cache::REMOTE_LIMIT).store((p.depth * p.ncolours) as u64, Relaxed);
         }
         let page_shift = p.page_size.trailing_zeros();
         let base = frames.as_ptr() as usize;

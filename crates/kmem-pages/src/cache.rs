@@ -14,6 +14,8 @@
 //!   word 16        the remote list: frames that other CPUs freed for this
 //!                  one, packed as a top; CLOSED while the cache is paused
 //!                  (its own 128 bytes: other CPUs write it)
+//!   word 17, 18    what a freeing CPU reads beside it: the CPU's bucket,
+//!                  and the most the list may hold (bound times colours)
 //!   word 32 + 2k   top of stack k (k = freelist * colours + colour):
 //!                  (index of the top frame + 1) | depth << 32; 0 = empty
 //!   word 33 + 2k   pushes: frees ever made onto stack k
@@ -41,7 +43,7 @@
 //! With real CPUs on x86-64 Linux (glibc's rseq area registered, the
 //! membarrier fence available), a hit and a free on the CPU's own cache are
 //! the restartable sequences of `kmem_sys::rseq` over these words: the frame
-//! records play the sequences' pages (16 bytes each, link word at offset 8),
+//! records play the sequences' pages (64 bytes each, link word at offset 8),
 //! so the sequences never touch a free page's memory. A hit is one pop, a
 //! free one push: no lock, no locked instruction, and a thread preempted or
 //! migrated in the middle restarts. Everything else holds the CPU's stacks
@@ -85,14 +87,20 @@ use crate::frame::*;
 use crate::state::Params;
 use crate::state::{clear_bit, set_bit, BucketState, CpuCache, PageAllocator, PerCpu, AREA_HEADER};
 
+/// Bytes of a frame record: the sequences' "page" size.
+const FRAME_BYTES: usize = core::mem::size_of::<Frame>();
+
 /// `taken`: a thread holds the CPU's stacks.
 #[cfg(feature = "os")]
 const HELD: u64 = 1;
 /// `taken`: the cache is paused.
 const PAUSED: u64 = 2;
 
-/// A CPU's remote list word, in its area.
-const REMOTE: usize = 16;
+/// A CPU's remote list word, in its area; its bucket and the list's limit
+/// follow.
+pub(crate) const REMOTE: usize = 16;
+pub(crate) const REMOTE_BUCKET: usize = 17;
+pub(crate) const REMOTE_LIMIT: usize = 18;
 
 /// The remote list of a paused cache: pushes are refused.
 const CLOSED: u64 = u64::MAX;
@@ -142,7 +150,7 @@ pub(crate) fn fast_layout(
     areas: usize,
     area_words: usize,
 ) -> Option<kmem_sys::rseq::StackLayout> {
-    let sizes = core::mem::size_of::<Frame>() == 16 && core::mem::size_of::<AtomicU64>() == 8;
+    let sizes = FRAME_BYTES.is_power_of_two() && core::mem::size_of::<AtomicU64>() == 8;
     if cfg!(loom) || !sizes || !p.cache_on || !matches!(cpus, Cpus::Real) {
         return None;
     }
@@ -151,7 +159,7 @@ pub(crate) fn fast_layout(
         stride: area_words * 8,
         units: p.ncpus,
         pages: frames,
-        page_size: 16,
+        page_size: FRAME_BYTES,
         link: core::mem::offset_of!(Frame, link),
     })
 }
@@ -316,15 +324,15 @@ impl PageAllocator<'_> {
         if let Some(l) = &self.fast {
             // SAFETY: `l` describes this allocator's areas (alive with it),
             // `taken` at offset 0 and stack k's top and push count at
-            // 64 + 16k, 16-aligned in 128-aligned areas; the words change
+            // 8 * (AREA_HEADER + 2k), 16-aligned in 128-aligned areas; the words change
             // only by these sequences or with the CPU held (`hold`); a
             // stack's frames are records below `grown` (mapped metadata)
             // whose link word holds the top below them; frame records are
-            // 16 bytes, a power of two.
+            // FRAME_BYTES, a power of two (`fast_layout`).
             return match unsafe { kmem_sys::rseq::stack_pop(l, 8 * (AREA_HEADER + 2 * k), 0, None) }
             {
                 kmem_sys::rseq::Step::Done { value, cpu } => {
-                    Fast::Done((value - l.pages) >> 4, cpu)
+                    Fast::Done((value - l.pages) / FRAME_BYTES, cpu)
                 }
                 kmem_sys::rseq::Step::Empty => Fast::Empty,
                 _ => Fast::Locked,
@@ -347,7 +355,7 @@ impl PageAllocator<'_> {
                 kmem_sys::rseq::stack_push(
                     l,
                     8 * (AREA_HEADER + 2 * k),
-                    l.pages + 16 * i,
+                    l.pages + FRAME_BYTES * i,
                     i as u32,
                     Some(want),
                 )
@@ -392,13 +400,28 @@ impl PageAllocator<'_> {
 
     // ----- frees from other CPUs -----
 
+    /// CPU `owner`'s bucket, read from its remote list's line (which freeing
+    /// CPUs write anyway), not from its record (which it writes on every
+    /// allocation).
+    #[inline(always)]
+    pub(crate) fn remote_bucket(&self, owner: usize) -> usize {
+        self.area(owner)[REMOTE_BUCKET].load(Relaxed) as usize
+    }
+
+    /// Sets CPU `cpu`'s cache bound (and its remote list's limit with it).
+    pub(crate) fn set_high(&self, cpu: usize, high: usize) {
+        self.pcpu(cpu).high.store(high as u32, Relaxed);
+        self.area(cpu)[REMOTE_LIMIT].store((high * self.p.ncolours) as u64, Relaxed);
+    }
+
     /// Puts frame `i` (claimed by the caller, recorded `CACHED` in CPU
     /// `owner`'s bucket) on `owner`'s remote list. False, changing nothing,
     /// when the list is full or closed.
     #[inline]
     pub(crate) fn push_remote(&self, owner: usize, i: usize) -> bool {
-        let w = &self.area(owner)[REMOTE];
-        let limit = self.pcpu(owner).high.load(Relaxed) as usize * self.p.ncolours;
+        let a = self.area(owner);
+        let w = &a[REMOTE];
+        let limit = a[REMOTE_LIMIT].load(Relaxed) as usize;
         let mut old = w.load(Relaxed);
         loop {
             if old == CLOSED || stack_depth(old) >= limit {
@@ -472,15 +495,14 @@ impl PageAllocator<'_> {
         if pc.spilled.load(Relaxed) != 0 {
             pc.spilled.store(0, Relaxed);
             let high = pc.high.load(Relaxed) as usize;
-            pc.high
-                .store((2 * high).min(self.p.max_depth) as u32, Relaxed);
+            self.set_high(h.cpu, (2 * high).min(self.p.max_depth));
         }
     }
 
     /// Moves pages from the bucket into the held CPU's cache: one per colour
     /// per pass, starting with the colour after `c` (the order in which the
-    /// CPU will ask), each stack up to its bound less one (room for a free),
-    /// until half the cache's bound moved. A bucket with no more pages than
+    /// CPU will ask), each stack up to half its bound (where a spill leaves
+    /// it: room for frees), until half the cache's bound moved. A bucket with no more pages than
     /// that left is not drawn on: its last pages stay for everyone. The
     /// pages join the CPU's bucket (`b` itself, or a bucket being stolen
     /// from in package mode). Returns the pages moved.
@@ -516,7 +538,7 @@ impl PageAllocator<'_> {
                     continue;
                 }
                 let s = fl * nc + col;
-                if self.depth_of(h.cpu, s) + 1 >= high {
+                if self.depth_of(h.cpu, s) >= (high / 2).max(1) {
                     continue;
                 }
                 let (j, z) = bg.take(fr, nc, fl, col, zero);
@@ -538,9 +560,10 @@ impl PageAllocator<'_> {
         pulled
     }
 
-    /// A free took stack `k` of CPU `cpu` above its bound: every stack of
-    /// its freelist gives back to the CPU's bucket all pages above half the
-    /// bound, under one lock acquisition.
+    /// A free took stack `k` of CPU `cpu` above its bound: the stack gives
+    /// back to the CPU's bucket all pages above half the bound. Only that
+    /// stack: the others have not overflowed, and their pages would come
+    /// back by fills, each page twice through the bucket lock.
     ///
     /// CONTEXT: no lock; holds the CPU.
     #[cold]
@@ -557,16 +580,15 @@ impl PageAllocator<'_> {
     pub(crate) fn spill_held(&self, h: &Held<'_>, k: usize) {
         let pc = self.pcpu(h.cpu);
         pc.spilled.store(1, Relaxed);
-        let fl = k / self.p.ncolours;
         let keep = pc.high.load(Relaxed) as usize / 2;
-        self.move_to_bucket(h, fl..fl + 1, keep);
+        self.move_to_bucket(h, k..k + 1, keep);
     }
 
-    /// Moves every page above `keep` on the held CPU's stacks of freelists
-    /// `fls` to the CPU's bucket.
+    /// Moves every page above `keep` on the held CPU's stacks `ks` (freelist
+    /// times colours plus colour) to the CPU's bucket.
     ///
     /// CONTEXT: the CPU held.
-    pub(crate) fn move_to_bucket(&self, h: &Held<'_>, fls: core::ops::Range<usize>, keep: usize) {
+    pub(crate) fn move_to_bucket(&self, h: &Held<'_>, ks: core::ops::Range<usize>, keep: usize) {
         let pc = self.pcpu(h.cpu);
         let b = pc.bucket as usize;
         let nc = self.p.ncolours;
@@ -574,11 +596,11 @@ impl PageAllocator<'_> {
         let listed = self.listed(b);
         let mut bg = self.buckets[b].lock();
         let mut moved_all = 0;
-        for fl in fls {
+        for fl in ks.start / nc..ks.end.div_ceil(nc) {
             let (mut moved, mut joined) = (0, 0u64);
             for c in 0..nc {
                 let k = fl * nc + c;
-                if self.depth_of(h.cpu, k) <= keep {
+                if !ks.contains(&k) || self.depth_of(h.cpu, k) <= keep {
                     continue;
                 }
                 let list = bg.list(fl, c, nc);
@@ -615,7 +637,7 @@ impl PageAllocator<'_> {
             }
             let h = self.hold(cpu);
             self.collect_remote(&h, false);
-            self.move_to_bucket(&h, 0..self.p.nfl, 0);
+            self.move_to_bucket(&h, 0..self.stacks(), 0);
         }
     }
 
@@ -640,10 +662,10 @@ impl PageAllocator<'_> {
                 continue;
             }
             let h = self.hold(cpu);
-            pc.high.store(self.p.depth as u32, Relaxed);
+            self.set_high(cpu, self.p.depth);
             pc.spilled.store(0, Relaxed);
             self.collect_remote(&h, false);
-            self.move_to_bucket(&h, 0..self.p.nfl, 0);
+            self.move_to_bucket(&h, 0..self.stacks(), 0);
         }
     }
 
@@ -658,7 +680,7 @@ impl PageAllocator<'_> {
                 let mut h = self.hold(cpu);
                 h.enabled = false;
                 self.collect_remote(&h, true);
-                self.move_to_bucket(&h, 0..self.p.nfl, 0);
+                self.move_to_bucket(&h, 0..self.stacks(), 0);
             }
         }
     }

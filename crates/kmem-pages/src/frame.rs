@@ -1,10 +1,18 @@
 //! The record kept for every page frame, and the colour lists made of them.
 //!
 //! ```text
-//!   Frame (16 bytes, in the metadata area, never in the page itself)
+//!   Frame (64 bytes: one cache line; in the metadata area, never in the page)
 //!   +--------------------------------+--------+-----------------+
 //!   | state: len:24 | bkt:3 mark zero kind:3 |  next  |  link (64 bits) |
 //!   +--------------------------------+--------+-----------------+
+//!
+//!   A record fills a cache line, as Linux's `struct page` does: a record
+//!   is written on every allocation and free (its state, the stack link),
+//!   and frames of one line otherwise end up in the caches of different
+//!   CPUs, which then pass the line back and forth on every operation. On
+//!   16 real CPUs (the pages suite, one page in four freed by another
+//!   thread) 16-byte records scaled to 2.7-3.2x one thread, 64-byte ones to
+//!   7.3x; the metadata is 1.6 % of the memory managed instead of 0.4 %.
 //!
 //!   link   FREE: the colour list's `prev` (its low 32 bits)
 //!          CACHED: the per-CPU stack's `top` below this frame (see `cache`)
@@ -87,8 +95,8 @@ pub(crate) const fn head_state(len: usize, bucket: usize) -> u32 {
     K_HEAD | ((bucket as u32) << BUCKET_SHIFT) | ((len as u32) << LEN_SHIFT)
 }
 
-/// The metadata record of one page frame.
-#[repr(C, align(16))]
+/// The metadata record of one page frame, a cache line of its own.
+#[repr(C, align(64))]
 pub(crate) struct Frame {
     pub(crate) state: AtomicU32,
     pub(crate) next: AtomicU32,
@@ -322,6 +330,6 @@ mod tests {
         let f = free_state(7, true);
         assert_eq!((kind(f), bucket_of(f), f & ZERO != 0), (K_FREE, 7, true));
         assert_eq!(run_len(head_state(MAX_RUN, 0)), MAX_RUN);
-        assert_eq!(core::mem::size_of::<Frame>(), 16);
+        assert_eq!(core::mem::size_of::<Frame>(), 64, "one cache line a frame");
     }
 }

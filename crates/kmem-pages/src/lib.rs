@@ -17,7 +17,7 @@
 //!    |     stack[f][c]       cached frames linked through their records
 //!    |                       (the per-CPU cache; restartable sequences)
 //!    |
-//!    +- frame[i]             16-byte record per page frame, apart from the
+//!    +- frame[i]             64-byte record per page frame, apart from the
 //!                            pages: state | bucket | zero flag, list links
 //! ```
 //!
