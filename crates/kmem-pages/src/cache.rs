@@ -88,6 +88,7 @@ use crate::state::Params;
 use crate::state::{clear_bit, set_bit, BucketState, CpuCache, PageAllocator, PerCpu, AREA_HEADER};
 
 /// Bytes of a frame record: the sequences' "page" size.
+#[cfg(feature = "os")]
 const FRAME_BYTES: usize = core::mem::size_of::<Frame>();
 
 /// `taken`: a thread holds the CPU's stacks.
