@@ -173,10 +173,12 @@ fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut buf[off..off + len]
 }
 
-/// An upper bound of the allocator's metadata for `n` frames.
-fn meta_bound(n: usize, ncpus: usize, nfl: usize, nc: usize, depth: usize) -> usize {
-    let slots = (nfl * nc * (depth + 1) * 4).next_multiple_of(128);
-    16 * n + 8 * 8 * n.div_ceil(64) + 8 * nfl * nc * 16 + ncpus * (128 + slots) + 4 * 128
+/// An upper bound of the allocator's metadata for `n` frames: 64-byte frame
+/// records, the listed maps of up to 8 buckets, their colour lists, and per
+/// CPU a record and a cache area (a 32-word header, two words a stack).
+fn meta_bound(n: usize, ncpus: usize, nfl: usize, nc: usize) -> usize {
+    let area = ((32 + 2 * nfl * nc) * 8).next_multiple_of(128);
+    64 * n + 8 * 8 * n.div_ceil(64) + 8 * nfl * nc * 16 + ncpus * (128 + area) + 4 * 128
 }
 
 /// `PAGES_DEBUG=1` prints each decoded input (to explain a crash file).
@@ -239,13 +241,9 @@ fuzz_target!(|input: Input| {
             1 => CacheMode::On,
             _ => CacheMode::Off,
         });
-    let budget = if s.cache_pages == 0 {
-        7 * nc
-    } else {
+    if s.cache_pages != 0 {
         cfg = cfg.cache_bytes(s.cache_pages as usize * ps);
-        (s.cache_pages as usize).max(2)
-    };
-    let depth = budget.div_ceil(nc).clamp(2, 64);
+    }
     let grow = s.grow;
     let mut limits = Vec::new();
     if grow {
@@ -271,7 +269,7 @@ fuzz_target!(|input: Input| {
         retain: r as usize * ps,
         delay_ms: d as u32,
     });
-    let meta = meta_bound(pages, cpus, nfl, nc, depth);
+    let meta = meta_bound(pages, cpus, nfl, nc);
     match s.backing {
         Backing::Region => {
             let a = PageAllocator::with_config(&topo, Cpus::Simulated, pages * ps, &cfg).unwrap();
