@@ -259,7 +259,9 @@ impl PageAllocator<'_> {
                 for c in 0..nc {
                     let k = f * nc + c;
                     let (mut d, mut top) = (self.depth_of(cpu, k), self.top_word(&h, k));
-                    if d > self.p.max_depth + 1 {
+                    // A free may take a stack one past its bound before it
+                    // spills; a remote list taken over may add up to its limit.
+                    if d > self.p.max_depth * (nc + 1) + 1 {
                         return Err("stack deeper than the largest bound");
                     }
                     here += d;

@@ -423,3 +423,44 @@ fn pages_freed_on_another_cpu_return_to_their_owner() {
     a.check().unwrap();
     assert_eq!(a.free_count(), 2048);
 }
+
+/// A remote list of one colour taken over makes that stack deeper than
+/// its bound until the next free spills it: `check()` accepts that, and
+/// the next free brings the stack back under its bound.
+#[test]
+fn a_remote_list_of_one_colour_taken_over() {
+    let ps = kmem_sys::page_size();
+    let t = Topology::uniform(2, 1, 1).unwrap();
+    let cfg = Config::new()
+        .colours(4)
+        .cache(CacheMode::On)
+        .cache_bytes(8 * ps)
+        .cache_max_bytes(0);
+    let a = PageAllocator::with_config(&t, Cpus::Simulated, 1024 * ps, &cfg).unwrap();
+    assert_eq!(a.cache_bound(0), 2);
+    bind_simulated_cpu(0);
+    let pages: Vec<_> = (0..32).map(|_| a.alloc_page().unwrap()).collect();
+    let colour = |p: NonNull<u8>| a.frame_info(p).unwrap().colour;
+    let (zero, rest): (Vec<_>, Vec<_>) = pages.into_iter().partition(|&p| colour(p) == 0);
+    a.flush_caches();
+    // CPU 1 frees colour 0's pages: they go to CPU 0's remote list (its
+    // limit is the bound times the colours: 8).
+    bind_simulated_cpu(1);
+    for &p in &zero {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(p) }.unwrap();
+    }
+    bind_simulated_cpu(0);
+    let p = a.alloc_page().unwrap(); // a miss: the list is taken over
+    a.check().unwrap();
+    let mut live: Vec<_> = rest;
+    live.push(p);
+    for p in live {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(p) }.unwrap();
+        a.check().unwrap();
+    }
+    a.flush_caches();
+    assert_eq!(a.free_count(), 1024);
+    a.check().unwrap();
+}
