@@ -99,6 +99,9 @@ pub(crate) const fn head_state(len: usize, bucket: usize) -> u32 {
 #[repr(C, align(64))]
 pub(crate) struct Frame {
     pub(crate) state: AtomicU32,
+    /// The colour list's next frame while `FREE`; while allocated as one
+    /// page, the CPU that allocated it (`NIL` for a run's head), where a
+    /// free on another CPU sends it back (see `cache`).
     pub(crate) next: AtomicU32,
     /// The colour list's previous frame while `FREE` (low 32 bits), the
     /// per-CPU stack's packed `top` below this frame while `CACHED`: one

@@ -234,6 +234,52 @@ impl PageAllocator<'_> {
         r
     }
 
+    /// Walks a chain of cached frames (a stack or a remote list) from its
+    /// packed `top`: each frame in range, `CACHED` in `bucket`, on no list
+    /// (`unlisted`), on no other chain (MARK, which it sets) and where
+    /// `placed` says; the depths count down by one to an empty end. Returns
+    /// the chain's length.
+    fn check_chain(
+        &self,
+        mut top: u64,
+        bucket: u32,
+        unlisted: &dyn Fn(usize) -> bool,
+        placed: impl Fn(usize) -> bool,
+    ) -> core::result::Result<usize, &'static str> {
+        let fr = self.frames();
+        let n = stack_depth(top);
+        let mut d = n;
+        while let Some(j) = stack_index(top) {
+            let j = j as usize;
+            if j >= fr.len() {
+                return Err("cached chain entry out of range");
+            }
+            if stack_depth(top) != d || d == 0 {
+                return Err("cached chain depth does not count down");
+            }
+            let st = fr[j].state();
+            if kind(st) != K_CACHED || st & MARK != 0 {
+                return Err("cached chain entry not a cached frame, or on two chains");
+            }
+            if bucket_of(st) != bucket as usize {
+                return Err("cached frame of another bucket");
+            }
+            if !placed(j) {
+                return Err("cached frame on the wrong stack");
+            }
+            if !unlisted(j) {
+                return Err("cached frame in a listed map");
+            }
+            fr[j].state.fetch_or(MARK, Relaxed);
+            top = fr[j].link.load(Relaxed);
+            d -= 1;
+        }
+        if d != 0 || stack_depth(top) != 0 {
+            return Err("cached chain shorter than its depth");
+        }
+        Ok(n)
+    }
+
     fn check_inner(&self) -> core::result::Result<(), &'static str> {
         let fr = self.frames();
         let (nc, nfl, nb) = (self.p.ncolours, self.p.nfl, self.p.nb);
@@ -258,41 +304,15 @@ impl PageAllocator<'_> {
             for f in 0..nfl {
                 for c in 0..nc {
                     let k = f * nc + c;
-                    let (mut d, mut top) = (self.depth_of(cpu, k), self.top_word(&h, k));
+                    let d = self.depth_of(cpu, k);
                     // A free may take a stack one past its bound before it
                     // spills; a remote list taken over may add up to its limit.
                     if d > self.p.max_depth * (nc + 1) + 1 {
                         return Err("stack deeper than the largest bound");
                     }
-                    here += d;
-                    while let Some(j) = stack_index(top) {
-                        let j = j as usize;
-                        if j >= fr.len() {
-                            return Err("stack entry out of range");
-                        }
-                        if stack_depth(top) != d || d == 0 {
-                            return Err("stack depth does not count down");
-                        }
-                        let st = fr[j].state();
-                        if kind(st) != K_CACHED || st & MARK != 0 {
-                            return Err("stack entry not a cached frame, or on two stacks");
-                        }
-                        if bucket_of(st) != pc.bucket as usize {
-                            return Err("cached frame of another bucket");
-                        }
-                        if self.freelist_of(j) != f || self.colour_of(j) != c {
-                            return Err("cached frame on the wrong stack");
-                        }
-                        if !busy(j) {
-                            return Err("cached frame in a listed map");
-                        }
-                        fr[j].state.fetch_or(MARK, Relaxed);
-                        top = fr[j].link.load(Relaxed);
-                        d -= 1;
-                    }
-                    if d != 0 || stack_depth(top) != 0 {
-                        return Err("stack shorter than its depth");
-                    }
+                    here += self.check_chain(self.top_word(&h, k), pc.bucket, &busy, |j| {
+                        self.freelist_of(j) == f && self.colour_of(j) == c
+                    })?;
                 }
             }
             // The remote list: CACHED frames of the CPU's bucket, closed
@@ -301,29 +321,7 @@ impl PageAllocator<'_> {
                 None if h.enabled => return Err("remote list closed while the cache runs"),
                 None => {}
                 Some(_) if !h.enabled => return Err("remote list open while paused"),
-                Some(mut top) => {
-                    let mut d = stack_depth(top);
-                    here += d;
-                    while let Some(j) = stack_index(top) {
-                        let j = j as usize;
-                        if j >= fr.len() || stack_depth(top) != d || d == 0 {
-                            return Err("remote list broken");
-                        }
-                        let st = fr[j].state();
-                        if kind(st) != K_CACHED || st & MARK != 0 {
-                            return Err("remote entry not a cached frame, or in two places");
-                        }
-                        if bucket_of(st) != pc.bucket as usize || !busy(j) {
-                            return Err("remote entry of another bucket, or listed");
-                        }
-                        fr[j].state.fetch_or(MARK, Relaxed);
-                        top = fr[j].link.load(Relaxed);
-                        d -= 1;
-                    }
-                    if d != 0 || stack_depth(top) != 0 {
-                        return Err("remote list shorter than its count");
-                    }
-                }
+                Some(top) => here += self.check_chain(top, pc.bucket, &busy, |_| true)?,
             }
             if !h.enabled && here > 0 {
                 return Err("paused cache holds pages");
