@@ -115,13 +115,16 @@ pub(crate) fn next_random(state: &Cell<u64>) -> u64 {
 }
 
 /// One call of a thread in debug mode: every `debug=N`th runs `check()` of
-/// every allocator and aborts with one line when it fails.
+/// every allocator and aborts with one line when it fails. Only a thread's
+/// own block counts: a shared one (a thread starting, exiting, or without a
+/// block) is never written.
 #[inline]
-pub(crate) fn tick(calls: &Cell<u32>) {
+pub(crate) fn tick(t: &Thread) {
     let every = CHECK_EVERY.load(Relaxed);
-    if every == 0 || modes() & DEBUG == 0 {
+    if every == 0 || modes() & DEBUG == 0 || !t.owned() {
         return;
     }
+    let calls = &t.calls;
     let n = calls.get() + 1;
     if n < every {
         calls.set(n);
@@ -248,7 +251,7 @@ pub(crate) fn unguard(at: usize, page: usize) {
 #[cold]
 #[inline(never)]
 pub(crate) fn alloc_hardened(t: &Thread, size: usize, align: usize, zero: bool) -> *mut u8 {
-    tick(&t.calls);
+    tick(t);
     let debug = modes() & DEBUG != 0;
     let Some(req) = size.checked_add(if debug { EXTRA } else { 0 }) else {
         set_errno(libc::ENOMEM);
@@ -325,7 +328,7 @@ pub(crate) fn usable_hardened(what: &str, p: *mut u8) -> usize {
 /// # Safety
 /// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
 pub(crate) unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
-    tick(&t.calls);
+    tick(t);
     let n = k * NTA.geometry().chunk();
     if modes() & DEBUG != 0 {
         // SAFETY: a live block of n bytes, given up.
@@ -350,7 +353,7 @@ pub(crate) unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
 #[cold]
 #[inline(never)]
 pub(crate) fn free_large_hardened(what: &str, l: &Large, p: *mut u8) {
-    tick(&thread().calls);
+    tick(thread());
     let a = p as usize;
     let n = match l.usable_size(a) {
         Ok(n) => n,

@@ -36,11 +36,14 @@
 //! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
 //! served by nta directly. Other threads wait for the one that initialises.
 //!
-//! **Threads.** The front cache lives in the thread's TLS (plain data,
-//! zero-initialised, no Rust destructor: registering one would call
-//! `__cxa_thread_atexit_impl`, which allocates). A pthread key's destructor
-//! flushes it back when the thread exits; calls after that go straight to
-//! nta, so nothing stays parked in a dead thread.
+//! **Threads.** The front cache lives in a 1 KiB block of nta's that the
+//! thread's first call takes, found through one pointer of initial-exec TLS
+//! (8 bytes: the library also loads by `dlopen` after start-up, where glibc
+//! keeps little spare static TLS). No Rust destructor (registering one would
+//! call `__cxa_thread_atexit_impl`, which allocates): a pthread key's
+//! destructor flushes the cache and frees the block when the thread exits;
+//! calls after that go straight to nta, so nothing stays parked in a dead
+//! thread.
 //!
 //! **fork.** `pthread_atfork` handlers take every lock (nta's heaps and node
 //! pool, its region's guard, the large arena's lock) before `fork()` and
@@ -245,67 +248,102 @@ fn cached(mode: u8) -> bool {
     mode == T_FAST || mode == T_HARD || mode == T_SECURE
 }
 
-// The thread's `Thread` lives in the library's own TLS block, initial-exec
-// model: one `%fs`-relative add, where `thread_local!` in a shared object
-// calls `__tls_get_addr` on every malloc (and needs std). The block is
-// `.tbss`, all zero at thread start: `T_NEW` is 0 and `FrontCache::new()` is
-// all zero bytes (null heads, zero counts), which `zeroed_thread_is_new`
-// checks. No destructor (FrontCache is plain data), so no registration with
-// `__cxa_thread_atexit_impl`: the pthread key below flushes it.
+// A thread's `Thread` is a block of nta's (16 chunks), and the thread finds it
+// through one pointer in the library's own TLS, initial-exec model: a GOT
+// load and one `%fs`-relative load, where `thread_local!` in a shared object
+// calls `__tls_get_addr` on every malloc (and needs std). The pointer is
+// `.tdata` whose initial value is the address of `NEW`, a shared block in
+// state `T_NEW` (the dynamic linker relocates the TLS image before any
+// thread copies it): each thread starts pointing there, and its first call
+// starts it; no null test on the fast path.
+//
+// Eight bytes of initial-exec TLS fit in what glibc keeps spare for
+// libraries loaded after start-up (`rtld.optional_static_tls`, 512 bytes by
+// default, and less in some set-ups), so a `dlopen` of this library works;
+// the whole block in TLS (1 KiB) did not (`cannot allocate memory in static
+// TLS block`). The block needs no constructor and no destructor: the pthread
+// key's destructor flushes the cache and frees the block.
+//
+// The shared blocks (`NEW`, `DIRECT`) are never written: their mode is
+// `T_NEW` or `T_DIRECT`, which never touch the front cache, and the debug
+// counter and random sequence are kept only in a thread's own block
+// (`Thread::owned`).
 //
 // The symbol is global (the code that reads it may sit in another codegen
 // unit) but hidden, so it is not exported from the library.
-//
-// Initial-exec TLS is what preloaded or linked libraries get (their blocks
-// are placed at startup); a `dlopen` of this library after startup fails
-// with "cannot allocate memory in static TLS block" when glibc's spare
-// static TLS (rtld.optional_static_tls, 512 bytes by default) is smaller
-// than the block: jemalloc and mimalloc have the same rule.
 #[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
-    ".pushsection .tbss,\"awT\",@nobits",
-    ".p2align 6",
+    ".pushsection .tdata,\"awT\",@progbits",
+    ".p2align 3",
     ".globl kmem_malloc_thread",
     ".hidden kmem_malloc_thread",
     ".type kmem_malloc_thread,@object",
-    ".size kmem_malloc_thread, {size}",
+    ".size kmem_malloc_thread, 8",
     "kmem_malloc_thread:",
-    ".zero {size}",
+    ".quad {new}",
     ".popsection",
-    size = const core::mem::size_of::<Thread>(),
+    new = sym NEW,
     options(att_syntax),
 );
 
 #[cfg(target_arch = "aarch64")]
 core::arch::global_asm!(
-    ".pushsection .tbss,\"awT\",%nobits",
-    ".p2align 6",
+    ".pushsection .tdata,\"awT\",%progbits",
+    ".p2align 3",
     ".globl kmem_malloc_thread",
     ".hidden kmem_malloc_thread",
     ".type kmem_malloc_thread,%object",
-    ".size kmem_malloc_thread, {size}",
+    ".size kmem_malloc_thread, 8",
     "kmem_malloc_thread:",
-    ".zero {size}",
+    ".xword {new}",
     ".popsection",
-    size = const core::mem::size_of::<Thread>(),
+    new = sym NEW,
 );
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!(
-    "kmem-malloc's thread block is written for x86-64 and AArch64 (initial-exec \
-     TLS in asm); other targets need their own `thread()`"
+    "kmem-malloc's thread pointer is written for x86-64 and AArch64 (initial-exec \
+     TLS in asm); other targets need their own `slot()`"
 );
 
-const _: () = assert!(core::mem::align_of::<Thread>() <= 64);
+/// A block that threads share: never written (see above).
+struct Shared(Thread);
 
+// SAFETY: a shared block is only read (its mode is T_NEW or T_DIRECT, whose
+// paths never write a `Thread` that is not `owned`).
+unsafe impl Sync for Shared {}
+
+/// What a thread that has not started reads.
+static NEW: Shared = Shared(Thread::new(T_NEW));
+/// What a thread reads while it starts, after it exits, or when it could not
+/// get a block of its own: calls go straight to nta.
+static DIRECT: Shared = Shared(Thread::new(T_DIRECT));
+
+impl Thread {
+    const fn new(mode: u8) -> Thread {
+        Thread {
+            mode: Cell::new(mode),
+            calls: Cell::new(0),
+            rng: Cell::new(0),
+            front: UnsafeCell::new(FrontCache::new()),
+        }
+    }
+
+    /// True for a thread's own block, false for a shared one.
+    #[inline]
+    fn owned(&self) -> bool {
+        !ptr::eq(self, &NEW.0) && !ptr::eq(self, &DIRECT.0)
+    }
+}
+
+/// The address of this thread's pointer to its block.
 #[inline(always)]
-fn thread() -> &'static Thread {
-    let p: *const Thread;
-    // SAFETY: `kmem_malloc_thread` is this library's TLS symbol (defined
-    // above, size and alignment of Thread); its GOT slot holds its offset
-    // from the thread pointer (R_X86_64_TPOFF64, resolved at load), and
-    // %fs:0 holds the thread pointer itself (x86-64 TLS ABI). The asm only
-    // reads memory.
+fn slot() -> *mut *const Thread {
+    let p: *mut *const Thread;
+    // SAFETY: `kmem_malloc_thread` is this library's 8-byte TLS symbol
+    // (defined above); its GOT slot holds its offset from the thread pointer
+    // (R_X86_64_TPOFF64, resolved at load), and %fs:0 holds the thread
+    // pointer itself (x86-64 TLS ABI). The asm only reads memory.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         core::arch::asm!(
@@ -329,50 +367,120 @@ fn thread() -> &'static Thread {
             options(pure, readonly, nostack, preserves_flags),
         );
     }
-    // SAFETY: the block lives as long as the thread and a thread's calls
-    // never outlive it; zero bytes are a valid `Thread` in state T_NEW (see
-    // above), and it is only used through Cell and UnsafeCell by this thread.
+    p
+}
+
+/// Points this thread at `t`.
+fn set_thread(t: &'static Thread) {
+    // SAFETY: the slot is this thread's own TLS word, live as long as it.
+    unsafe { *slot() = t };
+}
+
+#[inline(always)]
+fn thread() -> &'static Thread {
+    let p: *const Thread;
+    // SAFETY: as in `slot`, with the load of the slot's word folded in: the
+    // GOT slot holds the symbol's offset from the thread pointer, and a
+    // %fs-relative load reads this thread's word. The asm only reads memory.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::asm!(
+            "movq kmem_malloc_thread@GOTTPOFF(%rip), {p}",
+            "movq %fs:({p}), {p}",
+            p = out(reg) p,
+            options(att_syntax, pure, readonly, nostack, preserves_flags),
+        );
+    }
+    // SAFETY: as above for AArch64.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        core::arch::asm!(
+            "mrs {p}, tpidr_el0",
+            "adrp {t}, :gottprel:kmem_malloc_thread",
+            "ldr {t}, [{t}, :gottprel_lo12:kmem_malloc_thread]",
+            "ldr {p}, [{p}, {t}]",
+            p = out(reg) p,
+            t = out(reg) _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    // SAFETY: the word points at a shared block (`NEW` from the thread's
+    // start) or at this thread's own block, which lives until the key's
+    // destructor points the word elsewhere and frees it. An own block is only
+    // used through Cell and UnsafeCell, by this thread.
     unsafe { &*p }
 }
 
 // ---- initialisation ------------------------------------------------------
 
+/// A thread's first call: its block, in the mode the options say. Returns
+/// what `thread()` reads from now on.
 #[cold]
 #[inline(never)]
-fn thread_start(t: &Thread) {
+fn thread_start() -> &'static Thread {
     // Re-entrant calls (from what initialisation calls) go straight to nta.
-    t.mode.set(T_DIRECT);
+    set_thread(&DIRECT.0);
     init();
     let o = options();
     let mode = if o.engine == Engine::Pow2 && POW2.get().is_some() {
         T_POW2
-    } else if o.front_cache {
-        match KEY.get() {
-            // SAFETY: a key we created; any non-null value makes the
-            // destructor run at thread exit.
-            Some(&k) if unsafe { libc::pthread_setspecific(k, ptr::dangling::<c_void>()) } == 0 => {
-                match harden::modes() {
-                    0 => T_FAST,
-                    harden::SECURE => T_SECURE,
-                    _ => T_HARD,
-                }
-            }
-            _ => T_DIRECT,
-        }
-    } else {
+    } else if !o.front_cache {
         T_DIRECT
+    } else {
+        match harden::modes() {
+            0 => T_FAST,
+            harden::SECURE => T_SECURE,
+            _ => T_HARD,
+        }
     };
-    t.mode.set(mode);
+    let Some(&key) = KEY.get() else {
+        return &DIRECT.0;
+    };
+    let Ok(b) = NTA.alloc(Layout::new::<Thread>()) else {
+        return &DIRECT.0;
+    };
+    let b = b.cast::<Thread>();
+    // SAFETY: a new block of Thread's size and alignment, ours alone.
+    unsafe { b.as_ptr().write(Thread::new(mode)) };
+    // SAFETY: a key we created; the destructor gets the block at exit.
+    if unsafe { libc::pthread_setspecific(key, b.as_ptr().cast()) } != 0 {
+        // SAFETY: the block just made, given back unused.
+        unsafe { free_block(b.as_ptr()) };
+        return &DIRECT.0;
+    }
+    // SAFETY: the block lives until this thread's key destructor frees it.
+    let t = unsafe { &*b.as_ptr() };
+    set_thread(t);
+    t
+}
+
+/// This thread's block, the thread started if it had not.
+#[inline]
+fn started() -> &'static Thread {
+    let t = thread();
+    if t.mode.get() == T_NEW {
+        thread_start()
+    } else {
+        t
+    }
+}
+
+/// Frees a thread's own block.
+///
+/// # Safety
+/// `b` is a block `thread_start` made that nothing uses any more.
+unsafe fn free_block(b: *mut Thread) {
+    // SAFETY: forwarded; a live allocation of nta's.
+    if let Err(e) = unsafe { NTA.free(NonNull::new_unchecked(b.cast())) } {
+        die("thread exit", b.cast(), &e)
+    }
 }
 
 /// Runs when the library is loaded (before `main`), so that the options
 /// are read and the exit statistics registered even in a program that never
 /// allocates. Any thread's first call would do the same.
 extern "C" fn at_load() {
-    let t = thread();
-    if t.mode.get() == T_NEW {
-        thread_start(t);
-    }
+    started();
 }
 
 #[used]
@@ -475,15 +583,23 @@ fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
     }
 }
 
-/// The pthread key's destructor: the exiting thread's cache goes back.
-extern "C" fn thread_exit(_: *mut c_void) {
-    let t = thread();
+/// The pthread key's destructor, given the exiting thread's own block: its
+/// cache goes back, then the block. Calls after this one (glibc and other
+/// keys' destructors still allocate) read `DIRECT` and go straight to nta,
+/// so nothing stays parked in a dead thread and nothing writes a freed block.
+extern "C" fn thread_exit(b: *mut c_void) {
+    let b = b.cast::<Thread>();
+    set_thread(&DIRECT.0);
+    // SAFETY: the value `thread_start` gave the key: this thread's own
+    // block, live until freed below, used by this thread alone.
+    let t = unsafe { &*b };
     if cached(t.mode.get()) {
-        t.mode.set(T_DIRECT);
         // SAFETY: this thread's cache, not borrowed elsewhere (the allocator
         // does not re-enter here); it only ever holds NTA's chunks.
         unsafe { (*t.front.get()).flush_all(&NTA) };
     }
+    // SAFETY: nothing reads the block any more: the slot points elsewhere.
+    unsafe { free_block(b) };
 }
 
 extern "C" fn fork_prepare() {
@@ -564,10 +680,7 @@ fn set_errno(e: c_int) {
 /// Null (errno ENOMEM) when the request cannot be met.
 #[inline(never)]
 fn alloc_slow(size: usize, align: usize, zero: bool) -> *mut u8 {
-    let t = thread();
-    if t.mode.get() == T_NEW {
-        thread_start(t);
-    }
+    let t = started();
     if harden::modes() != 0 {
         return harden::alloc_hardened(t, size.max(1), align, zero);
     }
@@ -712,8 +825,9 @@ fn free_in(what: &str, p: *mut u8) {
 /// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
 #[inline(never)]
 unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
+    let mut t = t;
     if t.mode.get() == T_NEW {
-        thread_start(t);
+        t = thread_start();
         if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
             // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
             unsafe { (*t.front.get()).push(&NTA, p, k) };
@@ -896,9 +1010,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         free_in("realloc", p.cast());
         return ptr::null_mut();
     }
-    if thread().mode.get() == T_NEW {
-        thread_start(thread());
-    }
+    started();
     realloc_in(p.cast(), size).cast()
 }
 
@@ -1090,10 +1202,7 @@ extern "C" fn print_stats() {
 /// (`mallopt(M_TRIM_THRESHOLD)`), the rest of the return policy as the
 /// options say.
 fn set_retain(retain: usize) {
-    let t = thread();
-    if t.mode.get() == T_NEW {
-        thread_start(t);
-    }
+    started();
     let policy = kmem_core::ReturnPolicy {
         retain,
         ..options().policy

@@ -183,15 +183,31 @@ fn blocks_freed_on_another_thread() {
     check().unwrap();
 }
 
-/// The thread block starts as zero bytes (`.tbss`): those must read as a
-/// thread that has not started, with an empty front cache.
+/// A thread's TLS word starts null (`.tbss`), which reads as `NEW`: a
+/// thread that has not started, with an empty front cache, shared and
+/// never written.
 #[test]
-fn zeroed_thread_is_new() {
-    // SAFETY: Thread is Cell<u8> and UnsafeCell<FrontCache>, whose fields are
-    // integers and raw pointers: zero bytes are a valid value of each.
-    let t: Thread = unsafe { core::mem::zeroed() };
-    assert_eq!(t.mode.get(), T_NEW);
-    // SAFETY: `t` is ours alone.
+fn a_new_thread_reads_the_shared_new_block() {
+    // A bare pthread: std's thread start allocates before the closure runs.
+    extern "C" fn first_look(_: *mut c_void) -> *mut c_void {
+        let t = thread();
+        let seen = t.owned() || t.mode.get() != T_NEW;
+        (t as *const Thread as usize | seen as usize) as *mut c_void
+    }
+    let mut id: libc::pthread_t = 0;
+    let mut seen: *mut c_void = ptr::null_mut();
+    // SAFETY: a plain C thread running a function that only reads; joined
+    // below.
+    unsafe {
+        assert_eq!(
+            libc::pthread_create(&mut id, ptr::null(), first_look, ptr::null_mut()),
+            0
+        );
+        assert_eq!(libc::pthread_join(id, &mut seen), 0);
+    }
+    assert_eq!(seen as usize, &NEW.0 as *const Thread as usize);
+    let t = &NEW.0;
+    // SAFETY: NEW is only ever read.
     let f = unsafe { &*t.front.get() };
     assert_eq!(f.bytes(), 0);
     for k in 0..=FRONT_CLASSES {
