@@ -147,9 +147,12 @@ pub fn ensure() -> Outcome {
         let run = |args: &[&str]| -> bool {
             let mut all: Vec<&str> = prefix.clone();
             all.extend_from_slice(args);
+            // apt's and dpkg's chatter goes to stderr: stdout carries the
+            // report (or `--json`).
             Command::new(all[0])
                 .args(&all[1..])
                 .env("DEBIAN_FRONTEND", "noninteractive")
+                .stdout(std::io::stderr())
                 .status()
                 .is_ok_and(|s| s.success())
         };
