@@ -6,9 +6,11 @@ use kmem_core::{Error, PageSource, Result};
 
 use crate::node::{NodePtr, Pool};
 use crate::rbtree::{Aug, MaxAug, NoAug, Tree};
+use floors::Floors;
 
 mod blocks;
 mod check;
+mod floors;
 mod search;
 mod undo;
 
@@ -59,6 +61,11 @@ pub struct VmapStats {
     pub nodes: u64,
     /// Pages taken from the page source for nodes.
     pub node_pages: u64,
+    /// Near misses so far: free blocks of at least the requested size that
+    /// aligned searches passed because no aligned start in them had room.
+    /// Each alignment that meets them keeps a floor, so that its later
+    /// requests start above the blocks that cannot serve them.
+    pub near_misses: u64,
 }
 
 /// Default lazy threshold as Linux's `lazy_max_pages()`: `fls(cpus) * 32 MiB`.
@@ -107,6 +114,13 @@ pub struct VmapArena<P: PageSource> {
     young: [NodePtr; YOUNG],
     /// What the last allocation proved about the space below it.
     hint: Hint,
+    /// What aligned allocations proved, per alignment (see `floors`).
+    floors: Floors,
+    /// The last search met a near miss (its alignment gets a floor).
+    missed: bool,
+    /// Blocks of at least the requested size that aligned searches passed
+    /// because no aligned start in them had room.
+    near_misses: u64,
     /// The undo cache: the area of the last allocation when it was freed
     /// right after (no other change in between), kept aside, or null. It is
     /// free (counted so, and shown merged with its neighbours), and the
@@ -225,9 +239,14 @@ enum Merged {
 /// Inserts the detached node `n` into `tree` by address, merging it with the
 /// previous and/or next block when they touch it; only links it when it
 /// touches neither. The neighbours are the last nodes where the search went
-/// right (previous) and left (next), so no extra walk is needed.
+/// right (previous) and left (next), so no extra walk is needed. Returns
+/// how, and the block that holds `n`'s range now.
 #[inline]
-fn merge_insert<A: Aug, P: PageSource>(tree: &mut Tree, pool: &mut Pool<P>, n: NodePtr) -> Merged {
+fn merge_insert<A: Aug, P: PageSource>(
+    tree: &mut Tree,
+    pool: &mut Pool<P>,
+    n: NodePtr,
+) -> (Merged, NodePtr) {
     let (s, e) = (n.start(), n.end());
     let mut cur = tree.root;
     let mut parent = NodePtr::NULL;
@@ -271,23 +290,23 @@ fn merge_insert<A: Aug, P: PageSource>(tree: &mut Tree, pool: &mut Pool<P>, n: N
             A::propagate(prev, NodePtr::NULL);
             pool.put(next);
             pool.put(n);
-            Merged::Both
+            (Merged::Both, prev)
         }
         (true, false) => {
             prev.set_end(e);
             A::propagate(prev, NodePtr::NULL);
             pool.put(n);
-            Merged::One
+            (Merged::One, prev)
         }
         (false, true) => {
             next.set_start(s);
             A::propagate(next, NodePtr::NULL);
             pool.put(n);
-            Merged::One
+            (Merged::One, next)
         }
         (false, false) => {
             tree.link::<A>(n, parent, left);
-            Merged::Inserted
+            (Merged::Inserted, n)
         }
     }
 }
@@ -369,6 +388,9 @@ impl<P: PageSource> VmapArena<P> {
             purges: 0,
             young: [NodePtr::NULL; YOUNG],
             hint: Hint::NONE,
+            floors: Floors::NONE,
+            missed: false,
+            near_misses: 0,
             park: NodePtr::NULL,
             pool: Pool::new(source),
         };
@@ -443,7 +465,7 @@ impl<P: PageSource> VmapArena<P> {
         // left remainder, so nothing below can fail half way.
         self.pool.reserve(2)?;
         let h = self.hint;
-        let from = if h.covers(size, align, lo, hi) {
+        let mut from = if h.covers(size, align, lo, hi) {
             // The free block that starts where the last allocation ended, if
             // it is the next candidate: no search at all when it fits.
             if !h.block.is_null() {
@@ -455,6 +477,11 @@ impl<P: PageSource> VmapArena<P> {
         } else {
             lo
         };
+        if align > 1 {
+            if let Some(f) = self.floors.get(align.trailing_zeros(), size) {
+                from = from.max(f);
+            }
+        }
         let found = if from < hi && hi - from >= size {
             self.find_fit(size, align - 1, from, hi)
         } else {
@@ -469,6 +496,16 @@ impl<P: PageSource> VmapArena<P> {
     /// Takes the fit and records what it proves for the next search.
     #[inline(always)]
     fn take_hinted(&mut self, n: NodePtr, x: u64, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
+        if align > 1 {
+            let k = align.trailing_zeros();
+            if lo == self.start && (self.missed || self.floors.has(k)) {
+                // `x` is the lowest fit of `[start, hi)`: nothing of the
+                // arena fits below it, and `[x, x + size)` is busy from now
+                // on. Kept only for alignments that met near misses.
+                self.floors.prove(k, size, x + size);
+            }
+            self.missed = false;
+        }
         let cut = self.take(n, x, size);
         let block = match cut {
             Cut::Left(n) | Cut::Middle(_, n) => n,
@@ -670,10 +707,14 @@ impl<P: PageSource> VmapArena<P> {
     fn insert_free(&mut self, n: NodePtr) {
         self.hint.align = 0;
         self.free_bytes += n.size();
-        match merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n) {
+        let (m, b) = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n);
+        match m {
             Merged::Inserted => self.free_blocks += 1,
             Merged::One => {}
             Merged::Both => self.free_blocks -= 1,
+        }
+        if self.floors.any() {
+            self.floors.lower(b.start(), b.end(), self.start, self.end);
         }
     }
 
@@ -693,7 +734,7 @@ impl<P: PageSource> VmapArena<P> {
         let size = n.size();
         self.lazy_bytes += size;
         self.lazy_areas += 1;
-        match merge_insert::<NoAug, P>(&mut self.lazy, &mut self.pool, n) {
+        match merge_insert::<NoAug, P>(&mut self.lazy, &mut self.pool, n).0 {
             Merged::Inserted => self.lazy_nodes += 1,
             Merged::One => {}
             Merged::Both => self.lazy_nodes -= 1,
@@ -717,6 +758,7 @@ impl<P: PageSource> VmapArena<P> {
         if !self.park.is_null() {
             self.unpark();
         }
+        self.floors.clear();
         let released = self.lazy_bytes;
         if self.lazy.root.is_null() {
             return 0;
@@ -828,6 +870,7 @@ impl<P: PageSource> VmapArena<P> {
             purges: self.purges,
             nodes: nodes as u64,
             node_pages: pages as u64,
+            near_misses: self.near_misses,
         }
     }
 

@@ -449,3 +449,54 @@ fn fork_prepare_holds_the_lock_until_release() {
     });
     a.check().unwrap();
 }
+
+/// An aligned request among holes that cannot serve it (each hole its size,
+/// none at its alignment) passes them once: its alignment keeps a floor, and
+/// the same class asks again after other requests and frees (the holes
+/// freed again too) without passing them again. The answers stay the lowest
+/// fits.
+#[test]
+fn near_misses_are_passed_once_per_alignment() {
+    const HOLES: u64 = 2000;
+    let mut a = VmapArena::with_lazy_max(source(1024), 0, 1 << 20, 1 << 20).unwrap();
+    // kept, hole, kept, hole...: holes of 2 units at 2 mod 4.
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for _ in 0..HOLES {
+        kept.push(a.alloc(2, 1).unwrap());
+        holes.push(a.alloc(2, 1).unwrap());
+    }
+    for &h in &holes {
+        a.free(h).unwrap();
+    }
+    let top = 4 * HOLES;
+    // 2 units at 4: no hole serves it; the lowest fit is the top block.
+    let x = a.alloc(2, 4).unwrap();
+    assert_eq!(x, top);
+    let walked = a.stats().near_misses;
+    assert!(walked >= HOLES - 1, "{walked} near misses");
+    a.free(x).unwrap();
+    a.check().unwrap();
+    for round in 0..50 {
+        // Other requests between: a hole taken and freed, a larger area.
+        let h = a.alloc(2, 1).unwrap();
+        assert_eq!(h, 2);
+        let big = a.alloc(7, 1).unwrap();
+        a.free(h).unwrap();
+        let x = a.alloc(2, 4).unwrap();
+        assert_eq!(x, top + 8, "round {round}");
+        a.free(big).unwrap();
+        a.free(x).unwrap();
+        a.check().unwrap();
+    }
+    assert!(
+        a.stats().near_misses - walked < 10,
+        "{} near misses after the first request",
+        a.stats().near_misses - walked
+    );
+    // A free that joins two holes into one that serves the class lowers its
+    // floor: the answer is there, far below the floor.
+    a.free(kept[10]).unwrap();
+    assert_eq!(a.alloc(2, 4).unwrap(), kept[10]);
+    a.check().unwrap();
+}

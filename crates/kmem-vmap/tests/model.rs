@@ -57,6 +57,12 @@ enum Op {
     Undo,
     /// The last request again (the undo cache answers it when it parked).
     Again,
+    /// `count` areas of `size` in a row, then every other one freed: holes
+    /// that aligned requests of their size pass as near misses.
+    Holes {
+        size: u64,
+        count: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -85,6 +91,23 @@ fn churn_op() -> impl Strategy<Value = Op> {
             .prop_map(|(size, shift, lo, len)| Op::AllocIn { size, shift, lo, len }),
         1 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         6 => any::<usize>().prop_map(|pick| Op::FreeLazy { pick }),
+        1 => Just(Op::Purge),
+        2 => Just(Op::Undo),
+        2 => Just(Op::Again),
+    ]
+}
+
+/// Aligned requests of the holes' sizes among frees that make, fill and
+/// reopen holes: the conditions under which a search starts from its
+/// alignment's floor, and the frees that must lower it.
+fn near_miss_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (1u64..5, 2u64..40).prop_map(|(size, count)| Op::Holes { size, count }),
+        8 => (1u64..5, 0u32..7).prop_map(|(size, shift)| Op::Alloc { size, shift }),
+        1 => (1u64..5, 0u32..7, 0u64..LEN, 1u64..LEN)
+            .prop_map(|(size, shift, lo, len)| Op::AllocIn { size, shift, lo, len }),
+        3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::FreeLazy { pick }),
         1 => Just(Op::Purge),
         2 => Just(Op::Undo),
         2 => Just(Op::Again),
@@ -244,6 +267,20 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 }
             }
+            Op::Holes { size, count } => {
+                let mut made = Vec::new();
+                for _ in 0..count {
+                    let want = m.alloc(size, 1, START, END);
+                    prop_assert_eq!(a.alloc(size, 1).ok(), want, "holes: alloc({})", size);
+                    made.extend(want);
+                }
+                for &x in made.iter().skip(1).step_by(2) {
+                    prop_assert_eq!(a.free(x), Ok(size));
+                    m.busy.remove(&x);
+                }
+                last = None;
+                last_x = None;
+            }
             Op::Purge => {
                 let want = m.lazy_bytes();
                 prop_assert_eq!(a.purge(), want);
@@ -329,6 +366,13 @@ proptest! {
 
     #[test]
     fn matches_the_model_under_lazy_churn(ops in proptest::collection::vec(churn_op(), 1..400)) {
+        run(ops)?;
+    }
+
+    #[test]
+    fn matches_the_model_among_near_miss_holes(
+        ops in proptest::collection::vec(near_miss_op(), 1..300)
+    ) {
         run(ops)?;
     }
 }

@@ -2,6 +2,7 @@
 
 use kmem_core::PageSource;
 
+use super::search::fit_in;
 use super::{young_slot, Blocks, Cut, VmapArena};
 
 impl<P: PageSource> VmapArena<P> {
@@ -10,7 +11,7 @@ impl<P: PageSource> VmapArena<P> {
     /// set is in strict address order without overlap; no two free blocks
     /// (nor two lazy ranges) touch, so all merges were made; free, busy and
     /// lazy ranges together tile `[start, end)` exactly; the counters match;
-    /// every pool node is accounted for.
+    /// every pool node is accounted for; no fit lies below a floor.
     pub fn check(&self) -> core::result::Result<(), &'static str> {
         let nf_tree = self.free.check_shape(true)?;
         let parked = self.parked_view();
@@ -131,6 +132,17 @@ impl<P: PageSource> VmapArena<P> {
             != total as u64
         {
             return Err("tree nodes leaked or counted twice");
+        }
+        // Each floor is a proof: no free block fits its request below it.
+        for (k, size, floor) in self.floors.iter() {
+            let mask = (1u64 << k) - 1;
+            for b in self.free_blocks().take_while(|b| b.start < floor) {
+                if fit_in(b.start, b.end(), size, mask, self.start, self.end)
+                    .is_some_and(|x| x < floor)
+                {
+                    return Err("a fit lies below the floor of its alignment");
+                }
+            }
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use crate::node::NodePtr;
 /// Where `size` units aligned by `mask + 1` fit in `[s, e)` clipped to
 /// `[lo, hi)`: the lowest such address, if any.
 #[inline(always)]
-fn fit_in(s: u64, e: u64, size: u64, mask: u64, lo: u64, hi: u64) -> Option<u64> {
+pub(super) fn fit_in(s: u64, e: u64, size: u64, mask: u64, lo: u64, hi: u64) -> Option<u64> {
     let s = s.max(lo);
     let e = e.min(hi);
     let x = s.checked_add(mask)? & !mask;
@@ -40,7 +40,7 @@ impl<P: PageSource> VmapArena<P> {
     /// CONTEXT: `lo + size <= hi`, `mask + 1` a power of two.
     #[inline]
     pub(super) fn find_fit(
-        &self,
+        &mut self,
         size: u64,
         mask: u64,
         lo: u64,
@@ -85,7 +85,7 @@ impl<P: PageSource> VmapArena<P> {
     #[cold]
     #[inline(never)]
     pub(super) fn find_fit_exact(
-        &self,
+        &mut self,
         size: u64,
         mask: u64,
         lo: u64,
@@ -95,6 +95,7 @@ impl<P: PageSource> VmapArena<P> {
         if no_room(self.start, self.end) {
             return None;
         }
+        let mut missed = 0u64;
         // A red-black tree of n nodes is at most 2 log2(n + 1) high: 128
         // levels cover any tree that fits in memory. Left uninitialised: an
         // entry is read only after it was written (below `sp`).
@@ -110,6 +111,7 @@ impl<P: PageSource> VmapArena<P> {
                 cur = cur.left();
             }
             if sp == 0 {
+                self.count_near_misses(missed);
                 return None;
             }
             sp -= 1;
@@ -117,11 +119,26 @@ impl<P: PageSource> VmapArena<P> {
             // (each push writes `stack[sp]` before raising `sp`).
             let (n, nub) = unsafe { stack[sp].assume_init() };
             if let Some(x) = Self::fit(n, size, mask, lo, hi) {
+                self.count_near_misses(missed);
                 return Some((n, x));
+            }
+            // Room for `size` in `[lo, hi)`, but not at an aligned start.
+            if n.end().min(hi).saturating_sub(n.start().max(lo)) >= size {
+                missed += 1;
             }
             cur = n.right();
             lb = n.end();
             ub = nub;
+        }
+    }
+
+    /// Near misses met by a search: counted, and the request's alignment
+    /// keeps a floor from now on (see `floors`).
+    #[inline(always)]
+    fn count_near_misses(&mut self, missed: u64) {
+        if missed != 0 {
+            self.near_misses += missed;
+            self.missed = true;
         }
     }
 }

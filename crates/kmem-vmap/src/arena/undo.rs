@@ -68,6 +68,12 @@ impl<P: PageSource> VmapArena<P> {
             Cut::Middle(..) => self.free_blocks -= 1,
             _ => {}
         }
+        // The state is the one before the allocation again, where every
+        // floor held but the one the allocation itself raised past `x`.
+        let h = &self.hint;
+        if h.align > 1 && h.lo == self.start {
+            self.floors.unprove(h.align.trailing_zeros(), h.size, h.x);
+        }
     }
 
     /// Merges the parked area into the free tree, where its cut says: the
@@ -88,7 +94,7 @@ impl<P: PageSource> VmapArena<P> {
         self.hint.block = NodePtr::NULL;
         match self.hint.cut {
             Cut::Whole => {
-                let m = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, p);
+                let (m, _) = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, p);
                 debug_assert_eq!(m, Merged::Inserted, "a whole block touched a free block");
                 self.hint.block = p;
             }
