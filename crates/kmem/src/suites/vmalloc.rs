@@ -388,6 +388,9 @@ impl Case {
     }
 }
 
+/// The areas `long_busy_list_alloc` keeps (per thread in the module).
+const LONG_BUSY_LIST: usize = 15000;
+
 /// `vmalloc(pages)`: the area takes a guard page more.
 #[inline(always)]
 fn vsize(pages: u64) -> u64 {
@@ -445,6 +448,10 @@ enum Budget {
 
 /// Runs `case` on `v`: the setup, then the timed loop (with the neighbour
 /// when `mixed`), then the teardown. Only the loop is timed.
+///
+/// `share`: how many threads split the module's per-thread setup (the areas
+/// `full_fit` and `long_busy_list` keep), so that the space holds as many
+/// areas as one thread's run; 1 keeps the module's setup per thread.
 fn run_case<V: Vm>(
     case: Case,
     v: &mut V,
@@ -452,6 +459,7 @@ fn run_case<V: Vm>(
     shared: bool,
     budget: Budget,
     seed: u64,
+    share: usize,
 ) -> Run {
     let mut rng = Rng::new(seed);
     let mut nrng = Rng::new(seed ^ 0x5eed);
@@ -459,7 +467,7 @@ fn run_case<V: Vm>(
     let mut keep: Vec<V::H> = Vec::new();
     match case {
         Case::FullFit => {
-            let junk_len = full_fit_pairs();
+            let junk_len = (full_fit_pairs() / share).max(1);
             let mut junk = Vec::with_capacity(junk_len);
             for _ in 0..junk_len {
                 keep.push(v.alloc(vsize(1), 1).expect("setup"));
@@ -470,7 +478,7 @@ fn run_case<V: Vm>(
             }
         }
         Case::LongBusyList => {
-            for _ in 0..15000 {
+            for _ in 0..(LONG_BUSY_LIST / share).max(1) {
                 keep.push(v.alloc(vsize(1), 1).expect("setup"));
             }
         }
@@ -564,7 +572,13 @@ fn run_case<V: Vm>(
 }
 
 /// `threads` threads run `case` at once on `s`; ops/s over the slowest.
-fn run_threads<S: SharedVm>(case: Case, s: &S, threads: usize, budget: Budget) -> f64 {
+fn run_threads<S: SharedVm>(
+    case: Case,
+    s: &S,
+    threads: usize,
+    budget: Budget,
+    share: usize,
+) -> f64 {
     let barrier = Arc::new(Barrier::new(threads));
     let runs: Vec<Run> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..threads)
@@ -574,7 +588,15 @@ fn run_threads<S: SharedVm>(case: Case, s: &S, threads: usize, budget: Budget) -
                     // Thread t acts as CPU t (for the vmap nodes).
                     bind_simulated_cpu(t);
                     b.wait();
-                    run_case(case, &mut Shared(s), false, true, budget, 0x1000 + t as u64)
+                    run_case(
+                        case,
+                        &mut Shared(s),
+                        false,
+                        true,
+                        budget,
+                        0x1000 + t as u64,
+                        share,
+                    )
                 })
             })
             .collect();
@@ -621,44 +643,49 @@ fn sample(imp: &str, case: Case, mixed: bool, budget: Budget, round: u64) -> f64
     let r = match imp {
         "kmem" => {
             let mut a = KmemNow(kmem_arena());
-            let r = run_case(case, &mut a, mixed, false, budget, seed);
+            let r = run_case(case, &mut a, mixed, false, budget, seed, 1);
             debug_assert!(a.0.check().is_ok());
             r
         }
         "kmem-vfree" => {
             let mut a = kmem_arena();
-            let r = run_case(case, &mut a, mixed, false, budget, seed);
+            let r = run_case(case, &mut a, mixed, false, budget, seed, 1);
             debug_assert!(a.check().is_ok());
             r
         }
         "baseline" => {
             let mut b = BusyListVmap::new(VSTART, VEND, lazy_max());
-            run_case(case, &mut b, mixed, false, budget, seed)
+            run_case(case, &mut b, mixed, false, budget, seed, 1)
         }
-        "rlsf" => run_case(case, &mut RlsfVm::new(), mixed, false, budget, seed),
-        "offset-allocator" => run_case(case, &mut OffsetVm::new(1), mixed, false, budget, seed),
-        "range-alloc" => run_case(case, &mut RangeVm::new(), mixed, false, budget, seed),
+        "rlsf" => run_case(case, &mut RlsfVm::new(), mixed, false, budget, seed, 1),
+        "offset-allocator" => run_case(case, &mut OffsetVm::new(1), mixed, false, budget, seed, 1),
+        "range-alloc" => run_case(case, &mut RangeVm::new(), mixed, false, budget, seed, 1),
         _ => unreachable!(),
     };
     r.ops as f64 * 1e9 / r.ns as f64
 }
 
-fn sample_threads(imp: &str, case: Case, threads: usize, budget: Budget) -> f64 {
+fn sample_threads(imp: &str, case: Case, threads: usize, budget: Budget, share: usize) -> f64 {
     match imp {
-        "kmem" => run_threads(case, &KmemShared::<false>::new(), threads, budget),
-        "kmem-vfree" => run_threads(case, &KmemShared::<true>::new(), threads, budget),
+        "kmem" => run_threads(case, &KmemShared::<false>::new(), threads, budget, share),
+        "kmem-vfree" => run_threads(case, &KmemShared::<true>::new(), threads, budget, share),
         "baseline" => run_threads(
             case,
             &Lock::new(BusyListVmap::new(VSTART, VEND, lazy_max())),
             threads,
             budget,
+            share,
         ),
-        "rlsf" => run_threads(case, &Lock::new(RlsfVm::new()), threads, budget),
-        "offset-allocator" => {
-            run_threads(case, &Lock::new(OffsetVm::new(threads)), threads, budget)
-        }
-        "range-alloc" => run_threads(case, &Lock::new(RangeVm::new()), threads, budget),
-        "kmem-nodes" => run_threads(case, &NodesVm::new(threads), threads, budget),
+        "rlsf" => run_threads(case, &Lock::new(RlsfVm::new()), threads, budget, share),
+        "offset-allocator" => run_threads(
+            case,
+            &Lock::new(OffsetVm::new(threads)),
+            threads,
+            budget,
+            share,
+        ),
+        "range-alloc" => run_threads(case, &Lock::new(RangeVm::new()), threads, budget, share),
+        "kmem-nodes" => run_threads(case, &NodesVm::new(threads), threads, budget, share),
         _ => unreachable!(),
     }
 }
@@ -705,7 +732,7 @@ fn scaling(ctx: &Ctx<'_>, out: &mut SuiteOutput, max: usize, rounds: usize, budg
             let med = {
                 let mut cs: Vec<Contender<'_>> = SCALING_IMPLS
                     .into_iter()
-                    .map(|imp| Contender::new(imp, move || sample_threads(imp, case, n, budget)))
+                    .map(|imp| Contender::new(imp, move || sample_threads(imp, case, n, budget, n)))
                     .collect();
                 interleave(rounds, &mut cs)
             };
@@ -1018,6 +1045,18 @@ impl VmallocSuite {
         budget: Budget,
         shift_budget: Budget,
     ) {
+        // At --full each thread keeps the module's setup (full_fit's pairs,
+        // long_busy_list's areas); otherwise the threads split it, so that
+        // the space holds what one thread's run holds and the busy-list
+        // baseline's quadratic setup stays in seconds.
+        let share = if ctx.scale == Scale::Full { 1 } else { threads };
+        if share > 1 {
+            out.notes.push(format!(
+                "{threads} threads: full_fit_alloc and long_busy_list_alloc split the module's per-thread setup among the threads ({} pairs and {} areas each); --full keeps it per thread",
+                (full_fit_pairs() / share).max(1),
+                (LONG_BUSY_LIST / share).max(1)
+            ));
+        }
         let mut nodes_table = Table::new(
             format!("vmalloc, {threads} threads: per-CPU vmap nodes beside the shared arena (ops/s of all threads, median of {rounds} rounds)"),
             &["case", "kmem-nodes", "kmem", "nodes/kmem", "nodes/range-alloc"],
@@ -1039,7 +1078,9 @@ impl VmallocSuite {
                     .into_iter()
                     .chain(["kmem-nodes"])
                     .filter(|i| runs_impl(i, case, false))
-                    .map(|imp| Contender::new(imp, move || sample_threads(imp, case, threads, b)))
+                    .map(|imp| {
+                        Contender::new(imp, move || sample_threads(imp, case, threads, b, share))
+                    })
                     .collect();
                 interleave(rounds, &mut cs)
             };
