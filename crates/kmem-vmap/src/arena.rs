@@ -496,6 +496,16 @@ impl<P: PageSource> VmapArena<P> {
     /// Takes the fit and records what it proves for the next search.
     #[inline(always)]
     fn take_hinted(&mut self, n: NodePtr, x: u64, size: u64, align: u64, lo: u64, hi: u64) -> u64 {
+        let cut = self.take(n, x, size);
+        self.record(x, size, align, lo, hi, cut);
+        x
+    }
+
+    /// Writes what the allocation of `[x, x + size)` for (`size`, `align`)
+    /// in `[lo, hi)`, the lowest fit, proves: the hint, and the floor of
+    /// its alignment where it keeps one.
+    #[inline(always)]
+    fn record(&mut self, x: u64, size: u64, align: u64, lo: u64, hi: u64, cut: Cut) {
         if align > 1 {
             let k = align.trailing_zeros();
             if lo == self.start && (self.missed || self.floors.has(k)) {
@@ -506,7 +516,6 @@ impl<P: PageSource> VmapArena<P> {
             }
             self.missed = false;
         }
-        let cut = self.take(n, x, size);
         let block = match cut {
             Cut::Left(n) | Cut::Middle(_, n) => n,
             _ => NodePtr::NULL,
@@ -521,7 +530,6 @@ impl<P: PageSource> VmapArena<P> {
             x,
             cut,
         };
-        x
     }
 
     #[cold]

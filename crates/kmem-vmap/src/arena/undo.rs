@@ -4,6 +4,7 @@
 
 use kmem_core::{PageSource, Result};
 
+use super::search::fit_in;
 use super::{merge_insert, Area, Cut, Merged, VmapArena};
 use crate::node::NodePtr;
 use crate::rbtree::{Aug, MaxAug, Tree};
@@ -23,11 +24,38 @@ impl<P: PageSource> VmapArena<P> {
         lo: u64,
         hi: u64,
     ) -> Result<u64> {
+        let cut = self.hint.cut;
+        if let Cut::Left(n) = cut {
+            // The area was cut from the left edge of `n`. When the new
+            // request's lowest fit starts at the same address (no free block
+            // below `n` reaches into `[lo, hi)`, and the address is aligned
+            // and has room), the parked node is cut again in place: `n`
+            // moves to the new end, no node goes to the pool and back.
+            let p = self.park;
+            let x = p.start();
+            if self.validate(size, align, lo, hi).is_ok()
+                && self.pool.available() + 1 >= 2
+                && x + size < n.end()
+                && fit_in(x, n.end(), size, align - 1, lo, hi) == Some(x)
+            {
+                let before = Tree::prev(n);
+                if before.is_null() || before.end() <= lo {
+                    self.park = NodePtr::NULL;
+                    p.init(x, x + size);
+                    n.set_start(x + size);
+                    MaxAug::propagate(n, NodePtr::NULL);
+                    // The parked area counted free; now `size` of it is not.
+                    self.free_bytes -= size;
+                    self.make_busy(p);
+                    self.record(x, size, align, lo, hi, Cut::Left(n));
+                    return Ok(x);
+                }
+            }
+        }
         // First: the parked area's node goes back to the pool (unless the
         // area was a whole block) before the pool is asked for two. The
         // area counts as free either way, so an error after this leaves the
         // arena as it was.
-        let cut = self.hint.cut;
         self.unpark();
         self.validate(size, align, lo, hi)?;
         self.pool.reserve(2)?;
