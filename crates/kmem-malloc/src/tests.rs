@@ -183,7 +183,7 @@ fn blocks_freed_on_another_thread() {
     check().unwrap();
 }
 
-/// A thread's TLS word starts null (`.tbss`), which reads as `NEW`: a
+/// A thread's TLS word starts as the address of `NEW` (`.tdata`): a
 /// thread that has not started, with an empty front cache, shared and
 /// never written.
 #[test]
