@@ -19,6 +19,18 @@ mod mem;
 #[macro_use]
 mod serial;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod apic;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod kmain;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod mm;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod percpu;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod tests;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod trap;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod vmalloc;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod x86;

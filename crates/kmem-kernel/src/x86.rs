@@ -96,18 +96,27 @@ pub unsafe fn write_cr3(pml4: u64) {
     unsafe { asm!("mov cr3, {}", in(reg) pml4, options(nostack, preserves_flags)) }
 }
 
-/// Drops the TLB entry of one page on this CPU.
-#[inline(always)]
-pub fn invlpg(addr: u64) {
-    // SAFETY: invlpg only drops a cached translation.
-    unsafe { asm!("invlpg [{}]", in(reg) addr, options(nostack, preserves_flags)) }
-}
-
 /// Enables interrupts.
 #[inline(always)]
 pub fn sti() {
     // SAFETY: the IDT is loaded before any CPU enables interrupts.
     unsafe { asm!("sti", options(nomem, nostack)) }
+}
+
+/// Disables interrupts.
+#[inline(always)]
+pub fn cli() {
+    // SAFETY: masking interrupts on this CPU touches no memory.
+    unsafe { asm!("cli", options(nomem, nostack)) }
+}
+
+/// Enables interrupts and halts until the next one, atomically (an
+/// interrupt pending at `sti` wakes the `hlt`: `sti` delays recognition by
+/// one instruction).
+#[inline(always)]
+pub fn sti_hlt() {
+    // SAFETY: the IDT is loaded; the CPU sleeps until an interrupt.
+    unsafe { asm!("sti", "hlt", options(nomem, nostack)) }
 }
 
 /// Halts this CPU for good.

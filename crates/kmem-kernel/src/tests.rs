@@ -1,0 +1,871 @@
+//! The kernel's tests and measurements, run across every CPU, and the report
+//! they print on serial.
+//!
+//! Each test returns a one-line detail or a failure; every measurement is
+//! cycles per operation (rdtsc) for kmem and, where the seed has one, for
+//! the design it replaced, run back to back on the same CPU.
+
+use core::alloc::Layout;
+use core::fmt::{self, Write};
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+
+use kmem_core::{Lock, PageSource};
+use kmem_nta::Nta;
+use kmem_pages::PageAllocator;
+use kmem_pow2::{Pow2Slab, SlabConfig};
+
+use crate::kmain::{Global, MAX_CPUS};
+use crate::mm::{self, FRAMES, PAGE, QL};
+use crate::percpu::{self, cpu, CPUS, PCPU};
+use crate::protocol::JSON_PREFIX;
+use crate::trap;
+use crate::vmalloc::{self, vfree, vfree_eager, vmalloc, VMAP};
+use crate::x86::{self, rdtsc};
+
+/// kmalloc: kmem-nta with a heap per CPU.
+pub static KMALLOC: Global<Nta<&'static PageAllocator<'static>, kmem_core::Cpus>> = Global::new();
+/// The seed 003 baseline: a power-of-two slab allocator over a run of frames.
+static POW2: Global<Pow2Slab<'static>> = Global::new();
+
+/// Builds kmalloc and the baseline allocator.
+pub fn init_kmalloc(ncpus: usize) {
+    let cfg = kmem_nta::Config {
+        heaps: ncpus.min(kmem_nta::MAX_HEAPS),
+        ..kmem_nta::Config::new()
+    };
+    let nta = Nta::with_config(FRAMES.get(), cfg, CPUS).unwrap_or_else(|e| panic!("nta: {e:?}"));
+    KMALLOC.set(nta);
+    let pages = 4096;
+    let run = FRAMES
+        .get()
+        .alloc_pages(pages, 1)
+        .unwrap_or_else(|e| panic!("pow2 arena: {e:?}"));
+    let slab_cfg = SlabConfig {
+        array_caches: true,
+        cpus: ncpus,
+        checked: true,
+    };
+    // SAFETY: the run is ours for the kernel's life (never freed).
+    let slab = unsafe { Pow2Slab::from_raw(run, pages * PAGE, PAGE, slab_cfg, CPUS) }
+        .unwrap_or_else(|e| panic!("pow2: {e:?}"));
+    POW2.set(slab);
+}
+
+// ---- running a job on every CPU ----
+
+static NCPU: AtomicUsize = AtomicUsize::new(1);
+static JOB: AtomicUsize = AtomicUsize::new(0);
+static JOB_SEQ: AtomicUsize = AtomicUsize::new(0);
+static JOB_DONE: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f(cpu)` on every CPU at once (CPU 0 is the caller) and waits.
+fn on_all(f: fn(usize)) {
+    let n = NCPU.load(SeqCst);
+    JOB.store(f as usize, SeqCst);
+    JOB_DONE.store(0, SeqCst);
+    JOB_SEQ.fetch_add(1, SeqCst);
+    if n > 1 {
+        crate::apic::ipi_others(trap::VEC_WAKE);
+    }
+    f(0);
+    while JOB_DONE.load(SeqCst) < n - 1 {
+        x86::pause();
+    }
+}
+
+/// An AP's life after bring-up: wait for jobs, run them.
+pub fn ap_loop(cpu: usize) -> ! {
+    let mut seen = 0;
+    loop {
+        // Sleep until a job: the check and the halt are atomic with respect
+        // to the wake-up IPI (cli ... sti; hlt).
+        x86::cli();
+        let s = JOB_SEQ.load(SeqCst);
+        if s == seen {
+            x86::sti_hlt();
+            continue;
+        }
+        x86::sti();
+        seen = s;
+        // SAFETY: JOB holds a `fn(usize)` stored by on_all before JOB_SEQ
+        // changed (SeqCst on both).
+        let f: fn(usize) = unsafe { core::mem::transmute(JOB.load(SeqCst)) };
+        f(cpu);
+        JOB_DONE.fetch_add(1, SeqCst);
+    }
+}
+
+static BAR_COUNT: AtomicUsize = AtomicUsize::new(0);
+static BAR_GEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits until every CPU of the job reached this point.
+fn barrier() {
+    let n = NCPU.load(SeqCst);
+    let g = BAR_GEN.load(SeqCst);
+    if BAR_COUNT.fetch_add(1, SeqCst) + 1 == n {
+        BAR_COUNT.store(0, SeqCst);
+        BAR_GEN.fetch_add(1, SeqCst);
+    } else {
+        while BAR_GEN.load(SeqCst) == g {
+            x86::pause();
+        }
+    }
+}
+
+// ---- results ----
+
+/// A fixed-capacity string (no heap needed to report).
+#[derive(Clone, Copy)]
+struct Text {
+    buf: [u8; 120],
+    len: usize,
+}
+
+impl Text {
+    const fn new() -> Text {
+        Text {
+            buf: [0; 120],
+            len: 0,
+        }
+    }
+    fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("?")
+    }
+}
+
+impl Write for Text {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for b in s.bytes() {
+            if self.len < self.buf.len() && b.is_ascii() && b != b'"' && b != b'\\' {
+                self.buf[self.len] = b;
+                self.len += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn text(args: fmt::Arguments<'_>) -> Text {
+    let mut t = Text::new();
+    let _ = t.write_fmt(args);
+    t
+}
+
+#[derive(Clone, Copy)]
+struct TestResult {
+    name: &'static str,
+    ok: bool,
+    detail: Text,
+}
+
+#[derive(Clone, Copy)]
+struct Cycles {
+    case: &'static str,
+    imp: &'static str,
+    value: f64,
+}
+
+struct Results {
+    tests: [Option<TestResult>; 32],
+    cycles: [Option<Cycles>; 32],
+}
+
+static RESULTS: Lock<Results> = Lock::new(Results {
+    tests: [None; 32],
+    cycles: [None; 32],
+});
+
+fn record_cycles(case: &'static str, imp: &'static str, value: f64) {
+    kprintln!("  cycles: {case:<36} {imp:<12} {value:>10.1}");
+    let mut r = RESULTS.lock();
+    if let Some(slot) = r.cycles.iter_mut().find(|s| s.is_none()) {
+        *slot = Some(Cycles { case, imp, value });
+    }
+}
+
+type Outcome = Result<Text, Text>;
+
+macro_rules! ensure {
+    ($cond:expr, $($t:tt)*) => {
+        if !$cond {
+            return Err(text(format_args!($($t)*)));
+        }
+    };
+}
+
+fn run(name: &'static str, f: fn() -> Outcome) -> bool {
+    kprintln!("test {name} ...");
+    let r = f();
+    let ok = r.is_ok();
+    let detail = match r {
+        Ok(t) | Err(t) => t,
+    };
+    kprintln!(
+        "test {name}: {} ({})",
+        if ok { "ok" } else { "FAILED" },
+        detail.as_str()
+    );
+    let mut res = RESULTS.lock();
+    if let Some(slot) = res.tests.iter_mut().find(|s| s.is_none()) {
+        *slot = Some(TestResult { name, ok, detail });
+    }
+    ok
+}
+
+/// Every allocator's invariant check.
+fn check_all() -> Result<(), Text> {
+    let checks: [(&str, core::result::Result<(), &'static str>); 5] = [
+        ("kmem-pages", FRAMES.get().check()),
+        ("kmem-quicklist", QL.get().check()),
+        ("kmem-vmap", VMAP.get().check()),
+        ("kmem-percpu", PCPU.get().check()),
+        ("kmem-nta", KMALLOC.get().check()),
+    ];
+    for (name, r) in checks {
+        if let Err(e) = r {
+            return Err(text(format_args!("{name} check: {e}")));
+        }
+    }
+    Ok(())
+}
+
+/// Prints what the allocators hold (the panic path; globals not yet set are
+/// skipped).
+pub fn dump_state() {
+    use crate::serial::Raw;
+    if let Some(f) = FRAMES.try_get() {
+        let s = f.stats();
+        let _ = writeln!(
+            Raw,
+            "  kmem-pages: {} of {} frames free, {} cached",
+            s.free_pages, s.total_pages, s.cached_pages
+        );
+    }
+    if let Some(v) = VMAP.try_get() {
+        let s = v.stats();
+        let _ = writeln!(
+            Raw,
+            "  kmem-vmap: {} busy areas, {} lazy bytes, {} purges",
+            s.busy_blocks, s.lazy_bytes, s.purges
+        );
+    }
+    let _ = writeln!(
+        Raw,
+        "  TLB shootdowns: {}",
+        vmalloc::SHOOTDOWNS.load(Relaxed)
+    );
+}
+
+// ---- the tests ----
+
+fn t_frames() -> Outcome {
+    let f = FRAMES.get();
+    let s = f.stats();
+    ensure!(s.total_pages > 0 && s.free_pages > 0, "no frames");
+    // A 2 MiB run of contiguous frames, 2 MiB aligned, and single frames on
+    // every CPU.
+    let run = f
+        .alloc_pages(512, 512)
+        .map_err(|e| text(format_args!("2 MiB run: {e:?}")))?;
+    ensure!(run.as_ptr() as usize % (2 << 20) == 0, "run not aligned");
+    // SAFETY: the run is ours and identity mapped.
+    unsafe { core::ptr::write_bytes(run.as_ptr(), 0xA5, 512 * PAGE) };
+    // SAFETY: the run was allocated above with this length.
+    unsafe { f.free_pages(run, 512) }.map_err(|e| text(format_args!("free run: {e:?}")))?;
+    on_all(|_| {
+        let f = FRAMES.get();
+        let mut held = [None; 64];
+        for h in held.iter_mut() {
+            let p = f.alloc_pages(1, 1).expect("a frame");
+            // SAFETY: a fresh frame, ours.
+            unsafe { p.as_ptr().cast::<usize>().write(cpu()) };
+            *h = Some(p);
+        }
+        for p in held.into_iter().flatten() {
+            // SAFETY: as above.
+            assert_eq!(unsafe { p.as_ptr().cast::<usize>().read() }, cpu());
+            // SAFETY: allocated above, one page.
+            unsafe { f.free_pages(p, 1) }.expect("free a frame");
+        }
+    });
+    check_all()?;
+    let s = f.stats();
+    Ok(text(format_args!(
+        "{} frames ({} MiB) from the memory map; {} free, {} in per-CPU caches",
+        s.total_pages,
+        s.total_pages * PAGE >> 20,
+        s.free_pages,
+        s.cached_pages
+    )))
+}
+
+/// A user address (PML4[1]) that a process's pgd maps in the test.
+const USER_VA: u64 = 0x0000_0080_0000_0000;
+
+/// Builds a process's page tables (a pgd from the quicklist, a user page
+/// mapped through PT pages from the quicklist), runs on them, tears them
+/// down; returns the value read back through the user mapping.
+fn one_process(tag: u64) -> u64 {
+    let pgd = mm::pgd_alloc();
+    let frame = FRAMES.get().alloc_pages(1, 1).expect("user frame").as_ptr() as u64;
+    // SAFETY: pgd is ours; USER_VA is in its (empty) user half.
+    unsafe { mm::map(pgd, USER_VA, frame, mm::W) };
+    let old = x86::cr3();
+    // SAFETY: the pgd has the kernel's entries (constructor), so the kernel
+    // keeps running; the user page is mapped. Interrupts may come: the IDT,
+    // stacks and APIC are in the kernel half.
+    let v = unsafe {
+        x86::write_cr3(pgd);
+        (USER_VA as *mut u64).write_volatile(tag);
+        let v = (frame as *const u64).read_volatile();
+        x86::write_cr3(old);
+        v
+    };
+    // SAFETY: no CPU uses the pgd any more; prune gives the PT pages back
+    // zeroed, so the pgd's user half is empty again.
+    unsafe {
+        let pa = mm::unmap(pgd, USER_VA, true);
+        assert_eq!(pa, Some(frame));
+        FRAMES
+            .get()
+            .free_pages(NonNull::new_unchecked(frame as *mut u8), 1)
+            .expect("user frame");
+        mm::pgd_free(pgd);
+    }
+    v
+}
+
+fn t_page_tables() -> Outcome {
+    let cr3 = x86::cr3();
+    ensure!(
+        cr3 == mm::kernel_pml4(),
+        "CR3 {cr3:#x} is not the kernel's tables"
+    );
+    ensure!(
+        one_process(0x5EED) == 0x5EED,
+        "user mapping read back wrong"
+    );
+    on_all(|c| {
+        for i in 0..200 {
+            let tag = (c as u64) << 32 | i;
+            assert_eq!(one_process(tag), tag, "process page tables on CPU {c}");
+        }
+    });
+    check_all()?;
+    let q = QL.get();
+    Ok(text(format_args!(
+        "CR3 built from quicklist pages; {} processes' pgds on {} CPUs; {} pages on quicklists",
+        1 + 200 * NCPU.load(SeqCst),
+        NCPU.load(SeqCst),
+        q.total_pages()
+    )))
+}
+
+fn t_vmalloc() -> Outcome {
+    let a = vmalloc(3 * PAGE).map_err(|e| text(format_args!("vmalloc: {e:?}")))?;
+    ensure!(
+        a >= vmalloc::VMALLOC_START && a % PAGE as u64 == 0,
+        "address {a:#x}"
+    );
+    for i in 0..3 * PAGE as u64 / 8 {
+        // SAFETY: three mapped pages at a.
+        unsafe { ((a + i * 8) as *mut u64).write_volatile(i ^ a) };
+    }
+    for i in 0..3 * PAGE as u64 / 8 {
+        // SAFETY: as above.
+        ensure!(
+            unsafe { ((a + i * 8) as *const u64).read_volatile() } == i ^ a,
+            "data"
+        );
+    }
+    ensure!(
+        trap::probe_read(a + 2 * PAGE as u64),
+        "last page not mapped"
+    );
+    let guard = a + 3 * PAGE as u64;
+    ensure!(
+        !trap::probe_read(guard),
+        "guard page {guard:#x} did not fault"
+    );
+    let cr2 = trap::last_probe_fault(cpu());
+    ensure!(cr2 == guard, "fault at {cr2:#x}, not the guard {guard:#x}");
+    let bad = vfree(a + PAGE as u64);
+    ensure!(bad.is_err(), "vfree of the middle of an area succeeded");
+    check_all()?;
+    vfree(a).map_err(|e| text(format_args!("vfree: {e:?}")))?;
+    ensure!(vfree(a).is_err(), "second vfree succeeded");
+    check_all()?;
+    Ok(text(format_args!(
+        "3 pages at {a:#x}; the guard page faulted (cr2 {cr2:#x}); bad vfrees refused: {:?}",
+        bad.err().unwrap()
+    )))
+}
+
+static SHARED: AtomicU64 = AtomicU64::new(0);
+static SEEN: AtomicUsize = AtomicUsize::new(0);
+static STILL_MAPPED: AtomicUsize = AtomicUsize::new(0);
+
+fn t_shootdown() -> Outcome {
+    STILL_MAPPED.store(0, SeqCst);
+    SEEN.store(0, SeqCst);
+    let before = vmalloc::SHOOTDOWNS.load(SeqCst);
+    on_all(|c| {
+        if c == 0 {
+            let a = vmalloc(PAGE).expect("vmalloc");
+            // SAFETY: one mapped page.
+            unsafe { (a as *mut u64).write_volatile(0xC0FFEE) };
+            SHARED.store(a, SeqCst);
+        }
+        barrier();
+        let a = SHARED.load(SeqCst);
+        // Every CPU now has the page in its TLB.
+        // SAFETY: the page is mapped until the barrier below is passed.
+        assert_eq!(unsafe { (a as *const u64).read_volatile() }, 0xC0FFEE);
+        barrier();
+        if c == 0 {
+            vfree_eager(a).expect("vfree");
+        }
+        barrier();
+        if trap::probe_read(a) {
+            STILL_MAPPED.fetch_add(1, SeqCst);
+        }
+        SEEN.fetch_add(1, SeqCst);
+    });
+    ensure!(
+        STILL_MAPPED.load(SeqCst) == 0,
+        "{} CPUs still reached a freed page after the shootdown",
+        STILL_MAPPED.load(SeqCst)
+    );
+    // Lazy purging: many vfrees from every CPU, few shootdowns.
+    let lazy_before = vmalloc::SHOOTDOWNS.load(SeqCst);
+    on_all(|c| {
+        for i in 0..600u64 {
+            let a = vmalloc(4 * PAGE).expect("vmalloc");
+            let tag = (c as u64) << 32 | i;
+            // SAFETY: four mapped pages.
+            unsafe {
+                (a as *mut u64).write_volatile(tag);
+                ((a + 3 * PAGE as u64) as *mut u64).write_volatile(tag);
+                assert_eq!((a as *const u64).read_volatile(), tag);
+            }
+            vfree(a).expect("vfree");
+        }
+    });
+    let lazy = vmalloc::SHOOTDOWNS.load(SeqCst) - lazy_before;
+    let frees = 600 * NCPU.load(SeqCst) as u64;
+    ensure!(
+        lazy > 0,
+        "no purge after {frees} vfrees of 20 KiB (lazy_max 8 MiB)"
+    );
+    ensure!(
+        lazy * 50 < frees,
+        "{lazy} shootdowns for {frees} vfrees: not batched"
+    );
+    check_all()?;
+    Ok(text(format_args!(
+        "eager vfree: every CPU faulted on the freed page ({} shootdown); lazy: {} vfrees from {} CPUs, {} shootdowns",
+        lazy_before - before,
+        frees,
+        NCPU.load(SeqCst),
+        lazy
+    )))
+}
+
+fn t_percpu() -> Outcome {
+    static BAD: AtomicUsize = AtomicUsize::new(0);
+    BAD.store(0, SeqCst);
+    on_all(|c| {
+        let area = percpu::area();
+        if area.cpu != c || area.apic_id != crate::apic::id() || cpu() != c {
+            BAD.fetch_add(1, SeqCst);
+        }
+    });
+    ensure!(
+        BAD.load(SeqCst) == 0,
+        "{} CPUs read a wrong per-CPU area",
+        BAD.load(SeqCst)
+    );
+    // A per-CPU counter: each CPU adds to its own copy only, through GS.
+    let p = PCPU
+        .get()
+        .alloc(8, 8)
+        .map_err(|e| text(format_args!("alloc: {e:?}")))?;
+    SHARED.store(p.get(0).as_ptr() as u64 - 0, SeqCst);
+    static PTR: Lock<Option<kmem_percpu::PerCpuPtr>> = Lock::new(None);
+    *PTR.lock() = Some(p);
+    on_all(|c| {
+        let p = PTR.lock().expect("set");
+        let mine = p.get(c).as_ptr().cast::<AtomicU64>();
+        for _ in 0..10_000 {
+            // SAFETY: unit c's copy is 8 bytes, 8-aligned, zeroed, live.
+            unsafe { (*mine).fetch_add(1, Relaxed) };
+        }
+    });
+    let n = NCPU.load(SeqCst);
+    // SAFETY: every unit's copy is a live AtomicU64.
+    let sum: u64 = (0..n)
+        .map(|c| unsafe { (*p.get(c).as_ptr().cast::<AtomicU64>()).load(Relaxed) })
+        .sum();
+    ensure!(sum == 10_000 * n as u64, "per-CPU counter sum {sum}");
+    // SAFETY: allocated above, no copy used any more.
+    unsafe { PCPU.get().free(p) }.map_err(|e| text(format_args!("free: {e:?}")))?;
+    check_all()?;
+    Ok(text(format_args!(
+        "GS base -> CpuArea on {n} CPUs (cpu, APIC ID right); per-CPU counter summed {sum}"
+    )))
+}
+
+/// Objects each CPU hands to the next in the cross-CPU test.
+const HANDOFF: usize = 2000;
+static HANDED: Lock<[[usize; HANDOFF]; MAX_CPUS]> = Lock::new([[0; HANDOFF]; MAX_CPUS]);
+
+fn t_kmalloc() -> Outcome {
+    on_all(|c| {
+        let k = KMALLOC.get();
+        let mut mine = [0usize; HANDOFF];
+        for (i, m) in mine.iter_mut().enumerate() {
+            let size = 8 + (i * 37 + c * 11) % 1000;
+            let p = k.alloc_bytes(size).expect("kmalloc");
+            // SAFETY: size bytes, ours.
+            unsafe { core::ptr::write_bytes(p.as_ptr(), c as u8, size) };
+            *m = p.as_ptr() as usize;
+        }
+        HANDED.lock()[c] = mine;
+        barrier();
+        let n = NCPU.load(SeqCst);
+        let theirs = HANDED.lock()[(c + 1) % n];
+        let owner = (c + 1) % n;
+        for (i, p) in theirs.into_iter().enumerate() {
+            let size = 8 + (i * 37 + owner * 11) % 1000;
+            let layout = Layout::from_size_align(size, 8).expect("layout");
+            // SAFETY: allocated by the next CPU with this size, handed to us,
+            // freed once.
+            unsafe {
+                assert_eq!(*(p as *const u8), owner as u8);
+                k.dealloc(NonNull::new_unchecked(p as *mut u8), layout);
+            }
+        }
+        barrier();
+        // One more local alloc/free: the owner finishes its semi-free list.
+        let p = k.alloc_bytes(64).expect("kmalloc");
+        // SAFETY: just allocated.
+        unsafe { k.free(p) }.expect("kfree");
+    });
+    check_all()?;
+    let s = KMALLOC.get().stats();
+    let n = HANDOFF * NCPU.load(SeqCst);
+    ensure!(
+        NCPU.load(SeqCst) == 1 || s.remote_frees >= n as u64,
+        "{} of {n} cross-CPU frees went through the owners' semi-free lists",
+        s.remote_frees
+    );
+    ensure!(
+        s.remote_pending == 0,
+        "{} semi-free chunks left unfinished",
+        s.remote_pending
+    );
+    Ok(text(format_args!(
+        "{} objects of 8-1007 B freed by the next CPU; {} finished by their owners from semi-free lists",
+        n,
+        s.remote_frees
+    )))
+}
+
+static STRESS_SLOTS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Frees what a stress slot holds: kind in the low bits of the word.
+fn stress_free(v: usize) {
+    let (kind, addr) = (v & 7, v & !7);
+    match kind {
+        1 => {
+            // SAFETY: a kmalloc object put in a slot by its allocator.
+            unsafe { KMALLOC.get().free(NonNull::new_unchecked(addr as *mut u8)) }.expect("kfree");
+        }
+        2 => vfree(addr as u64).expect("vfree"),
+        3 => {
+            // SAFETY: one frame put in a slot by its allocator.
+            unsafe {
+                FRAMES
+                    .get()
+                    .free_pages(NonNull::new_unchecked(addr as *mut u8), 1)
+            }
+            .expect("frame");
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn t_stress() -> Outcome {
+    let free_before = FRAMES.get().stats();
+    on_all(|c| {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ (c as u64 + 1) * 0x1234_5678;
+        for _ in 0..4000 {
+            let r = xorshift(&mut s);
+            let v = match r % 8 {
+                0..=4 => {
+                    let size = 8 + (r >> 8) as usize % 3000;
+                    KMALLOC.get().alloc_bytes(size).expect("kmalloc").as_ptr() as usize | 1
+                }
+                5 => vmalloc(PAGE * (1 + (r >> 8) as usize % 8)).expect("vmalloc") as usize | 2,
+                6 => FRAMES.get().alloc_pages(1, 1).expect("frame").as_ptr() as usize | 3,
+                _ => {
+                    one_process(r);
+                    let p = PCPU
+                        .get()
+                        .alloc(4 + (r >> 8) as usize % 60, 4)
+                        .expect("percpu");
+                    // SAFETY: allocated just now, used by no one.
+                    unsafe { PCPU.get().free(p) }.expect("percpu free");
+                    continue;
+                }
+            };
+            // Swap into a random slot shared by every CPU: what comes out was
+            // most likely allocated on another CPU.
+            let old = STRESS_SLOTS[(r >> 40) as usize % 64].swap(v, AcqRel);
+            if old != 0 {
+                stress_free(old);
+            }
+        }
+    });
+    for slot in &STRESS_SLOTS {
+        let v = slot.swap(0, AcqRel);
+        if v != 0 {
+            stress_free(v);
+        }
+    }
+    check_all()?;
+    let f = FRAMES.get().stats();
+    Ok(text(format_args!(
+        "{} random ops on {} CPUs, cross-CPU frees through shared slots; all checks pass; frames free {} -> {}",
+        4000 * NCPU.load(SeqCst),
+        NCPU.load(SeqCst),
+        free_before.free_pages + free_before.cached_pages,
+        f.free_pages + f.cached_pages
+    )))
+}
+
+// ---- measurements ----
+
+fn per_op(t0: u64, n: usize) -> f64 {
+    (rdtsc() - t0) as f64 / n as f64
+}
+
+fn measure() {
+    const N: usize = 20_000;
+    // Warm both paths, then alternate them in rounds.
+    for round in 0..3 {
+        let t = rdtsc();
+        for _ in 0..N {
+            let p = mm::pgd_alloc();
+            // SAFETY: just allocated, unused, user half zero.
+            unsafe { mm::pgd_free(p) };
+        }
+        let kmem = per_op(t, N);
+        let t = rdtsc();
+        for _ in 0..N {
+            let p = mm::pgd_alloc_uncached();
+            // SAFETY: as above.
+            unsafe { mm::pgd_free_uncached(p) };
+        }
+        let base = per_op(t, N);
+        if round == 2 {
+            record_cycles("pgd alloc+free", "kmem", kmem);
+            record_cycles("pgd alloc+free", "baseline", base);
+        }
+    }
+    const V: usize = 2000;
+    let t = rdtsc();
+    for _ in 0..V {
+        let a = vmalloc(4 * PAGE).expect("vmalloc");
+        vfree(a).expect("vfree");
+    }
+    record_cycles("vmalloc+vfree 16 KiB (4 CPUs online)", "kmem", per_op(t, V));
+    let t = rdtsc();
+    for _ in 0..V {
+        let a = vmalloc(4 * PAGE).expect("vmalloc");
+        vfree_eager(a).expect("vfree");
+    }
+    record_cycles(
+        "vmalloc+vfree 16 KiB (4 CPUs online)",
+        "baseline",
+        per_op(t, V),
+    );
+
+    const PC: usize = 100_000;
+    let held = vmalloc(PC * core::mem::size_of::<kmem_percpu::PerCpuPtr>()).expect("vmalloc");
+    let held = held as *mut kmem_percpu::PerCpuPtr;
+    let pcpu = PCPU.get();
+    let t = rdtsc();
+    for i in 0..PC {
+        let p = pcpu.alloc(4, 4).expect("percpu 4 B");
+        // SAFETY: the vmalloc'ed array has PC slots.
+        unsafe { held.add(i).write(p) };
+    }
+    record_cycles("percpu alloc 4 B (100 k live)", "kmem", per_op(t, PC));
+    let t = rdtsc();
+    for i in 0..PC {
+        // SAFETY: each slot holds a live allocation, freed once.
+        unsafe { pcpu.free(held.add(i).read()) }.expect("percpu free");
+    }
+    record_cycles("percpu free 4 B (100 k live)", "kmem", per_op(t, PC));
+    vfree(held as u64).expect("vfree");
+
+    const K: usize = 200_000;
+    let layout = Layout::from_size_align(64, 8).expect("layout");
+    let k = KMALLOC.get();
+    let slab = POW2.get();
+    for round in 0..3 {
+        let t = rdtsc();
+        for _ in 0..K {
+            let p = k.alloc(layout).expect("kmalloc");
+            // SAFETY: just allocated.
+            unsafe { k.dealloc(p, layout) };
+        }
+        let kmem = per_op(t, K);
+        let t = rdtsc();
+        for _ in 0..K {
+            let p = slab.alloc(layout).expect("pow2");
+            // SAFETY: just allocated.
+            unsafe { slab.free(p) }.expect("pow2 free");
+        }
+        let base = per_op(t, K);
+        if round == 2 {
+            record_cycles("kmalloc 64 B alloc+free", "kmem", kmem);
+            record_cycles("kmalloc 64 B alloc+free", "baseline", base);
+        }
+    }
+}
+
+/// Cross-CPU free cost: CPU 1 allocates, CPU 0 frees (semi-free path for
+/// nta; the slab's shared lists for the baseline).
+static CROSS: Lock<[usize; HANDOFF]> = Lock::new([0; HANDOFF]);
+static CROSS_KIND: AtomicUsize = AtomicUsize::new(0);
+
+fn measure_cross() {
+    if NCPU.load(SeqCst) < 2 {
+        return;
+    }
+    for (kind, imp) in [(0, "kmem"), (1, "baseline")] {
+        CROSS_KIND.store(kind, SeqCst);
+        let mut total = 0u64;
+        let rounds = 10;
+        for _ in 0..rounds {
+            on_all(|c| {
+                let layout = Layout::from_size_align(64, 8).expect("layout");
+                if c == 1 {
+                    let mut v = CROSS.lock();
+                    for slot in v.iter_mut() {
+                        *slot = if CROSS_KIND.load(SeqCst) == 0 {
+                            KMALLOC.get().alloc(layout).expect("kmalloc").as_ptr() as usize
+                        } else {
+                            POW2.get().alloc(layout).expect("pow2").as_ptr() as usize
+                        };
+                    }
+                }
+                barrier();
+                if c == 0 {
+                    let v = *CROSS.lock();
+                    let t = rdtsc();
+                    for p in v {
+                        // SAFETY: allocated by CPU 1 above, freed once here.
+                        unsafe {
+                            let p = NonNull::new_unchecked(p as *mut u8);
+                            if CROSS_KIND.load(Relaxed) == 0 {
+                                KMALLOC.get().dealloc(p, layout);
+                            } else {
+                                POW2.get().free(p).expect("pow2 free");
+                            }
+                        }
+                    }
+                    SHARED.store(rdtsc() - t, SeqCst);
+                }
+                barrier();
+                if c == 1 {
+                    // CPU 1 takes the semi-freed chunks back.
+                    let p = KMALLOC.get().alloc(layout).expect("kmalloc");
+                    // SAFETY: just allocated.
+                    unsafe { KMALLOC.get().dealloc(p, layout) };
+                }
+            });
+            total += SHARED.load(SeqCst);
+        }
+        record_cycles(
+            "kfree 64 B from another CPU",
+            imp,
+            total as f64 / (rounds * HANDOFF) as f64,
+        );
+    }
+}
+
+// ---- the run ----
+
+/// Runs every test and measurement on `ncpus` CPUs, prints the JSON line and
+/// the verdict; returns the number of failures.
+pub fn run_all(ncpus: usize) -> usize {
+    NCPU.store(ncpus, SeqCst);
+    let tests: [(&'static str, fn() -> Outcome); 7] = [
+        ("frames", t_frames),
+        ("page_tables", t_page_tables),
+        ("vmalloc_guard", t_vmalloc),
+        ("tlb_shootdown", t_shootdown),
+        ("percpu_gs", t_percpu),
+        ("kmalloc_cross_cpu", t_kmalloc),
+        ("stress_all_cpus", t_stress),
+    ];
+    let mut failed = 0;
+    for (name, f) in tests {
+        if !run(name, f) {
+            failed += 1;
+        }
+    }
+    kprintln!("measurements (cycles per operation, rdtsc):");
+    measure();
+    measure_cross();
+    if !run("checks_after_measurements", || {
+        check_all().map(|_| text(format_args!("all five allocators")))
+    }) {
+        failed += 1;
+    }
+    report(ncpus);
+    let total = RESULTS.lock().tests.iter().flatten().count();
+    kprintln!("{} passed, {} failed", total - failed, failed);
+    failed
+}
+
+fn report(ncpus: usize) {
+    let r = RESULTS.lock();
+    let f = FRAMES.get().stats();
+    kprint!(
+        "{JSON_PREFIX}{{\"cpus\":{ncpus},\"memory_bytes\":{},\"shootdowns\":{},\"tests\":[",
+        f.total_pages * PAGE,
+        vmalloc::SHOOTDOWNS.load(Relaxed)
+    );
+    for (i, t) in r.tests.iter().flatten().enumerate() {
+        kprint!(
+            "{}{{\"name\":\"{}\",\"ok\":{},\"detail\":\"{}\"}}",
+            if i > 0 { "," } else { "" },
+            t.name,
+            t.ok,
+            t.detail.as_str()
+        );
+    }
+    kprint!("],\"cycles\":[");
+    for (i, c) in r.cycles.iter().flatten().enumerate() {
+        kprint!(
+            "{}{{\"case\":\"{}\",\"impl\":\"{}\",\"value\":{:.1},\"unit\":\"cycles/op\"}}",
+            if i > 0 { "," } else { "" },
+            c.case,
+            c.imp,
+            c.value
+        );
+    }
+    kprintln!("]}}");
+}
