@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::*};
 use kmem_core::Topology;
 
 use crate::protocol::{EXIT_FAIL, EXIT_PASS, EXIT_PORT};
-use crate::{apic, mm, percpu, tests, trap, vmalloc, x86};
+use crate::{apic, kmalloc, mm, percpu, tests, trap, vmalloc, x86};
 
 /// The most CPUs the kernel brings up.
 pub const MAX_CPUS: usize = 16;
@@ -139,7 +139,7 @@ extern "C" fn kmain(info: u32) -> ! {
     );
     percpu::init(mm::FRAMES.get(), &topo, &apic_ids[..ncpus]);
     vmalloc::init();
-    tests::init_kmalloc(ncpus);
+    kmalloc::init(ncpus);
     apic::disable_pic();
     apic::init_cpu();
     vmalloc::ONLINE[0].store(true, SeqCst);

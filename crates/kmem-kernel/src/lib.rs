@@ -23,6 +23,8 @@ mod apic;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod kmain;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod kmalloc;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod mm;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod percpu;

@@ -8,8 +8,10 @@
 //! GS at a static area that says CPU 0.
 
 use core::arch::asm;
+use core::cell::UnsafeCell;
 
 use kmem_core::{Cpus, Topology};
+use kmem_nta::FrontCache;
 use kmem_pages::PageAllocator;
 use kmem_percpu::{KmBackend, PerCpu, PerCpuAllocator};
 
@@ -24,11 +26,28 @@ const IA32_GS_BASE: u32 = 0xC000_0101;
 pub struct CpuArea {
     /// This CPU's number (0 is the bootstrap CPU).
     pub cpu: usize,
+    /// This area's own address (`gs:[8]`: the area in one load, as Linux's
+    /// `this_cpu_off`).
+    this: usize,
     /// Its local APIC ID.
     pub apic_id: u32,
+    /// kmalloc's front cache of this CPU (see `kmalloc`).
+    pub front: UnsafeCell<FrontCache>,
 }
 
-static BOOT_AREA: CpuArea = CpuArea { cpu: 0, apic_id: 0 };
+// SAFETY: `front` is used only by the CPU that owns the area (kmalloc takes
+// it through GS), never concurrently; the other fields are read-only.
+unsafe impl Sync for CpuArea {}
+// SAFETY: the front cache's pointers are chunks of NTA that the cache owns;
+// which CPU builds the area (the bootstrap CPU) does not matter to them.
+unsafe impl Send for CpuArea {}
+
+static BOOT_AREA: CpuArea = CpuArea {
+    cpu: 0,
+    this: 0,
+    apic_id: 0,
+    front: UnsafeCell::new(FrontCache::new()),
+};
 
 /// The kernel's per-CPU allocator.
 pub type Pcpu = PerCpuAllocator<KmBackend<&'static PageAllocator<'static>>>;
@@ -62,11 +81,17 @@ pub fn init(frames: &'static PageAllocator<'static>, topo: &Topology, apic_ids: 
     let pcpu = PerCpuAllocator::new(topo.clone(), 64 << 10, CPUS, KmBackend::new(frames))
         .unwrap_or_else(|e| panic!("per-CPU allocator: {e:?}"));
     let pcpu = PCPU.set(pcpu);
-    let areas = PerCpu::new(pcpu, |c| CpuArea {
+    let mut areas = PerCpu::new(pcpu, |c| CpuArea {
         cpu: c,
+        this: 0,
         apic_id: apic_ids.get(c).copied().unwrap_or(0),
+        front: UnsafeCell::new(FrontCache::new()),
     })
     .unwrap_or_else(|e| panic!("per-CPU areas: {e:?}"));
+    for c in 0..areas.units() {
+        let a = areas.get_mut(c);
+        a.this = a as *mut CpuArea as usize;
+    }
     AREAS.set(areas);
     enter(0);
 }
@@ -82,6 +107,14 @@ pub fn enter(cpu: usize) {
 }
 
 /// This CPU's area.
+#[inline(always)]
 pub fn area() -> &'static CpuArea {
-    AREAS.get().this_cpu()
+    let this: usize;
+    // SAFETY: as in `cpu`; word 1 is the area's own address, set for every
+    // CPU's area before any CPU enters it (0 only in the boot area, which
+    // `area` is not used with: the allocators are built after it).
+    unsafe { asm!("mov {}, gs:[8]", out(reg) this, options(nostack, readonly, preserves_flags)) };
+    debug_assert!(this != 0, "per-CPU area used before kmem-percpu is up");
+    // SAFETY: a live CpuArea of the kernel's life.
+    unsafe { &*(this as *const CpuArea) }
 }

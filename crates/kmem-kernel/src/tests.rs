@@ -5,52 +5,25 @@
 //! cycles per operation (rdtsc) for kmem and, where the seed has one, for
 //! the design it replaced, run back to back on the same CPU.
 
+// A failure carries its message in a 128-byte `Text` (the kernel has no
+// heap to box it in); one per test, on the stack.
+#![allow(clippy::result_large_err)]
+
 use core::alloc::Layout;
 use core::fmt::{self, Write};
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 use kmem_core::{Lock, PageSource};
-use kmem_nta::Nta;
-use kmem_pages::PageAllocator;
-use kmem_pow2::{Pow2Slab, SlabConfig};
 
-use crate::kmain::{Global, MAX_CPUS};
+use crate::kmain::MAX_CPUS;
+use crate::kmalloc::{kfree, kmalloc, NTA, POW2};
 use crate::mm::{self, FRAMES, PAGE, QL};
-use crate::percpu::{self, cpu, CPUS, PCPU};
+use crate::percpu::{self, cpu, PCPU};
 use crate::protocol::JSON_PREFIX;
 use crate::trap;
 use crate::vmalloc::{self, vfree, vfree_eager, vmalloc, VMAP};
 use crate::x86::{self, rdtsc};
-
-/// kmalloc: kmem-nta with a heap per CPU.
-pub static KMALLOC: Global<Nta<&'static PageAllocator<'static>, kmem_core::Cpus>> = Global::new();
-/// The seed 003 baseline: a power-of-two slab allocator over a run of frames.
-static POW2: Global<Pow2Slab<'static>> = Global::new();
-
-/// Builds kmalloc and the baseline allocator.
-pub fn init_kmalloc(ncpus: usize) {
-    let cfg = kmem_nta::Config {
-        heaps: ncpus.min(kmem_nta::MAX_HEAPS),
-        ..kmem_nta::Config::new()
-    };
-    let nta = Nta::with_config(FRAMES.get(), cfg, CPUS).unwrap_or_else(|e| panic!("nta: {e:?}"));
-    KMALLOC.set(nta);
-    let pages = 4096;
-    let run = FRAMES
-        .get()
-        .alloc_pages(pages, 1)
-        .unwrap_or_else(|e| panic!("pow2 arena: {e:?}"));
-    let slab_cfg = SlabConfig {
-        array_caches: true,
-        cpus: ncpus,
-        checked: true,
-    };
-    // SAFETY: the run is ours for the kernel's life (never freed).
-    let slab = unsafe { Pow2Slab::from_raw(run, pages * PAGE, PAGE, slab_cfg, CPUS) }
-        .unwrap_or_else(|e| panic!("pow2: {e:?}"));
-    POW2.set(slab);
-}
 
 // ---- running a job on every CPU ----
 
@@ -186,6 +159,9 @@ fn record_cycles(case: &'static str, imp: &'static str, value: f64) {
 
 type Outcome = Result<Text, Text>;
 
+/// A test: its name and body.
+type Test = (&'static str, fn() -> Outcome);
+
 macro_rules! ensure {
     ($cond:expr, $($t:tt)*) => {
         if !$cond {
@@ -220,7 +196,7 @@ fn check_all() -> Result<(), Text> {
         ("kmem-quicklist", QL.get().check()),
         ("kmem-vmap", VMAP.get().check()),
         ("kmem-percpu", PCPU.get().check()),
-        ("kmem-nta", KMALLOC.get().check()),
+        ("kmem-nta", NTA.get().check()),
     ];
     for (name, r) in checks {
         if let Err(e) = r {
@@ -294,7 +270,7 @@ fn t_frames() -> Outcome {
     Ok(text(format_args!(
         "{} frames ({} MiB) from the memory map; {} free, {} in per-CPU caches",
         s.total_pages,
-        s.total_pages * PAGE >> 20,
+        (s.total_pages * PAGE) >> 20,
         s.free_pages,
         s.cached_pages
     )))
@@ -373,8 +349,8 @@ fn t_vmalloc() -> Outcome {
         unsafe { ((a + i * 8) as *mut u64).write_volatile(i ^ a) };
     }
     for i in 0..3 * PAGE as u64 / 8 {
-        // SAFETY: as above.
         ensure!(
+            // SAFETY: as above.
             unsafe { ((a + i * 8) as *const u64).read_volatile() } == i ^ a,
             "data"
         );
@@ -491,7 +467,6 @@ fn t_percpu() -> Outcome {
         .get()
         .alloc(8, 8)
         .map_err(|e| text(format_args!("alloc: {e:?}")))?;
-    SHARED.store(p.get(0).as_ptr() as u64 - 0, SeqCst);
     static PTR: Lock<Option<kmem_percpu::PerCpuPtr>> = Lock::new(None);
     *PTR.lock() = Some(p);
     on_all(|c| {
@@ -522,7 +497,7 @@ static HANDED: Lock<[[usize; HANDOFF]; MAX_CPUS]> = Lock::new([[0; HANDOFF]; MAX
 
 fn t_kmalloc() -> Outcome {
     on_all(|c| {
-        let k = KMALLOC.get();
+        let k = NTA.get();
         let mut mine = [0usize; HANDOFF];
         for (i, m) in mine.iter_mut().enumerate() {
             let size = 8 + (i * 37 + c * 11) % 1000;
@@ -553,7 +528,7 @@ fn t_kmalloc() -> Outcome {
         unsafe { k.free(p) }.expect("kfree");
     });
     check_all()?;
-    let s = KMALLOC.get().stats();
+    let s = NTA.get().stats();
     let n = HANDOFF * NCPU.load(SeqCst);
     ensure!(
         NCPU.load(SeqCst) == 1 || s.remote_frees >= n as u64,
@@ -581,13 +556,20 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
-/// Frees what a stress slot holds: kind in the low bits of the word.
+/// kmalloc sizes of the stress test (a class index fits in bits 3..6 of a
+/// 64-byte aligned pointer).
+const STRESS_SIZES: [usize; 8] = [8, 24, 64, 100, 200, 500, 1000, 3000];
+
+/// Frees what a stress slot holds: kind in bits 0..3 of the word.
 fn stress_free(v: usize) {
     let (kind, addr) = (v & 7, v & !7);
+    debug_assert!(kind != 1 || addr & 63 == (v >> 3 & 7) << 3);
     match kind {
         1 => {
-            // SAFETY: a kmalloc object put in a slot by its allocator.
-            unsafe { KMALLOC.get().free(NonNull::new_unchecked(addr as *mut u8)) }.expect("kfree");
+            let size = STRESS_SIZES[(v >> 3) & 7];
+            // SAFETY: a kmalloc object of this size put in a slot by its
+            // allocator, taken out once.
+            unsafe { kfree(NonNull::new_unchecked((v & !63) as *mut u8), size) };
         }
         2 => vfree(addr as u64).expect("vfree"),
         3 => {
@@ -606,13 +588,16 @@ fn stress_free(v: usize) {
 fn t_stress() -> Outcome {
     let free_before = FRAMES.get().stats();
     on_all(|c| {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ (c as u64 + 1) * 0x1234_5678;
+        let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ ((c as u64 + 1) * 0x1234_5678);
         for _ in 0..4000 {
             let r = xorshift(&mut s);
             let v = match r % 8 {
                 0..=4 => {
-                    let size = 8 + (r >> 8) as usize % 3000;
-                    KMALLOC.get().alloc_bytes(size).expect("kmalloc").as_ptr() as usize | 1
+                    let class = (r >> 8) as usize % STRESS_SIZES.len();
+                    let p = kmalloc(STRESS_SIZES[class]).expect("kmalloc");
+                    // SAFETY: at least 8 bytes, ours.
+                    unsafe { p.as_ptr().cast::<u64>().write(r) };
+                    p.as_ptr() as usize | class << 3 | 1
                 }
                 5 => vmalloc(PAGE * (1 + (r >> 8) as usize % 8)).expect("vmalloc") as usize | 2,
                 6 => FRAMES.get().alloc_pages(1, 1).expect("frame").as_ptr() as usize | 3,
@@ -658,90 +643,101 @@ fn per_op(t0: u64, n: usize) -> f64 {
     (rdtsc() - t0) as f64 / n as f64
 }
 
+/// Runs `kmem` and `base` (each `n` operations) alternately for five rounds
+/// and records the median cycles per operation of each.
+fn pair(case: &'static str, n: usize, kmem: fn(usize), base: fn(usize)) {
+    let (mut a, mut b) = ([0f64; 5], [0f64; 5]);
+    kmem(n / 4 + 1);
+    base(n / 4 + 1);
+    for r in 0..5 {
+        let t = rdtsc();
+        kmem(n);
+        a[r] = per_op(t, n);
+        let t = rdtsc();
+        base(n);
+        b[r] = per_op(t, n);
+    }
+    record_cycles(case, "kmem", median(&mut a));
+    record_cycles(case, "baseline", median(&mut b));
+}
+
+fn median(v: &mut [f64; 5]) -> f64 {
+    v.sort_unstable_by(|x, y| x.total_cmp(y));
+    v[2]
+}
+
 fn measure() {
-    const N: usize = 20_000;
-    // Warm both paths, then alternate them in rounds.
-    for round in 0..3 {
-        let t = rdtsc();
-        for _ in 0..N {
-            let p = mm::pgd_alloc();
-            // SAFETY: just allocated, unused, user half zero.
-            unsafe { mm::pgd_free(p) };
-        }
-        let kmem = per_op(t, N);
-        let t = rdtsc();
-        for _ in 0..N {
-            let p = mm::pgd_alloc_uncached();
-            // SAFETY: as above.
-            unsafe { mm::pgd_free_uncached(p) };
-        }
-        let base = per_op(t, N);
-        if round == 2 {
-            record_cycles("pgd alloc+free", "kmem", kmem);
-            record_cycles("pgd alloc+free", "baseline", base);
-        }
-    }
-    const V: usize = 2000;
-    let t = rdtsc();
-    for _ in 0..V {
-        let a = vmalloc(4 * PAGE).expect("vmalloc");
-        vfree(a).expect("vfree");
-    }
-    record_cycles("vmalloc+vfree 16 KiB (4 CPUs online)", "kmem", per_op(t, V));
-    let t = rdtsc();
-    for _ in 0..V {
-        let a = vmalloc(4 * PAGE).expect("vmalloc");
-        vfree_eager(a).expect("vfree");
-    }
-    record_cycles(
-        "vmalloc+vfree 16 KiB (4 CPUs online)",
-        "baseline",
-        per_op(t, V),
+    pair(
+        "pgd alloc+free",
+        10_000,
+        |n| {
+            for _ in 0..n {
+                let p = mm::pgd_alloc();
+                // SAFETY: just allocated, unused, user half zero.
+                unsafe { mm::pgd_free(p) };
+            }
+        },
+        |n| {
+            for _ in 0..n {
+                let p = mm::pgd_alloc_uncached();
+                // SAFETY: as above.
+                unsafe { mm::pgd_free_uncached(p) };
+            }
+        },
+    );
+    pair(
+        "vmalloc+vfree 16 KiB, 4 CPUs online",
+        400,
+        |n| {
+            for _ in 0..n {
+                vfree(vmalloc(4 * PAGE).expect("vmalloc")).expect("vfree");
+            }
+        },
+        |n| {
+            for _ in 0..n {
+                vfree_eager(vmalloc(4 * PAGE).expect("vmalloc")).expect("vfree");
+            }
+        },
+    );
+    pair(
+        "kmalloc 64 B alloc+free",
+        50_000,
+        |n| {
+            for _ in 0..n {
+                let p = kmalloc(64).expect("kmalloc");
+                // SAFETY: just allocated, 64 bytes.
+                unsafe { kfree(p, 64) };
+            }
+        },
+        |n| {
+            let slab = POW2.get();
+            let layout = Layout::from_size_align(64, 8).expect("layout");
+            for _ in 0..n {
+                let p = slab.alloc(layout).expect("pow2");
+                // SAFETY: just allocated.
+                unsafe { slab.free(p) }.expect("pow2 free");
+            }
+        },
     );
 
     const PC: usize = 100_000;
     let held = vmalloc(PC * core::mem::size_of::<kmem_percpu::PerCpuPtr>()).expect("vmalloc");
-    let held = held as *mut kmem_percpu::PerCpuPtr;
+    let slots = held as *mut kmem_percpu::PerCpuPtr;
     let pcpu = PCPU.get();
     let t = rdtsc();
     for i in 0..PC {
         let p = pcpu.alloc(4, 4).expect("percpu 4 B");
         // SAFETY: the vmalloc'ed array has PC slots.
-        unsafe { held.add(i).write(p) };
+        unsafe { slots.add(i).write(p) };
     }
     record_cycles("percpu alloc 4 B (100 k live)", "kmem", per_op(t, PC));
     let t = rdtsc();
     for i in 0..PC {
         // SAFETY: each slot holds a live allocation, freed once.
-        unsafe { pcpu.free(held.add(i).read()) }.expect("percpu free");
+        unsafe { pcpu.free(slots.add(i).read()) }.expect("percpu free");
     }
     record_cycles("percpu free 4 B (100 k live)", "kmem", per_op(t, PC));
-    vfree(held as u64).expect("vfree");
-
-    const K: usize = 200_000;
-    let layout = Layout::from_size_align(64, 8).expect("layout");
-    let k = KMALLOC.get();
-    let slab = POW2.get();
-    for round in 0..3 {
-        let t = rdtsc();
-        for _ in 0..K {
-            let p = k.alloc(layout).expect("kmalloc");
-            // SAFETY: just allocated.
-            unsafe { k.dealloc(p, layout) };
-        }
-        let kmem = per_op(t, K);
-        let t = rdtsc();
-        for _ in 0..K {
-            let p = slab.alloc(layout).expect("pow2");
-            // SAFETY: just allocated.
-            unsafe { slab.free(p) }.expect("pow2 free");
-        }
-        let base = per_op(t, K);
-        if round == 2 {
-            record_cycles("kmalloc 64 B alloc+free", "kmem", kmem);
-            record_cycles("kmalloc 64 B alloc+free", "baseline", base);
-        }
-    }
+    vfree(held).expect("vfree");
 }
 
 /// Cross-CPU free cost: CPU 1 allocates, CPU 0 frees (semi-free path for
@@ -764,7 +760,7 @@ fn measure_cross() {
                     let mut v = CROSS.lock();
                     for slot in v.iter_mut() {
                         *slot = if CROSS_KIND.load(SeqCst) == 0 {
-                            KMALLOC.get().alloc(layout).expect("kmalloc").as_ptr() as usize
+                            NTA.get().alloc(layout).expect("kmalloc").as_ptr() as usize
                         } else {
                             POW2.get().alloc(layout).expect("pow2").as_ptr() as usize
                         };
@@ -779,7 +775,7 @@ fn measure_cross() {
                         unsafe {
                             let p = NonNull::new_unchecked(p as *mut u8);
                             if CROSS_KIND.load(Relaxed) == 0 {
-                                KMALLOC.get().dealloc(p, layout);
+                                NTA.get().dealloc(p, layout);
                             } else {
                                 POW2.get().free(p).expect("pow2 free");
                             }
@@ -790,9 +786,9 @@ fn measure_cross() {
                 barrier();
                 if c == 1 {
                     // CPU 1 takes the semi-freed chunks back.
-                    let p = KMALLOC.get().alloc(layout).expect("kmalloc");
+                    let p = NTA.get().alloc(layout).expect("kmalloc");
                     // SAFETY: just allocated.
-                    unsafe { KMALLOC.get().dealloc(p, layout) };
+                    unsafe { NTA.get().dealloc(p, layout) };
                 }
             });
             total += SHARED.load(SeqCst);
@@ -811,7 +807,7 @@ fn measure_cross() {
 /// the verdict; returns the number of failures.
 pub fn run_all(ncpus: usize) -> usize {
     NCPU.store(ncpus, SeqCst);
-    let tests: [(&'static str, fn() -> Outcome); 7] = [
+    let tests: [Test; 7] = [
         ("frames", t_frames),
         ("page_tables", t_page_tables),
         ("vmalloc_guard", t_vmalloc),
