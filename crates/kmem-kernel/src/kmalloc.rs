@@ -104,9 +104,19 @@ pub unsafe fn kfree(p: NonNull<u8>, size: usize) {
     }
 }
 
-/// Gives every front cache's chunks back to NTA (before an invariant
-/// check that counts them; each CPU flushes its own).
+/// Gives this CPU's front cache back to NTA (chunks of other CPUs' nodes
+/// go to their owners' semi-free lists).
 pub fn flush_this_cpu() {
     // SAFETY: every chunk in this CPU's cache came from NTA.
     unsafe { front().flush_all(NTA.get()) }
+}
+
+/// Finishes the frees queued on this CPU's semi-free list (NTA's owner
+/// does so on its next heap operation; this is one).
+pub fn drain_this_cpu() {
+    let nta = NTA.get();
+    let layout = Layout::from_size_align(64, 8).expect("layout");
+    let p = nta.alloc(layout).expect("kmalloc");
+    // SAFETY: just allocated, freed once.
+    unsafe { nta.dealloc(p, layout) };
 }

@@ -585,7 +585,18 @@ fn stress_free(v: usize) {
     }
 }
 
+/// Every CPU's front cache back to NTA, then every owner finishes what that
+/// queued on its semi-free list: NTA's held bytes are then exactly the live
+/// allocations.
+fn settle_kmalloc() {
+    on_all(|_| crate::kmalloc::flush_this_cpu());
+    on_all(|_| crate::kmalloc::drain_this_cpu());
+}
+
 fn t_stress() -> Outcome {
+    settle_kmalloc();
+    let held_before = NTA.get().stats().bytes_held;
+    let busy_before = VMAP.get().stats().busy_blocks;
     let free_before = FRAMES.get().stats();
     on_all(|c| {
         let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ ((c as u64 + 1) * 0x1234_5678);
@@ -627,9 +638,21 @@ fn t_stress() -> Outcome {
         }
     }
     check_all()?;
+    settle_kmalloc();
+    let held = NTA.get().stats().bytes_held;
+    ensure!(
+        held == held_before,
+        "kmalloc holds {held} bytes after the stress, {held_before} before"
+    );
+    let busy = VMAP.get().stats().busy_blocks;
+    ensure!(
+        busy == busy_before,
+        "{busy} vmalloc areas live after the stress, {busy_before} before"
+    );
+    check_all()?;
     let f = FRAMES.get().stats();
     Ok(text(format_args!(
-        "{} random ops on {} CPUs, cross-CPU frees through shared slots; all checks pass; frames free {} -> {}",
+        "{} random ops on {} CPUs, frees cross CPUs; checks pass, nothing lost; frames free {} -> {}",
         4000 * NCPU.load(SeqCst),
         NCPU.load(SeqCst),
         free_before.free_pages + free_before.cached_pages,
