@@ -21,6 +21,7 @@
 //! (its user entries cleared), so the next allocation runs nothing.
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use kmem_core::{Lock, PageSource, Topology};
 use kmem_pages::{Config, PageAllocator};
@@ -169,17 +170,49 @@ unsafe fn free_table(t: u64) {
     }
 }
 
+/// Pgds in their constructed state (handed out or on a quicklist): the
+/// constructor counts one up, the destructor one down (Linux's ctor and
+/// dtor add and remove the pgd on `pgd_list`).
+pub static PGDS: AtomicUsize = AtomicUsize::new(0);
+
+/// The kernel's entries of a top-level table.
+const KERNEL_ENTRIES: [core::ops::Range<usize>; 2] = [0..1, 256..512];
+
 /// The pgd constructor: the kernel's entries copied, the user half zero.
 fn pgd_ctor(page: &mut [u8]) {
     let k = table(*KERNEL_PML4.get() as u64);
     // SAFETY: a pgd page is 4096 bytes, 8-aligned; the kernel PML4 is live.
     unsafe {
         let t = page.as_mut_ptr() as *mut u64;
-        t.write(k.read());
-        for i in 256..512 {
+        for i in KERNEL_ENTRIES.into_iter().flatten() {
             t.add(i).write(k.add(i).read());
         }
     }
+    PGDS.fetch_add(1, Relaxed);
+}
+
+/// The pgd destructor (a trim or drain gives the page back to kmem-pages):
+/// the page must still be in its constructed state.
+pub fn pgd_dtor(page: &mut [u8]) {
+    let k = table(*KERNEL_PML4.get() as u64);
+    // SAFETY: as in the constructor.
+    let t = unsafe { core::slice::from_raw_parts(page.as_ptr() as *const u64, 512) };
+    for (i, &e) in t.iter().enumerate() {
+        let kernel = KERNEL_ENTRIES.iter().any(|r| r.contains(&i));
+        // SAFETY: the kernel PML4 is live; i < 512.
+        let want = if kernel {
+            unsafe { k.add(i).read() }
+        } else {
+            0
+        };
+        if e != want {
+            panic!(
+                "pgd {:p} freed with entry {i} = {e:#x} (constructed: {want:#x})",
+                page.as_ptr()
+            );
+        }
+    }
+    PGDS.fetch_sub(1, Relaxed);
 }
 
 /// A process's top-level table from the pgd quicklist.
@@ -197,14 +230,14 @@ pub fn pgd_alloc() -> u64 {
 pub unsafe fn pgd_free(pgd: u64) {
     // SAFETY: the caller's promise.
     let page = unsafe { PageRef::from_raw(NonNull::new_unchecked(pgd as *mut u8)) };
-    if let Err(e) = QL.get().free(PGD, page, None) {
+    if let Err(e) = QL.get().free(PGD, page, Some(&pgd_dtor)) {
         panic!("pgd {pgd:#x}: {:?}", e.error);
     }
 }
 
 /// The same pgd made the old way: a frame from kmem-pages, zeroed and the
-/// kernel half copied on every allocation (the baseline of the quicklist
-/// measurement).
+/// kernel half copied on every allocation, the destructor run on every free
+/// (the baseline of the quicklist measurement).
 pub fn pgd_alloc_uncached() -> u64 {
     let f = FRAMES
         .get()
@@ -220,6 +253,8 @@ pub fn pgd_alloc_uncached() -> u64 {
 /// # Safety
 /// As [`pgd_free`].
 pub unsafe fn pgd_free_uncached(pgd: u64) {
+    // SAFETY: the caller's promise: a 4 KiB table page no one uses.
+    pgd_dtor(unsafe { core::slice::from_raw_parts_mut(pgd as *mut u8, PAGE) });
     // SAFETY: the caller's promise: a frame of FRAMES no one uses.
     unsafe {
         FRAMES

@@ -15,6 +15,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 use kmem_core::{Lock, PageSource};
+use kmem_quicklist::Quicklists;
 
 use crate::kmain::MAX_CPUS;
 use crate::kmalloc::{kfree, kmalloc, NTA, POW2};
@@ -329,12 +330,35 @@ fn t_page_tables() -> Outcome {
         }
     });
     check_all()?;
+    // Every pgd is back on a list, constructed: as many as the ctor made.
     let q = QL.get();
+    let n = NCPU.load(SeqCst);
+    let listed = |q: &Quicklists<_, 2>| -> usize {
+        (0..n).map(|c| q.list_len(c, mm::PGD).unwrap_or(0)).sum()
+    };
+    let cached = listed(q);
+    let constructed = mm::PGDS.load(SeqCst);
+    ensure!(
+        constructed == cached,
+        "{constructed} pgds constructed, {cached} on the lists"
+    );
+    // Drain every CPU's pgd list through the destructor (which checks each
+    // page is still constructed).
+    on_all(|_| {
+        QL.get()
+            .drain(mm::PGD, Some(&mm::pgd_dtor))
+            .expect("drain pgds");
+    });
+    ensure!(listed(q) == 0, "pgds left on the lists after a drain");
+    ensure!(
+        mm::PGDS.load(SeqCst) == 0,
+        "{} pgds not destructed",
+        mm::PGDS.load(SeqCst)
+    );
+    check_all()?;
     Ok(text(format_args!(
-        "CR3 built from quicklist pages; {} processes' pgds on {} CPUs; {} pages on quicklists",
-        1 + 200 * NCPU.load(SeqCst),
-        NCPU.load(SeqCst),
-        q.total_pages()
+        "CR3 built from quicklist pages; {} processes on {n} CPUs; {cached} constructed pgds cached, destructed by a drain",
+        1 + 200 * n,
     )))
 }
 
