@@ -199,8 +199,8 @@ pub fn pgd_dtor(page: &mut [u8]) {
     let t = unsafe { core::slice::from_raw_parts(page.as_ptr() as *const u64, 512) };
     for (i, &e) in t.iter().enumerate() {
         let kernel = KERNEL_ENTRIES.iter().any(|r| r.contains(&i));
-        // SAFETY: the kernel PML4 is live; i < 512.
         let want = if kernel {
+            // SAFETY: the kernel PML4 is live; i < 512.
             unsafe { k.add(i).read() }
         } else {
             0
