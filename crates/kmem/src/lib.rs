@@ -7,6 +7,7 @@
 //!   suites      the Suite trait and the registry (suites::all)
 //!   baselines   the designs the seeds replaced, kept faithful for comparison
 //!   preload     running whole programs under other allocators (LD_PRELOAD)
+//!   kernel      kmem kernel: builds kmem-kernel, boots it under QEMU, reads its verdict
 //!   report      runs suites, prints tables, writes target/kmem-report[-smoke|-full]/
 //!   setup       the optional system packages, installed when possible
 //!   svg         hand-written SVG charts and PNG maps
@@ -20,6 +21,7 @@
 
 pub mod baselines;
 pub mod harness;
+pub mod kernel;
 pub mod output;
 pub mod preload;
 pub mod progress;

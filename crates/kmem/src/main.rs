@@ -5,12 +5,15 @@
 //!   kmem report [--smoke|--full] [--out DIR] [--only a,b]
 //!   kmem bench SUITE [--full|--smoke] [--json] [--threads N] [--cpus N]
 //!   kmem bench --list
+//!   kmem kernel [--timeout SECS] [--quiet] [--json]
 //! ```
 //!
 //! `kmem bench` is strict: it exits 1 when the suite measured nothing or left
 //! something out (a peer not installed, a tool missing, a failed run), after
 //! printing what it did measure, and 2 when asked for an option the suite
 //! would ignore. `kmem report` lists such skips at the top and exits 0.
+//! `kmem kernel` exits 0 only when the kernel booted under QEMU and every
+//! in-kernel test passed; otherwise 1, with the reason on stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,7 +22,7 @@ use clap::{Args, Parser, Subcommand};
 
 use kmem::output::{MachineJson, Scale};
 use kmem::suites::Suite;
-use kmem::{report, setup, suites};
+use kmem::{kernel, report, setup, suites};
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +47,19 @@ enum Cmd {
         /// List what is missing and the line that installs it; install nothing.
         #[arg(long)]
         check: bool,
+    },
+    /// Build kmem-kernel, boot it under QEMU with several CPUs and stream its
+    /// serial log; exit 0 only when every in-kernel test passed.
+    Kernel {
+        /// Seconds to wait for the kernel's verdict before stopping QEMU.
+        #[arg(long, default_value_t = kernel::DEFAULT_TIMEOUT_S)]
+        timeout: u64,
+        /// Print the kernel's JSON object as the last line of stdout.
+        #[arg(long)]
+        json: bool,
+        /// Do not stream the serial log: print only the verdict.
+        #[arg(long)]
+        quiet: bool,
     },
 }
 
@@ -114,7 +130,7 @@ fn main() -> ExitCode {
             let sc = scale(a.smoke, a.full);
             let out = a.out.unwrap_or_else(|| report::default_out_dir(sc));
             for o in &a.only {
-                if suites::find(o).is_none() {
+                if !report::report_suites().iter().any(|s| s.name() == o) {
                     eprintln!("kmem: no suite named {o:?} (kmem bench --list)");
                     return ExitCode::from(2);
                 }
@@ -132,6 +148,11 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Kernel {
+            timeout,
+            json,
+            quiet,
+        } => kernel::command(timeout, quiet, json),
         Cmd::Setup { check } => {
             let need = setup::missing();
             if check {

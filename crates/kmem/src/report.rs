@@ -1,6 +1,7 @@
 //! `kmem report`: every suite, tables on the terminal, JSON and an HTML page.
 //!
-//! The report knows nothing of individual suites: it runs [`suites::all`],
+//! The report knows nothing of individual suites: it runs [`report_suites`]
+//! ([`suites::all`] and the kernel booted under QEMU),
 //! prints each suite's tables and the seed's published figures, draws one bar
 //! chart per metric from the results (plus any figures the suite made), and
 //! writes `index.html` and `<suite>.json` into the output directory. What was
@@ -502,15 +503,23 @@ pub fn default_out_dir(scale: Scale) -> PathBuf {
     ws.canonicalize().unwrap_or(ws).join("target").join(name)
 }
 
+/// What the report runs, in order: every suite of [`suites::all`], then the
+/// kernel booted under QEMU ([`crate::kernel::KernelSuite`], not a `kmem
+/// bench` suite: `kmem kernel` runs it alone).
+pub fn report_suites() -> Vec<&'static dyn Suite> {
+    let mut v = suites::all().to_vec();
+    v.push(&crate::kernel::KernelSuite);
+    v
+}
+
 /// Runs the named suites (all when `only` is empty), prints, and writes the
 /// report. The tables are printed once every suite has run, after the list of
 /// what was not measured; each suite's end is announced on stderr meanwhile.
 /// Skips do not make this fail: only `kmem bench` is strict.
 pub fn run_report(scale: Scale, out_dir: &Path, only: &[String]) -> std::io::Result<PathBuf> {
     let machine = MachineJson::current();
-    let chosen: Vec<&'static dyn Suite> = suites::all()
-        .iter()
-        .copied()
+    let chosen: Vec<&'static dyn Suite> = report_suites()
+        .into_iter()
         .filter(|s| only.is_empty() || only.iter().any(|o| o == s.name()))
         .collect();
     println!(

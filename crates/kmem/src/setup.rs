@@ -31,7 +31,8 @@ fn lib(name: &str) -> bool {
     .any(|d| Path::new(d).join(name).exists())
 }
 
-fn program(name: &str) -> bool {
+/// Whether `name` is an executable file in a directory of `PATH`.
+pub fn program(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
         std::env::split_paths(&p).any(|d| {
             d.join(name).metadata().is_ok_and(|m| {
@@ -79,6 +80,11 @@ pub const PACKAGES: &[Package] = &[
         why: "a real program kmem-malloc's tests run under LD_PRELOAD",
         present: || program("git"),
     },
+    Package {
+        name: "qemu-system-x86",
+        why: "QEMU, which boots kmem-kernel (kmem kernel, the kernel boot test, the report's kernel table)",
+        present: || program("qemu-system-x86_64"),
+    },
 ];
 
 /// The packages that are not installed.
@@ -89,7 +95,10 @@ pub fn missing() -> Vec<&'static Package> {
 /// The one line that installs `pkgs`.
 pub fn install_line(pkgs: &[&Package]) -> String {
     let names: Vec<&str> = pkgs.iter().map(|p| p.name).collect();
-    format!("sudo apt-get install -y {}", names.join(" "))
+    format!(
+        "sudo apt-get install -y --no-install-recommends {}",
+        names.join(" ")
+    )
 }
 
 /// The effective user id, from `/proc/self/status` (`Uid:` real, effective...).
@@ -156,7 +165,10 @@ pub fn ensure() -> Outcome {
                 .status()
                 .is_ok_and(|s| s.success())
         };
-        let mut install = vec!["apt-get", "install", "-y", "-qq"];
+        // Without recommends: qemu-system-x86's (a GUI, firmware for other
+        // machines) are large and nothing here uses them; no other package
+        // here recommends anything the suites or tests need.
+        let mut install = vec!["apt-get", "install", "-y", "-qq", "--no-install-recommends"];
         install.extend(names.iter().copied());
         if run(&["apt-get", "update", "-qq"]) && run(&install) {
             let still = missing();
