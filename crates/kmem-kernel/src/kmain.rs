@@ -131,6 +131,7 @@ extern "C" fn kmain(info: u32) -> ! {
         ram.start,
         ram.end
     );
+    *tests::BOOT_FACTS.lock() = (ncpus, ram.usable);
     mm::init_frames(ram, &topo);
     mm::init_kernel_tables(ram, vmalloc::VMALLOC_START);
     kprintln!(

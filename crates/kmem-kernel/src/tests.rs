@@ -236,6 +236,41 @@ pub fn dump_state() {
 
 // ---- the tests ----
 
+/// CPUs the ACPI MADT listed, and usable RAM in the memory map.
+pub static BOOT_FACTS: kmem_core::Lock<(usize, usize)> = kmem_core::Lock::new((0, 0));
+
+fn t_boot() -> Outcome {
+    let (listed, usable) = *BOOT_FACTS.lock();
+    let n = NCPU.load(SeqCst);
+    ensure!(n == listed, "{n} CPUs up of {listed} in the MADT");
+    // Every CPU runs on its own stack and trap stack: each reports the
+    // address of a local, and all differ.
+    static STACKS: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+    on_all(|c| {
+        let local = 0u8;
+        STACKS[c].store(&local as *const u8 as usize, SeqCst);
+    });
+    let stacks: [usize; MAX_CPUS] = core::array::from_fn(|c| STACKS[c].load(SeqCst));
+    let stacks = &stacks[..n];
+    for (a, x) in stacks.iter().enumerate() {
+        for (b, y) in stacks.iter().enumerate().skip(a + 1) {
+            ensure!(x.abs_diff(*y) >= PAGE, "CPUs {a} and {b} share a stack");
+        }
+    }
+    let frames = FRAMES.get().stats().total_pages * PAGE;
+    ensure!(
+        frames >= usable / 10 * 9,
+        "kmem-pages has {} MiB of {} MiB usable",
+        frames >> 20,
+        usable >> 20
+    );
+    Ok(text(format_args!(
+        "long mode, {n} of {listed} CPUs up (own stacks, GDT, TSS), kmem-pages has {} of {} MiB usable",
+        frames >> 20,
+        usable >> 20
+    )))
+}
+
 fn t_frames() -> Outcome {
     let f = FRAMES.get();
     let s = f.stats();
@@ -860,7 +895,8 @@ fn measure_cross() {
 /// the verdict; returns the number of failures.
 pub fn run_all(ncpus: usize) -> usize {
     NCPU.store(ncpus, SeqCst);
-    let tests: [Test; 7] = [
+    let tests: [Test; 8] = [
+        ("boot_smp", t_boot),
         ("frames", t_frames),
         ("page_tables", t_page_tables),
         ("vmalloc_guard", t_vmalloc),
