@@ -34,7 +34,8 @@ pub static NTA: Global<Nta<&'static PageAllocator<'static>, Cpus>> = Global::new
 /// caches, over a run of frames.
 pub static POW2: Global<Pow2Slab<'static>> = Global::new();
 
-/// Frames the baseline gets (64 MiB).
+/// Frames the baseline gets at most (64 MiB; an eighth of free memory on
+/// a smaller machine).
 const POW2_PAGES: usize = 16384;
 
 /// Builds kmalloc and the baseline allocator.
@@ -45,17 +46,18 @@ pub fn init(ncpus: usize) {
     };
     let nta = Nta::with_config(FRAMES.get(), cfg, CPUS).unwrap_or_else(|e| panic!("nta: {e:?}"));
     NTA.set(nta);
+    let pages = POW2_PAGES.min(FRAMES.get().stats().free_pages / 8);
     let run = FRAMES
         .get()
-        .alloc_pages(POW2_PAGES, 1)
-        .unwrap_or_else(|e| panic!("pow2 arena: {e:?}"));
+        .alloc_pages(pages, 1)
+        .unwrap_or_else(|e| panic!("pow2 arena of {pages} pages: {e:?}"));
     let slab_cfg = SlabConfig {
         array_caches: true,
         cpus: ncpus,
         checked: true,
     };
     // SAFETY: the run is ours for the kernel's life (never freed).
-    let slab = unsafe { Pow2Slab::from_raw(run, POW2_PAGES * PAGE, PAGE, slab_cfg, CPUS) }
+    let slab = unsafe { Pow2Slab::from_raw(run, pages * PAGE, PAGE, slab_cfg, CPUS) }
         .unwrap_or_else(|e| panic!("pow2: {e:?}"));
     POW2.set(slab);
 }

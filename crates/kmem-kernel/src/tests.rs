@@ -774,7 +774,7 @@ fn measure() {
         },
     );
     pair(
-        "vmalloc+vfree 16 KiB, 4 CPUs online",
+        "vmalloc+vfree 16 KiB, every CPU online",
         400,
         |n| {
             for _ in 0..n {
