@@ -58,6 +58,14 @@ pub fn missing(root: &Path) -> Option<Skip> {
             why,
         })
     };
+    if !cfg!(target_arch = "x86_64") {
+        return skip(
+            "an x86-64 host",
+            "the kernel is built with the host's toolchain for x86-64 (no bare-metal target \
+             is installed); this host is not x86-64"
+                .into(),
+        );
+    }
     if !program(QEMU) {
         return skip(
             QEMU,
