@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::*};
 use kmem_core::Topology;
 
 use crate::protocol::{EXIT_FAIL, EXIT_PASS, EXIT_PORT};
-use crate::{apic, kmalloc, mm, percpu, tests, trap, vmalloc, x86};
+use crate::{apic, jobs, kmalloc, mm, percpu, tests, trap, vmalloc, x86};
 
 /// The most CPUs the kernel brings up.
 pub const MAX_CPUS: usize = 16;
@@ -174,5 +174,5 @@ extern "C" fn ap_main() -> ! {
     vmalloc::ONLINE[cpu].store(true, SeqCst);
     x86::sti();
     apic::ARRIVED.store(true, SeqCst);
-    tests::ap_loop(cpu)
+    jobs::ap_loop(cpu)
 }

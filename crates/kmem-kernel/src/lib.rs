@@ -21,13 +21,19 @@ mod serial;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod apic;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod jobs;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod kmain;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod kmalloc;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod measure;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod mm;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod percpu;
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+mod report;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 mod tests;
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]

@@ -1,167 +1,30 @@
-//! The kernel's tests and measurements, run across every CPU, and the report
-//! they print on serial.
+//! The kernel's tests, run across every CPU (see docs/kernel.md for what
+//! each proves), then the measurements and the report.
 //!
-//! Each test returns a one-line detail or a failure; every measurement is
-//! cycles per operation (rdtsc) for kmem and, where the seed has one, for
-//! the design it replaced, run back to back on the same CPU.
+//! Each test returns a one-line detail or a failure, and leaves every
+//! allocator's invariant check passing.
 
 // A failure carries its message in a 128-byte `Text` (the kernel has no
 // heap to box it in); one per test, on the stack.
 #![allow(clippy::result_large_err)]
 
 use core::alloc::Layout;
-use core::fmt::{self, Write};
+use core::fmt::Write;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 use kmem_core::{Lock, PageSource};
 use kmem_quicklist::Quicklists;
 
+use crate::jobs::{barrier, on_all, NCPU};
 use crate::kmain::MAX_CPUS;
-use crate::kmalloc::{kfree, kmalloc, NTA, POW2};
+use crate::kmalloc::{kfree, kmalloc, NTA};
+use crate::measure::{measure, measure_cross};
 use crate::mm::{self, FRAMES, PAGE, QL};
 use crate::percpu::{self, cpu, PCPU};
-use crate::protocol::JSON_PREFIX;
-use crate::trap;
+use crate::report::{report, run, text, Outcome, Test, Text, RESULTS};
 use crate::vmalloc::{self, vfree, vfree_eager, vmalloc, VMAP};
-use crate::x86::{self, rdtsc};
-
-// ---- running a job on every CPU ----
-
-static NCPU: AtomicUsize = AtomicUsize::new(1);
-static JOB: AtomicUsize = AtomicUsize::new(0);
-static JOB_SEQ: AtomicUsize = AtomicUsize::new(0);
-static JOB_DONE: AtomicUsize = AtomicUsize::new(0);
-
-/// Runs `f(cpu)` on every CPU at once (CPU 0 is the caller) and waits.
-fn on_all(f: fn(usize)) {
-    let n = NCPU.load(SeqCst);
-    JOB.store(f as usize, SeqCst);
-    JOB_DONE.store(0, SeqCst);
-    JOB_SEQ.fetch_add(1, SeqCst);
-    if n > 1 {
-        crate::apic::ipi_others(trap::VEC_WAKE);
-    }
-    f(0);
-    while JOB_DONE.load(SeqCst) < n - 1 {
-        x86::pause();
-    }
-}
-
-/// An AP's life after bring-up: wait for jobs, run them.
-pub fn ap_loop(cpu: usize) -> ! {
-    let mut seen = 0;
-    loop {
-        // Sleep until a job: the check and the halt are atomic with respect
-        // to the wake-up IPI (cli ... sti; hlt).
-        x86::cli();
-        let s = JOB_SEQ.load(SeqCst);
-        if s == seen {
-            x86::sti_hlt();
-            continue;
-        }
-        x86::sti();
-        seen = s;
-        // SAFETY: JOB holds a `fn(usize)` stored by on_all before JOB_SEQ
-        // changed (SeqCst on both).
-        let f: fn(usize) = unsafe { core::mem::transmute(JOB.load(SeqCst)) };
-        f(cpu);
-        JOB_DONE.fetch_add(1, SeqCst);
-    }
-}
-
-static BAR_COUNT: AtomicUsize = AtomicUsize::new(0);
-static BAR_GEN: AtomicUsize = AtomicUsize::new(0);
-
-/// Waits until every CPU of the job reached this point.
-fn barrier() {
-    let n = NCPU.load(SeqCst);
-    let g = BAR_GEN.load(SeqCst);
-    if BAR_COUNT.fetch_add(1, SeqCst) + 1 == n {
-        BAR_COUNT.store(0, SeqCst);
-        BAR_GEN.fetch_add(1, SeqCst);
-    } else {
-        while BAR_GEN.load(SeqCst) == g {
-            x86::pause();
-        }
-    }
-}
-
-// ---- results ----
-
-/// A fixed-capacity string (no heap needed to report).
-#[derive(Clone, Copy)]
-struct Text {
-    buf: [u8; 120],
-    len: usize,
-}
-
-impl Text {
-    const fn new() -> Text {
-        Text {
-            buf: [0; 120],
-            len: 0,
-        }
-    }
-    fn as_str(&self) -> &str {
-        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("?")
-    }
-}
-
-impl Write for Text {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        for b in s.bytes() {
-            if self.len < self.buf.len() && b.is_ascii() && b != b'"' && b != b'\\' {
-                self.buf[self.len] = b;
-                self.len += 1;
-            }
-        }
-        Ok(())
-    }
-}
-
-fn text(args: fmt::Arguments<'_>) -> Text {
-    let mut t = Text::new();
-    let _ = t.write_fmt(args);
-    t
-}
-
-#[derive(Clone, Copy)]
-struct TestResult {
-    name: &'static str,
-    ok: bool,
-    detail: Text,
-}
-
-#[derive(Clone, Copy)]
-struct Cycles {
-    case: &'static str,
-    imp: &'static str,
-    value: f64,
-}
-
-struct Results {
-    tests: [Option<TestResult>; 32],
-    cycles: [Option<Cycles>; 32],
-}
-
-static RESULTS: Lock<Results> = Lock::new(Results {
-    tests: [None; 32],
-    cycles: [None; 32],
-});
-
-fn record_cycles(case: &'static str, imp: &'static str, value: f64) {
-    kprintln!("  cycles: {case:<36} {imp:<12} {value:>10.1}");
-    let mut r = RESULTS.lock();
-    if let Some(slot) = r.cycles.iter_mut().find(|s| s.is_none()) {
-        *slot = Some(Cycles { case, imp, value });
-    }
-}
-
-type Outcome = Result<Text, Text>;
-
-/// A test: its name and body.
-type Test = (&'static str, fn() -> Outcome);
+use crate::{trap, x86};
 
 macro_rules! ensure {
     ($cond:expr, $($t:tt)*) => {
@@ -169,25 +32,6 @@ macro_rules! ensure {
             return Err(text(format_args!($($t)*)));
         }
     };
-}
-
-fn run(name: &'static str, f: fn() -> Outcome) -> bool {
-    kprintln!("test {name} ...");
-    let r = f();
-    let ok = r.is_ok();
-    let detail = match r {
-        Ok(t) | Err(t) => t,
-    };
-    kprintln!(
-        "test {name}: {} ({})",
-        if ok { "ok" } else { "FAILED" },
-        detail.as_str()
-    );
-    let mut res = RESULTS.lock();
-    if let Some(slot) = res.tests.iter_mut().find(|s| s.is_none()) {
-        *slot = Some(TestResult { name, ok, detail });
-    }
-    ok
 }
 
 /// Every allocator's invariant check.
@@ -725,170 +569,6 @@ fn t_stress() -> Outcome {
     )))
 }
 
-// ---- measurements ----
-
-fn per_op(t0: u64, n: usize) -> f64 {
-    (rdtsc() - t0) as f64 / n as f64
-}
-
-/// Runs `kmem` and `base` (each `n` operations) alternately for five rounds
-/// and records the median cycles per operation of each.
-fn pair(case: &'static str, n: usize, kmem: fn(usize), base: fn(usize)) {
-    let (mut a, mut b) = ([0f64; 5], [0f64; 5]);
-    kmem(n / 4 + 1);
-    base(n / 4 + 1);
-    for r in 0..5 {
-        let t = rdtsc();
-        kmem(n);
-        a[r] = per_op(t, n);
-        let t = rdtsc();
-        base(n);
-        b[r] = per_op(t, n);
-    }
-    record_cycles(case, "kmem", median(&mut a));
-    record_cycles(case, "baseline", median(&mut b));
-}
-
-fn median(v: &mut [f64; 5]) -> f64 {
-    v.sort_unstable_by(|x, y| x.total_cmp(y));
-    v[2]
-}
-
-fn measure() {
-    pair(
-        "pgd alloc+free",
-        10_000,
-        |n| {
-            for _ in 0..n {
-                let p = mm::pgd_alloc();
-                // SAFETY: just allocated, unused, user half zero.
-                unsafe { mm::pgd_free(p) };
-            }
-        },
-        |n| {
-            for _ in 0..n {
-                let p = mm::pgd_alloc_uncached();
-                // SAFETY: as above.
-                unsafe { mm::pgd_free_uncached(p) };
-            }
-        },
-    );
-    pair(
-        "vmalloc+vfree 16 KiB, every CPU online",
-        400,
-        |n| {
-            for _ in 0..n {
-                vfree(vmalloc(4 * PAGE).expect("vmalloc")).expect("vfree");
-            }
-        },
-        |n| {
-            for _ in 0..n {
-                vfree_eager(vmalloc(4 * PAGE).expect("vmalloc")).expect("vfree");
-            }
-        },
-    );
-    pair(
-        "kmalloc 64 B alloc+free",
-        50_000,
-        |n| {
-            for _ in 0..n {
-                let p = kmalloc(64).expect("kmalloc");
-                // SAFETY: just allocated, 64 bytes.
-                unsafe { kfree(p, 64) };
-            }
-        },
-        |n| {
-            let slab = POW2.get();
-            let layout = Layout::from_size_align(64, 8).expect("layout");
-            for _ in 0..n {
-                let p = slab.alloc(layout).expect("pow2");
-                // SAFETY: just allocated.
-                unsafe { slab.free(p) }.expect("pow2 free");
-            }
-        },
-    );
-
-    const PC: usize = 100_000;
-    let held = vmalloc(PC * core::mem::size_of::<kmem_percpu::PerCpuPtr>()).expect("vmalloc");
-    let slots = held as *mut kmem_percpu::PerCpuPtr;
-    let pcpu = PCPU.get();
-    let t = rdtsc();
-    for i in 0..PC {
-        let p = pcpu.alloc(4, 4).expect("percpu 4 B");
-        // SAFETY: the vmalloc'ed array has PC slots.
-        unsafe { slots.add(i).write(p) };
-    }
-    record_cycles("percpu alloc 4 B (100 k live)", "kmem", per_op(t, PC));
-    let t = rdtsc();
-    for i in 0..PC {
-        // SAFETY: each slot holds a live allocation, freed once.
-        unsafe { pcpu.free(slots.add(i).read()) }.expect("percpu free");
-    }
-    record_cycles("percpu free 4 B (100 k live)", "kmem", per_op(t, PC));
-    vfree(held).expect("vfree");
-}
-
-/// Cross-CPU free cost: CPU 1 allocates, CPU 0 frees (semi-free path for
-/// nta; the slab's shared lists for the baseline).
-static CROSS: Lock<[usize; HANDOFF]> = Lock::new([0; HANDOFF]);
-static CROSS_KIND: AtomicUsize = AtomicUsize::new(0);
-
-fn measure_cross() {
-    if NCPU.load(SeqCst) < 2 {
-        return;
-    }
-    for (kind, imp) in [(0, "kmem"), (1, "baseline")] {
-        CROSS_KIND.store(kind, SeqCst);
-        let mut total = 0u64;
-        let rounds = 10;
-        for _ in 0..rounds {
-            on_all(|c| {
-                let layout = Layout::from_size_align(64, 8).expect("layout");
-                if c == 1 {
-                    let mut v = CROSS.lock();
-                    for slot in v.iter_mut() {
-                        *slot = if CROSS_KIND.load(SeqCst) == 0 {
-                            NTA.get().alloc(layout).expect("kmalloc").as_ptr() as usize
-                        } else {
-                            POW2.get().alloc(layout).expect("pow2").as_ptr() as usize
-                        };
-                    }
-                }
-                barrier();
-                if c == 0 {
-                    let v = *CROSS.lock();
-                    let t = rdtsc();
-                    for p in v {
-                        // SAFETY: allocated by CPU 1 above, freed once here.
-                        unsafe {
-                            let p = NonNull::new_unchecked(p as *mut u8);
-                            if CROSS_KIND.load(Relaxed) == 0 {
-                                NTA.get().dealloc(p, layout);
-                            } else {
-                                POW2.get().free(p).expect("pow2 free");
-                            }
-                        }
-                    }
-                    SHARED.store(rdtsc() - t, SeqCst);
-                }
-                barrier();
-                if c == 1 {
-                    // CPU 1 takes the semi-freed chunks back.
-                    let p = NTA.get().alloc(layout).expect("kmalloc");
-                    // SAFETY: just allocated.
-                    unsafe { NTA.get().dealloc(p, layout) };
-                }
-            });
-            total += SHARED.load(SeqCst);
-        }
-        record_cycles(
-            "kfree 64 B from another CPU",
-            imp,
-            total as f64 / (rounds * HANDOFF) as f64,
-        );
-    }
-}
-
 // ---- the run ----
 
 /// Runs every test and measurement on `ncpus` CPUs, prints the JSON line and
@@ -920,37 +600,7 @@ pub fn run_all(ncpus: usize) -> usize {
         failed += 1;
     }
     report(ncpus);
-    let total = RESULTS.lock().tests.iter().flatten().count();
+    let total = RESULTS.lock().tests();
     kprintln!("{} passed, {} failed", total - failed, failed);
     failed
-}
-
-fn report(ncpus: usize) {
-    let r = RESULTS.lock();
-    let f = FRAMES.get().stats();
-    kprint!(
-        "{JSON_PREFIX}{{\"cpus\":{ncpus},\"memory_bytes\":{},\"shootdowns\":{},\"tests\":[",
-        f.total_pages * PAGE,
-        vmalloc::SHOOTDOWNS.load(Relaxed)
-    );
-    for (i, t) in r.tests.iter().flatten().enumerate() {
-        kprint!(
-            "{}{{\"name\":\"{}\",\"ok\":{},\"detail\":\"{}\"}}",
-            if i > 0 { "," } else { "" },
-            t.name,
-            t.ok,
-            t.detail.as_str()
-        );
-    }
-    kprint!("],\"cycles\":[");
-    for (i, c) in r.cycles.iter().flatten().enumerate() {
-        kprint!(
-            "{}{{\"case\":\"{}\",\"impl\":\"{}\",\"value\":{:.1},\"unit\":\"cycles/op\"}}",
-            if i > 0 { "," } else { "" },
-            c.case,
-            c.imp,
-            c.value
-        );
-    }
-    kprintln!("]}}");
 }
