@@ -1,7 +1,7 @@
 //! The local APIC (xAPIC, memory-mapped at its architectural base), the PIT
 //! as a delay, the ACPI MADT's list of CPUs, and INIT-SIPI-SIPI.
 
-use core::ptr::{read_volatile, write_volatile};
+use core::ptr::{read_unaligned, read_volatile, write_volatile};
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
 use crate::boot::TRAMPOLINE;
@@ -89,7 +89,8 @@ pub fn delay_us(mut us: u64) {
 }
 
 /// The APIC IDs of the machine's enabled CPUs from the ACPI MADT (the
-/// bootstrap CPU first), or just this CPU's when there is no MADT.
+/// bootstrap CPU first), or just this CPU's when there is no MADT. Tables
+/// above 4 GiB (beyond the identity map) are not read.
 pub fn cpus_from_acpi(out: &mut [u32; MAX_CPUS]) -> usize {
     let me = id();
     out[0] = me;
@@ -134,15 +135,27 @@ fn find_madt() -> Option<usize> {
             let mut p = lo;
             while p + 20 <= hi {
                 if read_volatile(p as *const [u8; 8]) == *b"RSD PTR " {
-                    let rsdt = read_volatile((p + 16) as *const u32) as usize;
-                    let len = read_volatile((rsdt + 4) as *const u32) as usize;
-                    let mut e = rsdt + 36;
-                    while e + 4 <= rsdt + len {
-                        let t = read_volatile(e as *const u32) as usize;
+                    // ACPI 2+: the XSDT (64-bit entries) when there is one,
+                    // else the RSDT (32-bit entries).
+                    let revision = read_volatile((p + 15) as *const u8);
+                    let xsdt = read_unaligned((p + 24) as *const u64) as usize;
+                    let (table, width) = if revision >= 2 && xsdt != 0 {
+                        (xsdt, 8)
+                    } else {
+                        (read_volatile((p + 16) as *const u32) as usize, 4)
+                    };
+                    let len = read_volatile((table + 4) as *const u32) as usize;
+                    let mut e = table + 36;
+                    while e + width <= table + len {
+                        let t = if width == 8 {
+                            read_unaligned(e as *const u64) as usize
+                        } else {
+                            read_volatile(e as *const u32) as usize
+                        };
                         if read_volatile(t as *const [u8; 4]) == *b"APIC" {
                             return Some(t);
                         }
-                        e += 4;
+                        e += width;
                     }
                     return None;
                 }
