@@ -30,7 +30,7 @@ use core::fmt::{self, Write};
 
 use kmem_core::PageSource;
 
-use crate::{LARGE, NTA};
+use crate::{options, started, LARGE, NTA};
 
 /// glibc's `struct mallinfo2`.
 #[repr(C)]
@@ -153,7 +153,7 @@ pub extern "C" fn mallopt(param: c_int, value: c_int) -> c_int {
             let Ok(retain) = usize::try_from(value) else {
                 return 0;
             };
-            crate::set_retain(retain);
+            set_retain(retain);
             1
         }
         M_MXFAST | M_TOP_PAD | M_MMAP_THRESHOLD | M_MMAP_MAX | M_CHECK_ACTION | M_PERTURB
@@ -219,5 +219,20 @@ pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_i
         0
     } else {
         -1
+    }
+}
+
+/// Sets the bytes of freed memory kept backed in each source
+/// (`mallopt(M_TRIM_THRESHOLD)`), the rest of the return policy as the
+/// options say.
+fn set_retain(retain: usize) {
+    started();
+    let policy = kmem_core::ReturnPolicy {
+        retain,
+        ..options().policy
+    };
+    NTA.source().0.set_policy(policy);
+    if let Some(l) = LARGE.get() {
+        l.set_policy(policy);
     }
 }

@@ -65,6 +65,7 @@
 #![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]
 
+mod abi;
 pub mod harden;
 pub mod introspect;
 mod large;
@@ -80,13 +81,19 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource};
 use kmem_nta::global::GLOBAL_CONFIG;
-use kmem_nta::{front_class, FrontCache, Nta, FRONT_CLASSES, FRONT_MAX};
+use kmem_nta::{front_class, FrontCache, Nta, FRONT_CLASSES};
 use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
 pub use large::{MAX_SEGMENTS, SEGMENT};
 pub use options::{Engine, Options};
 
+#[cfg(test)]
+use abi::errno;
+pub use abi::{
+    aligned_alloc, calloc, free, malloc, malloc_stats, malloc_trim, malloc_usable_size, memalign,
+    posix_memalign, pvalloc, realloc, reallocarray, valloc,
+};
 use large::Large;
 use out::{die, say};
 
@@ -548,7 +555,7 @@ fn init_once() {
     }
     if o.stats {
         // SAFETY: a plain extern "C" fn.
-        unsafe { libc::atexit(print_stats) };
+        unsafe { libc::atexit(abi::print_stats) };
     }
     if o.verbose {
         say!(
@@ -937,280 +944,6 @@ fn move_to(p: *mut u8, old: usize, size: usize) -> *mut u8 {
 
 fn aligned(align: usize, size: usize) -> *mut u8 {
     alloc_slow(size, align, false)
-}
-
-// ---- the C ABI --------------------------------------------------------------
-
-/// `malloc(3)`.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    let t = thread();
-    let mode = t.mode.get();
-    if mode == T_FAST && size <= FRONT_MAX {
-        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
-        // SAFETY: this thread's cache; no other borrow is live.
-        let p = unsafe { (*t.front.get()).pop(k) };
-        if !p.is_null() {
-            return p.cast();
-        }
-    } else if mode == T_SECURE && size <= FRONT_MAX {
-        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
-        // SAFETY: this thread's cache, holding only NTA's chunks; no other
-        // borrow is live.
-        let p = unsafe { (*t.front.get()).pop_checked(&NTA, k) };
-        if !p.is_null() {
-            return p.cast();
-        }
-    }
-    alloc_slow(size, MIN_ALIGN, false).cast()
-}
-
-/// `free(3)`: a pointer kmem did not hand out, or one already freed, prints
-/// one line and aborts.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn free(p: *mut c_void) {
-    if !p.is_null() {
-        free_in("free", p.cast());
-    }
-}
-
-/// `calloc(3)`: `n * size` overflowing gives NULL and `ENOMEM`.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
-    match n.checked_mul(size) {
-        Some(b) => alloc_slow(b, MIN_ALIGN, true).cast(),
-        None => {
-            set_errno(libc::ENOMEM);
-            ptr::null_mut()
-        }
-    }
-}
-
-/// `realloc(3)`: in place when the size in chunks stays, shrinks, or the
-/// chunks (or, for large ranges, the addresses) after it are free.
-/// `realloc(p, 0)` frees `p` and returns NULL, as glibc does.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    if p.is_null() {
-        return alloc_slow(size, MIN_ALIGN, false).cast();
-    }
-    if size == 0 {
-        free_in("realloc", p.cast());
-        return ptr::null_mut();
-    }
-    started();
-    realloc_in(p.cast(), size).cast()
-}
-
-/// `reallocarray(3)`: `realloc` with an overflow check on `n * size`.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
-    match n.checked_mul(size) {
-        // SAFETY: forwarded.
-        Some(b) => unsafe { realloc(p, b) },
-        None => {
-            set_errno(libc::ENOMEM);
-            ptr::null_mut()
-        }
-    }
-}
-
-/// `posix_memalign(3)`: `EINVAL` unless `align` is a power of two multiple
-/// of `sizeof(void *)`.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
-    if !align.is_power_of_two() || align < core::mem::size_of::<usize>() {
-        return libc::EINVAL;
-    }
-    let saved = errno();
-    let p = aligned(align, size);
-    if p.is_null() {
-        set_errno(saved);
-        return libc::ENOMEM;
-    }
-    // SAFETY: the caller passes a valid out pointer.
-    unsafe { *out = p.cast() };
-    0
-}
-
-fn errno() -> c_int {
-    // SAFETY: the thread's errno location is always valid.
-    unsafe { *libc::__errno_location() }
-}
-
-/// `aligned_alloc(3)`: NULL and `EINVAL` unless `align` is a power of two.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    if !align.is_power_of_two() {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
-    }
-    aligned(align, size).cast()
-}
-
-/// `memalign(3)`: an alignment that is not a power of two is rounded up to
-/// one (as glibc does).
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    let align = match align.max(1).checked_next_power_of_two() {
-        Some(a) => a,
-        None => {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        }
-    };
-    aligned(align, size).cast()
-}
-
-/// `valloc(3)`: page aligned.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    aligned(kmem_sys::page_size(), size).cast()
-}
-
-/// `pvalloc(3)`: page aligned, the size rounded up to whole pages.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let ps = kmem_sys::page_size();
-    match size.max(1).checked_next_multiple_of(ps) {
-        Some(n) => aligned(ps, n).cast(),
-        None => {
-            set_errno(libc::ENOMEM);
-            ptr::null_mut()
-        }
-    }
-}
-
-/// `malloc_usable_size(3)`: the bytes the allocation at `p` may use (0 for NULL).
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    if p.is_null() {
-        0
-    } else {
-        usable("malloc_usable_size", p.cast())
-    }
-}
-
-/// `malloc_trim(3)`: gives the large cache and nta's kept page runs back to
-/// the OS. Returns 1 (memory may have been released).
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
-    flush_thread_cache();
-    NTA.trim();
-    if let Some(l) = LARGE.get() {
-        l.trim();
-    }
-    1
-}
-
-/// `malloc_stats(3)`: kmem's statistics to stderr.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn malloc_stats() {
-    print_stats();
-}
-
-extern "C" fn print_stats() {
-    let s = NTA.stats();
-    say!(
-        "kmem: nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs, {} large runs ({} pages)",
-        s.allocations,
-        s.frees,
-        s.remote_frees,
-        s.bytes_held >> 10,
-        s.nodes,
-        s.empty_nodes,
-        s.pooled_nodes,
-        s.free_bytes >> 10,
-        s.free_chunks,
-        s.large_runs,
-        s.large_pages
-    );
-    say!(
-        "kmem: nta heap locks: {} taken, {} contended, {} busy heaps passed by",
-        s.locks.acquisitions,
-        s.locks.contended,
-        s.lock_misses
-    );
-    say!(
-        "kmem: pages: {} KiB freed and still backed, {} KiB of frames joined",
-        NTA.source().0.dirty_bytes() >> 10,
-        NTA.source().0.grown_bytes() >> 10
-    );
-    if let Some(l) = LARGE.get() {
-        let st = l.stats();
-        say!(
-            "kmem: large: {} live ranges ({} KiB) in {} segments, {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
-            st.arena.busy_blocks,
-            st.arena.busy_bytes >> 10,
-            st.segments,
-            st.dirty_bytes >> 10,
-            st.purges,
-            st.purged_bytes >> 10,
-            st.lock.acquisitions,
-            st.lock.contended
-        );
-    }
-    if let Some(p) = POW2.get() {
-        say!(
-            "kmem: pow2: {} of {} pages in use",
-            p.pages_in_use(),
-            p.arena_pages()
-        );
-    }
-}
-
-/// Sets the bytes of freed memory kept backed in each source
-/// (`mallopt(M_TRIM_THRESHOLD)`), the rest of the return policy as the
-/// options say.
-fn set_retain(retain: usize) {
-    started();
-    let policy = kmem_core::ReturnPolicy {
-        retain,
-        ..options().policy
-    };
-    NTA.source().0.set_policy(policy);
-    if let Some(l) = LARGE.get() {
-        l.set_policy(policy);
-    }
 }
 
 // ---- Rust API (tests, tools) ----------------------------------------------
