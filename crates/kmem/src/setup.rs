@@ -154,13 +154,17 @@ pub fn ensure() -> Outcome {
             names.join(", ")
         );
         let run = |args: &[&str]| -> bool {
+            // `env` after the prefix: sudo resets the environment. The lock
+            // timeout waits for another apt (unattended upgrades) instead of
+            // failing at once.
             let mut all: Vec<&str> = prefix.clone();
-            all.extend_from_slice(args);
+            all.extend_from_slice(&["env", "DEBIAN_FRONTEND=noninteractive", args[0]]);
+            all.extend_from_slice(&["-o", "DPkg::Lock::Timeout=300"]);
+            all.extend_from_slice(&args[1..]);
             // apt's and dpkg's chatter goes to stderr: stdout carries the
             // report (or `--json`).
             Command::new(all[0])
                 .args(&all[1..])
-                .env("DEBIAN_FRONTEND", "noninteractive")
                 .stdout(std::io::stderr())
                 .status()
                 .is_ok_and(|s| s.success())
