@@ -357,6 +357,78 @@ fn t_shootdown() -> Outcome {
     )))
 }
 
+/// Bad input to every allocator: a typed error, nothing changed, every
+/// invariant check passing afterwards.
+fn t_bad_input() -> Outcome {
+    let f = FRAMES.get();
+    let p = f
+        .alloc_pages(1, 1)
+        .map_err(|e| text(format_args!("frame: {e:?}")))?;
+    // SAFETY: allocated above; freed once, then the second free must fail
+    // without touching anything (kmem-pages checks its frame records).
+    let (first, second) = unsafe { (f.free_pages(p, 1), f.free_pages(p, 1)) };
+    ensure!(
+        first.is_ok() && second.is_err(),
+        "kmem-pages: double free accepted"
+    );
+    // SAFETY: not a page start: refused by the check before any change.
+    let odd = unsafe {
+        f.free_pages(
+            NonNull::new_unchecked((p.as_ptr() as usize + 8) as *mut u8),
+            1,
+        )
+    };
+    ensure!(odd.is_err(), "kmem-pages: a misaligned free accepted");
+
+    let q = QL.get();
+    // SAFETY: not a page start: the quicklist's ownership record refuses it
+    // before anything is written.
+    let page = unsafe {
+        kmem_quicklist::PageRef::from_raw(NonNull::new_unchecked(
+            (p.as_ptr() as usize + 64) as *mut u8,
+        ))
+    };
+    let ql = q.free(mm::PT, page, None);
+    ensure!(
+        ql.is_err(),
+        "kmem-quicklist: a free of a page middle accepted"
+    );
+
+    let pc = PCPU.get();
+    let a = pc
+        .alloc(16, 8)
+        .map_err(|e| text(format_args!("percpu: {e:?}")))?;
+    // SAFETY: freed once; the second free must be refused (its boundary
+    // bits are clear).
+    let (first, second) = unsafe { (pc.free(a), pc.free(a)) };
+    ensure!(
+        first.is_ok() && second.is_err(),
+        "kmem-percpu: double free accepted"
+    );
+
+    let nta = NTA.get();
+    let o = nta
+        .alloc_bytes(200)
+        .map_err(|e| text(format_args!("nta: {e:?}")))?;
+    // SAFETY: the middle of a live allocation: refused, the object stays live.
+    let mid = unsafe { nta.free(NonNull::new_unchecked(o.as_ptr().add(64))) };
+    ensure!(
+        mid.is_err(),
+        "kmem-nta: a free of an object's middle accepted"
+    );
+    // SAFETY: freed once; the second free must be refused.
+    let (first, second) = unsafe { (nta.free(o), nta.free(o)) };
+    ensure!(
+        first.is_ok() && second.is_err(),
+        "kmem-nta: double free accepted"
+    );
+    check_all()?;
+    let said = second.err().expect("refused above");
+    Ok(text(format_args!(
+        "pages, quicklist, percpu, nta refused bad frees (nta: {said}); checks pass"
+    )))
+}
+
 fn t_percpu() -> Outcome {
     static BAD: AtomicUsize = AtomicUsize::new(0);
     BAD.store(0, SeqCst);
@@ -575,13 +647,14 @@ fn t_stress() -> Outcome {
 /// the verdict; returns the number of failures.
 pub fn run_all(ncpus: usize) -> usize {
     NCPU.store(ncpus, SeqCst);
-    let tests: [Test; 8] = [
+    let tests: [Test; 9] = [
         ("boot_smp", t_boot),
         ("frames", t_frames),
         ("page_tables", t_page_tables),
         ("vmalloc_guard", t_vmalloc),
         ("tlb_shootdown", t_shootdown),
         ("percpu_gs", t_percpu),
+        ("bad_input", t_bad_input),
         ("kmalloc_cross_cpu", t_kmalloc),
         ("stress_all_cpus", t_stress),
     ];
