@@ -423,7 +423,7 @@ fn t_bad_input() -> Outcome {
         "kmem-nta: double free accepted"
     );
     check_all()?;
-    let said = second.err().expect("refused above");
+    let said = second.expect_err("refused above");
     Ok(text(format_args!(
         "pages, quicklist, percpu, nta refused bad frees (nta: {said}); checks pass"
     )))
