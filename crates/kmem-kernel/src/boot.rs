@@ -25,6 +25,25 @@ pub const TRAMPOLINE: usize = 0x8000;
 
 core::arch::global_asm!(
     r#"
+    /* From 32-bit protected mode to long mode's paging (both CPUs' paths;
+       the AP has no stack yet, so a macro, not a call): PAE, PGE, OSFXSR,
+       OSXMMEXCPT; CR3 = boot PML4; EFER.LME; PG, WP, MP, no EM. */
+    .macro ENTER_PAGING
+    movl %cr4, %eax
+    orl $(1 << 5) | (1 << 7) | (1 << 9) | (1 << 10), %eax
+    movl %eax, %cr4
+    movl $kmem_boot_pml4, %eax
+    movl %eax, %cr3
+    movl $0xC0000080, %ecx
+    rdmsr
+    orl $(1 << 8), %eax
+    wrmsr
+    movl %cr0, %eax
+    andl $~(1 << 2), %eax
+    orl $(1 << 31) | (1 << 16) | (1 << 1) | 1, %eax
+    movl %eax, %cr0
+    .endm
+
     .set MB_MAGIC, 0x1BADB002
     .set MB_FLAGS, 0x00010002      /* memory map + address fields */
 
@@ -89,26 +108,9 @@ _start:
     cmpl $2048, %ecx
     jb 2b
 
-    call cpu_modes32
+    ENTER_PAGING
     lgdt boot_gdt_ptr
     ljmp $0x08, $long_mode
-
-    /* PAE, PGE, OSFXSR, OSXMMEXCPT; CR3 = boot PML4; EFER.LME; PG, WP, MP, no EM */
-cpu_modes32:
-    movl %cr4, %eax
-    orl $(1 << 5) | (1 << 7) | (1 << 9) | (1 << 10), %eax
-    movl %eax, %cr4
-    movl $kmem_boot_pml4, %eax
-    movl %eax, %cr3
-    movl $0xC0000080, %ecx
-    rdmsr
-    orl $(1 << 8), %eax
-    wrmsr
-    movl %cr0, %eax
-    andl $~(1 << 2), %eax
-    orl $(1 << 31) | (1 << 16) | (1 << 1) | 1, %eax
-    movl %eax, %cr0
-    ret
 
     .code64
 long_mode:
@@ -148,19 +150,7 @@ ap_pm32:
     movw %ax, %ds
     movw %ax, %es
     movw %ax, %ss
-    movl %cr4, %eax
-    orl $(1 << 5) | (1 << 7) | (1 << 9) | (1 << 10), %eax
-    movl %eax, %cr4
-    movl $kmem_boot_pml4, %eax
-    movl %eax, %cr3
-    movl $0xC0000080, %ecx
-    rdmsr
-    orl $(1 << 8), %eax
-    wrmsr
-    movl %cr0, %eax
-    andl $~(1 << 2), %eax
-    orl $(1 << 31) | (1 << 16) | (1 << 1) | 1, %eax
-    movl %eax, %cr0
+    ENTER_PAGING
     ljmp $0x18, $(0x8000 + ap_lm64 - kmem_ap_tramp_start)
     .code64
 ap_lm64:

@@ -11,34 +11,21 @@
 
 pub mod protocol;
 
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod boot;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod mem;
+/// Declares the kernel's modules, compiled only for the kernel build.
+macro_rules! kernel_modules {
+    ($($m:ident),* $(,)?) => {
+        $(
+            #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+            mod $m;
+        )*
+    };
+}
+
+// First: its print macros are used by the modules below.
 #[cfg(all(kmem_kernel, target_arch = "x86_64"))]
 #[macro_use]
 mod serial;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod apic;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod jobs;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod kmain;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod kmalloc;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod measure;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod mm;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod percpu;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod report;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod tests;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod trap;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod vmalloc;
-#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
-mod x86;
+
+kernel_modules!(
+    apic, boot, jobs, kmain, kmalloc, measure, mem, mm, percpu, report, tests, trap, vmalloc, x86,
+);
