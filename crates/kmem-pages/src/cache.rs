@@ -655,7 +655,14 @@ impl PageAllocator<'_> {
         }
         for cpu in 0..self.p.ncpus {
             let pc = self.pcpu(cpu);
-            let activity = self.pushes_on(cpu) + self.pops_on(cpu) + pc.fills.get();
+            // A change detector over counters read without the CPU's lock:
+            // `pops_on` is a difference that a read racing the owner can see
+            // wrap, so the sum wraps too (a torn read only looks like
+            // activity, which skips one cooling).
+            let activity = self
+                .pushes_on(cpu)
+                .wrapping_add(self.pops_on(cpu))
+                .wrapping_add(pc.fills.get());
             if self.area(cpu)[3].swap(activity, Relaxed) != activity {
                 continue;
             }
