@@ -264,9 +264,12 @@ impl PageAllocator<'_> {
     /// and what is there.
     fn pops_on(&self, cpu: usize) -> u64 {
         let pc = self.pcpu(cpu);
+        // Read without the CPU's lock, the terms may be from different
+        // instants: saturate, so that a torn read is a little low, never a
+        // wrapped huge count.
         (self.pushes_on(cpu) + pc.filled.get())
-            .wrapping_sub(pc.drained.get())
-            .wrapping_sub(self.stacked_on(cpu) as u64)
+            .saturating_sub(pc.drained.get())
+            .saturating_sub(self.stacked_on(cpu) as u64)
     }
 
     /// Allocations CPU `cpu`'s cache served since the last `reset_stats`,
@@ -277,8 +280,8 @@ impl PageAllocator<'_> {
         }
         let a = self.area(cpu);
         (
-            self.pops_on(cpu).wrapping_sub(a[1].load(Relaxed)),
-            self.pushes_on(cpu).wrapping_sub(a[2].load(Relaxed)),
+            self.pops_on(cpu).saturating_sub(a[1].load(Relaxed)),
+            self.pushes_on(cpu).saturating_sub(a[2].load(Relaxed)),
         )
     }
 
@@ -655,10 +658,9 @@ impl PageAllocator<'_> {
         }
         for cpu in 0..self.p.ncpus {
             let pc = self.pcpu(cpu);
-            // A change detector over counters read without the CPU's lock:
-            // `pops_on` is a difference that a read racing the owner can see
-            // wrap, so the sum wraps too (a torn read only looks like
-            // activity, which skips one cooling).
+            // A change detector over counters read without the CPU's lock
+            // (a torn read only looks like activity, which skips one
+            // cooling); wrapping, as counters may.
             let activity = self
                 .pushes_on(cpu)
                 .wrapping_add(self.pops_on(cpu))
