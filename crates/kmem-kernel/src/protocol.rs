@@ -21,6 +21,11 @@ pub const fn qemu_status(v: u32) -> i32 {
 /// [{"case", "impl", "value", "unit"}]}`.
 pub const JSON_PREFIX: &str = "KMEM-KERNEL-JSON ";
 
+/// The kernel command-line word (`kmem kernel --append kmem.panic`) that
+/// makes the kernel panic once every allocator and CPU is up: the test of
+/// the panic path.
+pub const PANIC_WORD: &str = "kmem.panic";
+
 /// The CPUs the runner gives QEMU (`-smp`).
 pub const CPUS: usize = 4;
 /// The memory the runner gives QEMU (`-m`, MiB).

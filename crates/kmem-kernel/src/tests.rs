@@ -52,7 +52,8 @@ fn check_all() -> Result<(), Text> {
 }
 
 /// Prints what the allocators hold (the panic path; globals not yet set are
-/// skipped).
+/// skipped). Reads only what needs no lock, or a lock that is free now:
+/// the panicking CPU may hold any of them.
 pub fn dump_state() {
     use crate::serial::Raw;
     if let Some(f) = FRAMES.try_get() {
@@ -64,12 +65,20 @@ pub fn dump_state() {
         );
     }
     if let Some(v) = VMAP.try_get() {
-        let s = v.stats();
-        let _ = writeln!(
-            Raw,
-            "  kmem-vmap: {} busy areas, {} lazy bytes, {} purges",
-            s.busy_blocks, s.lazy_bytes, s.purges
-        );
+        // Never wait here: the panicking CPU may hold the arena's lock.
+        match v.try_lock() {
+            Some(a) => {
+                let s = a.stats();
+                let _ = writeln!(
+                    Raw,
+                    "  kmem-vmap: {} busy areas, {} lazy bytes, {} purges",
+                    s.busy_blocks, s.lazy_bytes, s.purges
+                );
+            }
+            None => {
+                let _ = writeln!(Raw, "  kmem-vmap: locked (not read)");
+            }
+        }
     }
     let _ = writeln!(
         Raw,

@@ -84,6 +84,12 @@ impl<P: PageSource> SyncVmapArena<P> {
         self.inner.lock()
     }
 
+    /// The arena, locked, if no one holds it now (a kernel's panic path
+    /// reads the state without waiting on a lock the panicking CPU may hold).
+    pub fn try_lock(&self) -> Option<LockGuard<'_, VmapArena<P>>> {
+        self.inner.try_lock()
+    }
+
     /// Takes the lock and keeps it, for `fork()` (a child must not inherit a
     /// lock held by a thread it does not have). Release with
     /// [`fork_release`](Self::fork_release).

@@ -240,10 +240,22 @@ fn json_of(lines: &[String]) -> Result<Value, String> {
 /// `stream`; kills QEMU when `timeout` expires first. Errs only when QEMU
 /// cannot be started.
 pub fn boot(bin: &Path, timeout: Duration, stream: bool) -> Result<Outcome, String> {
+    boot_with(bin, timeout, stream, "")
+}
+
+/// [`boot`] with a kernel command line (QEMU's `-append`, multiboot's
+/// cmdline): `protocol::PANIC_WORD` makes the kernel panic once it is up.
+pub fn boot_with(
+    bin: &Path,
+    timeout: Duration,
+    stream: bool,
+    append: &str,
+) -> Result<Outcome, String> {
     let t0 = Instant::now();
     let mut child = Command::new(QEMU)
         .arg("-kernel")
         .arg(bin)
+        .args(["-append", append])
         .args(["-smp", &CPUS.to_string(), "-m", &format!("{MEMORY_MIB}M")])
         // COM1 on stdout and no screen: unlike -nographic, SeaBIOS then
         // writes nothing to the serial port; no network card, so no iPXE.
@@ -413,7 +425,7 @@ impl Outcome {
 /// serial log unless `quiet`, prints the verdict (and the JSON last, with
 /// `json`); exits 0 only when the kernel passed, else 1 with the reason on
 /// stderr.
-pub fn command(timeout_s: u64, quiet: bool, json: bool) -> ExitCode {
+pub fn command(timeout_s: u64, quiet: bool, json: bool, append: &str) -> ExitCode {
     let fail = |why: &str| {
         eprintln!("kmem kernel: {why}");
         ExitCode::FAILURE
@@ -442,7 +454,7 @@ pub fn command(timeout_s: u64, quiet: bool, json: bool) -> ExitCode {
             bin.display()
         );
     }
-    let o = match boot(&bin, Duration::from_secs(timeout_s), !quiet) {
+    let o = match boot_with(&bin, Duration::from_secs(timeout_s), !quiet, append) {
         Ok(o) => o,
         Err(e) => return fail(&e),
     };

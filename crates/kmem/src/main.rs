@@ -60,6 +60,10 @@ enum Cmd {
         /// Do not stream the serial log: print only the verdict.
         #[arg(long)]
         quiet: bool,
+        /// The kernel's command line (`kmem.panic`: panic once up, to see
+        /// the failure path).
+        #[arg(long, default_value = "")]
+        append: String,
     },
 }
 
@@ -152,7 +156,8 @@ fn main() -> ExitCode {
             timeout,
             json,
             quiet,
-        } => kernel::command(timeout, quiet, json),
+            append,
+        } => kernel::command(timeout, quiet, json, &append),
         Cmd::Setup { check } => {
             let need = setup::missing();
             if check {

@@ -1,6 +1,7 @@
 //! The kernel's own tests: `kmem kernel --quiet --json` builds kmem-kernel,
 //! boots it under QEMU with `protocol::CPUS` CPUs and must pass every
-//! in-kernel test. The only test that boots the kernel. Skipped (and
+//! in-kernel test; booted again with `--append kmem.panic`, it must fail
+//! with the panic's message and the allocators' state. The only test that boots the kernel. Skipped (and
 //! passing) when QEMU, `ld` or `objcopy` is not on PATH (`kmem setup`
 //! installs QEMU).
 
@@ -8,7 +9,7 @@ use std::process::Command;
 
 use kmem::kernel::QEMU;
 use kmem::setup::program;
-use kmem_kernel::protocol::CPUS;
+use kmem_kernel::protocol::{CPUS, PANIC_WORD};
 
 #[test]
 fn the_kernel_boots_on_every_cpu_and_passes_its_tests() {
@@ -47,4 +48,34 @@ fn the_kernel_boots_on_every_cpu_and_passes_its_tests() {
     assert!(out.contains(" passed, 0 failed"), "{out}");
     // Every CPU QEMU was given came up in the kernel.
     assert_eq!(j["cpus"].as_u64(), Some(CPUS as u64), "{j}");
+
+    // The failure path, in the same test (one build directory): a panic once
+    // everything is up prints its message and the allocators' state, and
+    // fails the run.
+    let o = Command::new(env!("CARGO_BIN_EXE_kmem"))
+        .args(["kernel", "--timeout", "180", "--append", PANIC_WORD])
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a kernel panic must fail:\n{out}\n{err}"
+    );
+    assert!(
+        out.contains("kernel panic:") && out.contains(PANIC_WORD),
+        "{out}"
+    );
+    assert!(
+        out.contains("  kmem-pages: "),
+        "no allocator state after the panic:\n{out}"
+    );
+    assert!(out.contains("0 passed, 1 failed"), "{out}");
+    assert!(
+        err.contains("kernel panic"),
+        "the reason names the panic: {err}"
+    );
 }
