@@ -79,7 +79,10 @@ pub struct Ram {
 /// kernel image is kmem-pages'.
 pub fn memory_map(info: usize) -> Ram {
     // SAFETY: the kernel image's end is a linker symbol.
-    let kend = unsafe { &__kernel_end as *const u8 as usize };
+    let image_end = unsafe { &__kernel_end as *const u8 as usize };
+    // The loader's structures (the info block, the command line, the memory
+    // map) may lie just past the image (QEMU puts them there): reserved too.
+    let kend = image_end.max(boot_structures_end(info));
     let mut ram = Ram {
         start: 0,
         end: 0,
@@ -125,6 +128,31 @@ pub fn memory_map(info: usize) -> Ram {
         panic!("no usable memory above the kernel image");
     }
     ram
+}
+
+/// One past the last byte of the multiboot structures: the info block, the
+/// command line and the memory map.
+fn boot_structures_end(info: usize) -> usize {
+    let mut end = info + 88;
+    // SAFETY: the info block is where the loader said; each field is read
+    // only when its flag says it is valid.
+    unsafe {
+        let flags = (info as *const u32).read_volatile();
+        if flags & 1 << 2 != 0 {
+            let p = ((info + 16) as *const u32).read_volatile() as usize;
+            let mut n = 0;
+            while n < 4096 && ((p + n) as *const u8).read_volatile() != 0 {
+                n += 1;
+            }
+            end = end.max(p + n + 1);
+        }
+        if flags & 1 << 6 != 0 {
+            let len = ((info + 44) as *const u32).read_volatile() as usize;
+            let addr = ((info + 48) as *const u32).read_volatile() as usize;
+            end = end.max(addr + len);
+        }
+    }
+    end
 }
 
 /// Builds kmem-pages over `ram` and the page-table quicklists over it.
