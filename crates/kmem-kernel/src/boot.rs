@@ -44,6 +44,18 @@ core::arch::global_asm!(
     movl %eax, %cr0
     .endm
 
+    /* Long mode's data segments: selector 0x10 (flat data in both GDTs),
+       FS and GS null (GS gets its base from IA32_GS_BASE later). */
+    .macro DATA_SEGMENTS
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    xorw %ax, %ax
+    movw %ax, %fs
+    movw %ax, %gs
+    .endm
+
     .set MB_MAGIC, 0x1BADB002
     .set MB_FLAGS, 0x00010002      /* memory map + address fields */
 
@@ -114,13 +126,7 @@ _start:
 
     .code64
 long_mode:
-    movw $0x10, %ax
-    movw %ax, %ds
-    movw %ax, %es
-    movw %ax, %ss
-    xorw %ax, %ax
-    movw %ax, %fs
-    movw %ax, %gs
+    DATA_SEGMENTS
     movabsq $boot_stack_top, %rsp
     xorl %ebp, %ebp
     movl kmem_boot_info(%rip), %edi
@@ -154,13 +160,7 @@ ap_pm32:
     ljmp $0x18, $(0x8000 + ap_lm64 - kmem_ap_tramp_start)
     .code64
 ap_lm64:
-    movw $0x10, %ax
-    movw %ax, %ds
-    movw %ax, %es
-    movw %ax, %ss
-    xorw %ax, %ax
-    movw %ax, %fs
-    movw %ax, %gs
+    DATA_SEGMENTS
     movabsq $ap_long_mode, %rax
     jmp *%rax
     .balign 8
