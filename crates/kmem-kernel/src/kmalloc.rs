@@ -15,6 +15,9 @@
 //! CPU never runs two kmalloc calls at once: this kernel does not preempt,
 //! and interrupt handlers do not allocate (Linux's SLUB makes the same
 //! argument with preemption disabled).
+//!
+//! [`KernelHeap`] is the kernel's `#[global_allocator]` over the same path,
+//! so kernel code has `alloc`'s `Vec`, `Box`, `String` and `BTreeMap`.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -122,3 +125,40 @@ pub fn drain_this_cpu() {
     // SAFETY: just allocated, freed once.
     unsafe { nta.dealloc(p, layout) };
 }
+
+/// The kernel's Rust global allocator: [`kmalloc`] for alignments up to a
+/// chunk (64 bytes), nta's aligned path beyond.
+pub struct KernelHeap;
+
+/// Alignment every kmalloc chunk has.
+const CHUNK_ALIGN: usize = 64;
+
+// SAFETY: alloc returns memory of at least `layout.size()` bytes aligned to
+// `layout.align()` (kmalloc's chunks are 64-aligned; nta's `alloc` honours
+// any alignment) or null; dealloc frees it through the same path, chosen by
+// the layout alone, so a block goes back where it came from.
+unsafe impl core::alloc::GlobalAlloc for KernelHeap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let r = if layout.align() <= CHUNK_ALIGN {
+            kmalloc(layout.size())
+        } else {
+            NTA.get().alloc(layout)
+        };
+        r.map_or(core::ptr::null_mut(), |p| p.as_ptr())
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        // SAFETY: p came from alloc with this layout (GlobalAlloc's contract).
+        unsafe {
+            let p = NonNull::new_unchecked(p);
+            if layout.align() <= CHUNK_ALIGN {
+                kfree(p, layout.size());
+            } else {
+                NTA.get().dealloc(p, layout);
+            }
+        }
+    }
+}
+
+#[global_allocator]
+static HEAP: KernelHeap = KernelHeap;

@@ -9,6 +9,9 @@
 
 #![no_std]
 
+#[cfg(all(kmem_kernel, target_arch = "x86_64"))]
+extern crate alloc;
+
 pub mod protocol;
 
 /// Declares the kernel's modules, compiled only for the kernel build.

@@ -481,6 +481,54 @@ fn t_percpu() -> Outcome {
     )))
 }
 
+/// Boxes each CPU hands to the next in the Rust `alloc` test.
+static BOXES: Lock<[Option<alloc::boxed::Box<[u64; 100]>>; MAX_CPUS]> =
+    Lock::new([const { None }; MAX_CPUS]);
+
+/// Rust's collections on the kernel's global allocator (kmalloc), on every
+/// CPU, with boxes freed by another CPU.
+fn t_rust_alloc() -> Outcome {
+    use alloc::boxed::Box;
+    use alloc::collections::BTreeMap;
+    use alloc::string::String;
+    use alloc::vec::Vec;
+    settle_kmalloc();
+    let held_before = NTA.get().stats().bytes_held;
+    on_all(|c| {
+        let v: Vec<u64> = (0..20_000u64).map(|i| i * c as u64).collect();
+        assert_eq!(v.iter().sum::<u64>(), c as u64 * 19_999 * 20_000 / 2);
+        let mut m = BTreeMap::new();
+        for i in 0..2000u64 {
+            m.insert(i.wrapping_mul(0x9E37_79B9) % 5000, i);
+        }
+        let mut s = String::new();
+        for (k, _) in m.iter().take(50) {
+            let _ = write!(s, "{k},");
+        }
+        assert!(s.len() > 50);
+        // Alignment above a chunk goes through nta's aligned path.
+        #[repr(align(4096))]
+        struct Page([u8; 4096]);
+        let page = Box::new(Page([c as u8; 4096]));
+        assert_eq!(&*page as *const Page as usize % 4096, 0);
+        BOXES.lock()[c] = Some(Box::new([c as u64; 100]));
+        barrier();
+        let n = NCPU.load(SeqCst);
+        let theirs = BOXES.lock()[(c + 1) % n].take().expect("a box");
+        assert!(theirs.iter().all(|&x| x == ((c + 1) % n) as u64));
+        drop(theirs);
+        drop((v, m, s, page));
+    });
+    settle_kmalloc();
+    let held = NTA.get().stats().bytes_held;
+    ensure!(held == held_before, "kmalloc holds {held} bytes after, {held_before} before");
+    check_all()?;
+    Ok(text(format_args!(
+        "Vec, BTreeMap, String, Box (4 KiB aligned too) on {} CPUs, boxes freed by the next CPU; nothing lost",
+        NCPU.load(SeqCst)
+    )))
+}
+
 /// Objects each CPU hands to the next in the cross-CPU test.
 const HANDOFF: usize = 2000;
 static HANDED: Lock<[[usize; HANDOFF]; MAX_CPUS]> = Lock::new([[0; HANDOFF]; MAX_CPUS]);
@@ -656,7 +704,7 @@ fn t_stress() -> Outcome {
 /// the verdict; returns the number of failures.
 pub fn run_all(ncpus: usize) -> usize {
     NCPU.store(ncpus, SeqCst);
-    let tests: [Test; 9] = [
+    let tests: [Test; 10] = [
         ("boot_smp", t_boot),
         ("frames", t_frames),
         ("page_tables", t_page_tables),
@@ -665,6 +713,7 @@ pub fn run_all(ncpus: usize) -> usize {
         ("percpu_gs", t_percpu),
         ("bad_input", t_bad_input),
         ("kmalloc_cross_cpu", t_kmalloc),
+        ("rust_alloc", t_rust_alloc),
         ("stress_all_cpus", t_stress),
     ];
     let mut failed = 0;
