@@ -511,6 +511,7 @@ fn t_rust_alloc() -> Outcome {
         struct Page([u8; 4096]);
         let page = Box::new(Page([c as u8; 4096]));
         assert_eq!(&*page as *const Page as usize % 4096, 0);
+        assert!(page.0.iter().all(|&b| b == c as u8));
         BOXES.lock()[c] = Some(Box::new([c as u64; 100]));
         barrier();
         let n = NCPU.load(SeqCst);
