@@ -36,20 +36,14 @@
 
 use std::sync::{Arc, Barrier};
 
-use kmem_core::{bind_simulated_cpu, Cpus, Lock};
-use kmem_pages::RegionSource;
+use kmem_core::{bind_simulated_cpu, Lock};
 use kmem_sys::clock::now_ns;
-use kmem_sys::Region;
-use kmem_vmap::{default_lazy_max, SyncVmapArena, VmapArena, VmapNodes};
-use offset_allocator::{Allocation, Allocator};
-use range_alloc::RangeAllocator;
-use rlsf::Tlsf;
+use kmem_vmap::default_lazy_max;
 
 use super::{Ctx, Suite};
 use crate::baselines::vmalloc_busy_list::BusyListVmap;
 use crate::harness::{interleave, Contender, Rng};
-use crate::output::{fmt_num, fmt_ratio, Figure, Scale, SuiteOutput, Table};
-use crate::svg;
+use crate::output::{fmt_num, fmt_ratio, Scale, SuiteOutput, Table};
 
 /// See the module documentation.
 pub struct VmallocSuite;
@@ -74,275 +68,11 @@ fn full_fit_pairs() -> usize {
     (usize::BITS - online_cpus().leading_zeros()) as usize * 8192
 }
 
-/// One allocator as vmalloc sees it.
-trait Vm {
-    type H: Copy;
-    fn alloc(&mut self, size: u64, align: u64) -> Option<Self::H>;
-    fn vfree(&mut self, h: Self::H);
-}
+mod adapters;
+mod scaling;
 
-/// An allocator that several threads share.
-trait SharedVm: Sync {
-    type H: Copy + Send;
-    fn alloc(&self, size: u64, align: u64) -> Option<Self::H>;
-    fn vfree(&self, h: Self::H);
-}
-
-/// A thread's view of a shared allocator.
-struct Shared<'a, S>(&'a S);
-
-impl<S: SharedVm> Vm for Shared<'_, S> {
-    type H = S::H;
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<S::H> {
-        self.0.alloc(size, align)
-    }
-    #[inline]
-    fn vfree(&mut self, h: S::H) {
-        self.0.vfree(h)
-    }
-}
-
-// ---- kmem ----
-
-type KmemArena = VmapArena<RegionSource>;
-
-fn kmem_arena() -> KmemArena {
-    let src = RegionSource::new(64 << 20).expect("reserve node pages");
-    VmapArena::with_lazy_max(src, VSTART, VEND, lazy_max()).expect("arena")
-}
-
-/// kmem-vmap as vmalloc uses it: every free is lazy (`free_lazy`).
-impl Vm for KmemArena {
-    type H = u64;
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        VmapArena::alloc(self, size, align).ok()
-    }
-    #[inline]
-    fn vfree(&mut self, h: u64) {
-        self.free_lazy(h).expect("vfree of a live area");
-    }
-}
-
-/// kmem-vmap as a range allocator: every free merges at once (`free`), as
-/// the peers' frees do.
-struct KmemNow(KmemArena);
-
-impl Vm for KmemNow {
-    type H = u64;
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        self.0.alloc(size, align).ok()
-    }
-    #[inline]
-    fn vfree(&mut self, h: u64) {
-        self.0.free(h).expect("free of a live area");
-    }
-}
-
-/// A shared kmem arena, freeing lazily (`LAZY`) or at once.
-struct KmemShared<const LAZY: bool>(SyncVmapArena<RegionSource>);
-
-impl<const LAZY: bool> KmemShared<LAZY> {
-    fn new() -> Self {
-        let src = RegionSource::new(256 << 20).expect("reserve node pages");
-        KmemShared(SyncVmapArena::from_arena(
-            VmapArena::with_lazy_max(src, VSTART, VEND, lazy_max()).expect("arena"),
-        ))
-    }
-}
-
-impl<const LAZY: bool> SharedVm for KmemShared<LAZY> {
-    type H = u64;
-    #[inline]
-    fn alloc(&self, size: u64, align: u64) -> Option<u64> {
-        self.0.alloc(size, align).ok()
-    }
-    #[inline]
-    fn vfree(&self, h: u64) {
-        if LAZY {
-            self.0.free_lazy(h).expect("vfree of a live area");
-        } else {
-            self.0.free(h).expect("free of a live area");
-        }
-    }
-}
-
-/// kmem-vmap's per-CPU vmap nodes: a node per thread (each thread acts as
-/// its own CPU), caches of 1-128 pages, frees at once.
-struct NodesVm(VmapNodes<RegionSource>);
-
-impl NodesVm {
-    fn new(threads: usize) -> NodesVm {
-        let src = RegionSource::new(256 << 20).expect("reserve node pages");
-        let arena = VmapArena::with_lazy_max(src, VSTART, VEND, lazy_max()).expect("arena");
-        NodesVm(VmapNodes::new(arena, threads, PAGE, Cpus::Simulated).expect("vmap nodes"))
-    }
-}
-
-impl SharedVm for NodesVm {
-    type H = u64;
-    #[inline]
-    fn alloc(&self, size: u64, align: u64) -> Option<u64> {
-        self.0.alloc(size, align).ok()
-    }
-    #[inline]
-    fn vfree(&self, h: u64) {
-        self.0.free(h).expect("free of a live area");
-    }
-}
-
-// ---- baseline ----
-
-impl Vm for BusyListVmap {
-    type H = u64;
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        BusyListVmap::alloc(self, size, align).ok()
-    }
-    #[inline]
-    fn vfree(&mut self, h: u64) {
-        self.free_lazy(h).expect("vfree of a live area");
-    }
-}
-
-// ---- peers ----
-
-/// offset-allocator in page units (u32: at most 2^32 - 1 pages, 16 TiB).
-struct OffsetVm(Allocator<u32>);
-
-impl OffsetVm {
-    /// Room for the live areas of `threads` threads running any case (its
-    /// node table is fixed at creation).
-    fn new(threads: usize) -> OffsetVm {
-        let per_thread = 2 * full_fit_pairs() + 1024;
-        let max_allocs = u32::try_from(threads * per_thread).unwrap_or(u32::MAX);
-        let pages = (VSIZE / PAGE).min(u32::MAX as u64) as u32;
-        OffsetVm(Allocator::with_max_allocs(pages, max_allocs))
-    }
-}
-
-impl Vm for OffsetVm {
-    type H = Allocation<u32>;
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<Allocation<u32>> {
-        debug_assert!(align <= PAGE, "offset-allocator has no alignment");
-        self.0.allocate((size / PAGE) as u32)
-    }
-    #[inline]
-    fn vfree(&mut self, h: Allocation<u32>) {
-        self.0.free(h)
-    }
-}
-
-/// rlsf, TLSF (two-level segregated fit: good fit in O(1)). It is a memory
-/// allocator: it keeps a header before each block and links free blocks
-/// through their own memory, so it manages a reserved region of 32 TiB
-/// (lazily backed: only the pages its headers touch become memory), aligned
-/// as the vmalloc area is (2^40), and its addresses are mapped onto the
-/// vmalloc area. Sizes grow by its 16-byte header (rounded to 32 bytes).
-struct RlsfVm {
-    /// Declared first: dropped before the region it points into.
-    tlsf: Box<RlsfTlsf>,
-    region: Region,
-}
-
-type RlsfTlsf = Tlsf<'static, u64, u32, 41, 32>;
-
-/// The largest alignment rlsf is asked for: its region's.
-const RLSF_MAX_ALIGN: u64 = 1 << 40;
-
-impl RlsfVm {
-    fn new() -> RlsfVm {
-        let region = Region::reserve_aligned(VSIZE as usize, RLSF_MAX_ALIGN as usize)
-            .expect("reserve 32 TiB of address space for rlsf");
-        region
-            .commit(0, region.len())
-            .expect("make rlsf's region accessible");
-        let mut tlsf = Box::new(RlsfTlsf::new());
-        let pool = std::ptr::NonNull::slice_from_raw_parts(region.base(), region.len());
-        // SAFETY: the region is reserved and accessible for its whole length,
-        // is used by nothing else, and outlives `tlsf` (dropped first).
-        unsafe { tlsf.insert_free_block_ptr(pool) }.expect("rlsf pool");
-        RlsfVm { tlsf, region }
-    }
-}
-
-impl Vm for RlsfVm {
-    /// The block's offset in the region (its address in the vmalloc area is
-    /// `VSTART + offset`), and its alignment.
-    type H = (usize, usize);
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<Self::H> {
-        debug_assert!(align <= RLSF_MAX_ALIGN);
-        let layout = std::alloc::Layout::from_size_align(size as usize, align as usize).ok()?;
-        let p = self.tlsf.allocate(layout)?;
-        debug_assert!(self.region.contains(p.as_ptr()));
-        Some((
-            p.as_ptr() as usize - self.region.base().as_ptr() as usize,
-            align as usize,
-        ))
-    }
-    #[inline]
-    fn vfree(&mut self, h: Self::H) {
-        let p = self.region.base().as_ptr().wrapping_add(h.0);
-        // SAFETY: `p` is the pointer `allocate` returned on this instance
-        // (rebuilt from the region's base and its offset) with this
-        // alignment, and is freed once (the suite frees each handle once).
-        unsafe {
-            self.tlsf
-                .deallocate(std::ptr::NonNull::new_unchecked(p), h.1)
-        }
-    }
-}
-
-// SAFETY: the region and every header in it are owned by this value; rlsf's
-// Tlsf is Send, and the raw block pointers are only used through `&mut`.
-unsafe impl Send for RlsfVm {}
-
-/// range-alloc over the byte range (best fit over a sorted Vec of free ranges).
-struct RangeVm(RangeAllocator<u64>);
-
-impl RangeVm {
-    fn new() -> RangeVm {
-        RangeVm(RangeAllocator::new(VSTART..VEND))
-    }
-}
-
-impl Vm for RangeVm {
-    type H = (u64, u64);
-    #[inline]
-    fn alloc(&mut self, size: u64, align: u64) -> Option<(u64, u64)> {
-        // Every range here starts page aligned: only larger alignments need
-        // the aligned call.
-        let r = if align <= PAGE {
-            self.0.allocate_range(size)
-        } else {
-            self.0.allocate_range_aligned(size, align)
-        };
-        r.ok().map(|r| (r.start, r.end))
-    }
-    #[inline]
-    fn vfree(&mut self, h: (u64, u64)) {
-        self.0.free_range(h.0..h.1)
-    }
-}
-
-impl<V: Vm + Send> SharedVm for Lock<V>
-where
-    V::H: Send,
-{
-    type H = V::H;
-    #[inline]
-    fn alloc(&self, size: u64, align: u64) -> Option<V::H> {
-        self.lock().alloc(size, align)
-    }
-    #[inline]
-    fn vfree(&self, h: V::H) {
-        self.lock().vfree(h)
-    }
-}
+use adapters::*;
+use scaling::{scaling, scaling_note, thread_counts, SCALING_CASES};
 
 // ---- the cases ----
 
@@ -690,96 +420,6 @@ fn sample_threads(imp: &str, case: Case, threads: usize, budget: Budget, share: 
     }
 }
 
-/// The cases of the scaling curve: one size (every node serves it from its
-/// cache once warm) and sizes of 2-101 pages (a quarter beyond the nodes'
-/// classes, served by the tree).
-const SCALING_CASES: [Case; 2] = [Case::FixSize, Case::RandomSize];
-/// The implementations on the scaling curve.
-const SCALING_IMPLS: [&str; 3] = ["kmem", "kmem-nodes", "range-alloc"];
-
-/// Thread counts of the scaling curve: 1, 2, 4... up to `max`, and `max`.
-fn thread_counts(max: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..)
-        .map(|i| 1usize << i)
-        .take_while(|&n| n < max)
-        .collect();
-    v.push(max.max(1));
-    v
-}
-
-/// The scaling curve: throughput of the shared kmem arena (one lock), the
-/// vmap nodes and range-alloc (one lock) at each thread count, and over 1
-/// thread.
-fn scaling(ctx: &Ctx<'_>, out: &mut SuiteOutput, max: usize, rounds: usize, budget: Budget) {
-    let counts = thread_counts(max);
-    let mut t = Table::new(
-        format!("vmalloc scaling: threads allocating and freeing at once on one allocator (ops/s of all threads, median of {rounds} rounds; x1 = over 1 thread)"),
-        &[
-            "case", "threads", "kmem", "kmem-nodes", "range-alloc", "kmem x1", "nodes x1",
-            "nodes/kmem",
-        ],
-    );
-    for case in SCALING_CASES {
-        let mut one: Vec<f64> = Vec::new();
-        let mut series: Vec<(String, Vec<(f64, f64)>)> = SCALING_IMPLS
-            .iter()
-            .map(|i| (i.to_string(), Vec::new()))
-            .chain([("linear".to_string(), Vec::new())])
-            .collect();
-        for &n in &counts {
-            let cname = format!("scaling/{}/threads{n}", case.name());
-            ctx.progress.step(&cname);
-            let med = {
-                let mut cs: Vec<Contender<'_>> = SCALING_IMPLS
-                    .into_iter()
-                    .map(|imp| Contender::new(imp, move || sample_threads(imp, case, n, budget, n)))
-                    .collect();
-                interleave(rounds, &mut cs)
-            };
-            let get = |imp: &str| med.iter().find(|(m, _)| m == imp).map_or(f64::NAN, |m| m.1);
-            if one.is_empty() {
-                one = SCALING_IMPLS.iter().map(|i| get(i)).collect();
-            }
-            for (i, imp) in SCALING_IMPLS.iter().enumerate() {
-                let v = get(imp);
-                out.measure(&cname, *imp, "ops_per_s", v, "ops/s");
-                out.measure(&cname, *imp, "scaling_vs_1_thread", v / one[i], "x");
-                series[i].1.push((n as f64, v / one[i]));
-            }
-            series[SCALING_IMPLS.len()].1.push((n as f64, n as f64));
-            out.measure(
-                &cname,
-                "kmem-nodes",
-                "ratio_to_kmem",
-                get("kmem-nodes") / get("kmem"),
-                "x",
-            );
-            t.row(vec![
-                case.name().into(),
-                n.to_string(),
-                fmt_num(get("kmem")),
-                fmt_num(get("kmem-nodes")),
-                fmt_num(get("range-alloc")),
-                fmt_ratio(get("kmem") / one[0]),
-                fmt_ratio(get("kmem-nodes") / one[1]),
-                fmt_ratio(get("kmem-nodes") / get("kmem")),
-            ]);
-        }
-        out.figures.push(Figure::Svg {
-            title: format!("vmalloc: {} throughput over 1 thread", case.name()),
-            svg: svg::line_chart(
-                &format!("Scaling with threads, {}", case.name()),
-                "threads",
-                "throughput / 1 thread",
-                &series,
-                true,
-                true,
-            ),
-        });
-    }
-    out.tables.push(t);
-}
-
 /// The two tables of a mode: kmem-vfree beside the baseline, kmem beside
 /// the peers.
 fn mode_tables(title: &str, rounds: usize) -> (Table, Table) {
@@ -1027,14 +667,6 @@ impl Suite for VmallocSuite {
     }
 }
 
-fn scaling_note() -> String {
-    format!(
-        "kmem-nodes: VmapNodes, a node per thread (each thread acts as its own CPU), caching 1-{} pages per size; not exact first fit (cached ranges stay out of the tree), and drained before an allocation fails. The scaling curve goes up to --threads (default: the {} online CPUs); threads beyond the machine's CPUs share them",
-        kmem_vmap::CLASSES,
-        online_cpus()
-    )
-}
-
 impl VmallocSuite {
     fn run_threads(
         &self,
@@ -1109,6 +741,7 @@ impl VmallocSuite {
 
 #[cfg(test)]
 mod tests {
+    use super::scaling::SCALING_IMPLS;
     use super::*;
     use crate::progress::Progress;
 
