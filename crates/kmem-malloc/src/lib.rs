@@ -71,9 +71,10 @@ pub mod introspect;
 mod large;
 pub mod options;
 mod out;
+mod thread;
 
 use core::alloc::Layout;
-use core::cell::{Cell, UnsafeCell};
+use core::cell::UnsafeCell;
 use core::ffi::{c_int, c_void};
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
@@ -81,7 +82,7 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource};
 use kmem_nta::global::GLOBAL_CONFIG;
-use kmem_nta::{front_class, FrontCache, Nta, FRONT_CLASSES};
+use kmem_nta::{front_class, Nta, FRONT_CLASSES};
 use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
@@ -96,6 +97,9 @@ pub use abi::{
 };
 use large::Large;
 use out::{die, say};
+use thread::{
+    cached, set_thread, thread, Thread, DIRECT, T_DIRECT, T_FAST, T_HARD, T_NEW, T_POW2, T_SECURE,
+};
 
 /// Requests larger than nta's largest small allocation (a node less its
 /// header: just under 64 KiB) are large: a range of the large arena
@@ -223,200 +227,6 @@ static KEY: Once<libc::pthread_key_t> = Once::new();
 /// nta's reserved range, once reserved: `[NTA_LO, NTA_LO + NTA_LEN)`.
 static NTA_LO: AtomicUsize = AtomicUsize::new(0);
 static NTA_LEN: AtomicUsize = AtomicUsize::new(0);
-
-/// What a thread's calls do.
-const T_NEW: u8 = 0;
-/// Front cache in use (the default after the first call).
-const T_FAST: u8 = 1;
-/// Straight to nta: no cache (`nocache`), the thread is exiting, or it is
-/// initialising (calls that re-enter).
-const T_DIRECT: u8 = 2;
-/// `engine=pow2`.
-const T_POW2: u8 = 3;
-/// Front cache in use, through the hardened paths ([`harden`]: `debug`,
-/// with or without `secure`); `malloc`'s inline pop is skipped.
-const T_HARD: u8 = 4;
-/// Front cache in use, `secure` alone: `malloc` and `free` stay inline, the
-/// pop checked; refills go through the hardened path (shuffled).
-const T_SECURE: u8 = 5;
-
-struct Thread {
-    mode: Cell<u8>,
-    /// Calls since the last full check (debug mode).
-    calls: Cell<u32>,
-    /// The thread's random sequence (secure mode).
-    rng: Cell<u64>,
-    front: UnsafeCell<FrontCache>,
-}
-
-/// True when `mode` uses the thread's front cache.
-#[inline(always)]
-fn cached(mode: u8) -> bool {
-    mode == T_FAST || mode == T_HARD || mode == T_SECURE
-}
-
-// A thread's `Thread` is a block of nta's (16 chunks), and the thread finds it
-// through one pointer in the library's own TLS, initial-exec model: a GOT
-// load and one `%fs`-relative load, where `thread_local!` in a shared object
-// calls `__tls_get_addr` on every malloc (and needs std). The pointer is
-// `.tdata` whose initial value is the address of `NEW`, a shared block in
-// state `T_NEW` (the dynamic linker relocates the TLS image before any
-// thread copies it): each thread starts pointing there, and its first call
-// starts it; no null test on the fast path.
-//
-// Eight bytes of initial-exec TLS fit in what glibc keeps spare for
-// libraries loaded after start-up (`rtld.optional_static_tls`, 512 bytes by
-// default, and less in some set-ups), so a `dlopen` of this library works;
-// the whole block in TLS (1 KiB) did not (`cannot allocate memory in static
-// TLS block`). The block needs no constructor and no destructor: the pthread
-// key's destructor flushes the cache and frees the block.
-//
-// The shared blocks (`NEW`, `DIRECT`) are never written: their mode is
-// `T_NEW` or `T_DIRECT`, which never touch the front cache, and the debug
-// counter and random sequence are kept only in a thread's own block
-// (`Thread::owned`).
-//
-// The symbol is global (the code that reads it may sit in another codegen
-// unit) but hidden, so it is not exported from the library.
-#[cfg(target_arch = "x86_64")]
-core::arch::global_asm!(
-    ".pushsection .tdata,\"awT\",@progbits",
-    ".p2align 3",
-    ".globl kmem_malloc_thread",
-    ".hidden kmem_malloc_thread",
-    ".type kmem_malloc_thread,@object",
-    ".size kmem_malloc_thread, 8",
-    "kmem_malloc_thread:",
-    ".quad {new}",
-    ".popsection",
-    new = sym NEW,
-    options(att_syntax),
-);
-
-#[cfg(target_arch = "aarch64")]
-core::arch::global_asm!(
-    ".pushsection .tdata,\"awT\",%progbits",
-    ".p2align 3",
-    ".globl kmem_malloc_thread",
-    ".hidden kmem_malloc_thread",
-    ".type kmem_malloc_thread,%object",
-    ".size kmem_malloc_thread, 8",
-    "kmem_malloc_thread:",
-    ".xword {new}",
-    ".popsection",
-    new = sym NEW,
-);
-
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-compile_error!(
-    "kmem-malloc's thread pointer is written for x86-64 and AArch64 (initial-exec \
-     TLS in asm); other targets need their own `slot()`"
-);
-
-/// A block that threads share: never written (see above).
-struct Shared(Thread);
-
-// SAFETY: a shared block is only read (its mode is T_NEW or T_DIRECT, whose
-// paths never write a `Thread` that is not `owned`).
-unsafe impl Sync for Shared {}
-
-/// What a thread that has not started reads.
-static NEW: Shared = Shared(Thread::new(T_NEW));
-/// What a thread reads while it starts, after it exits, or when it could not
-/// get a block of its own: calls go straight to nta.
-static DIRECT: Shared = Shared(Thread::new(T_DIRECT));
-
-impl Thread {
-    const fn new(mode: u8) -> Thread {
-        Thread {
-            mode: Cell::new(mode),
-            calls: Cell::new(0),
-            rng: Cell::new(0),
-            front: UnsafeCell::new(FrontCache::new()),
-        }
-    }
-
-    /// True for a thread's own block, false for a shared one.
-    #[inline]
-    fn owned(&self) -> bool {
-        !ptr::eq(self, &NEW.0) && !ptr::eq(self, &DIRECT.0)
-    }
-}
-
-/// The address of this thread's pointer to its block.
-#[inline(always)]
-fn slot() -> *mut *const Thread {
-    let p: *mut *const Thread;
-    // SAFETY: `kmem_malloc_thread` is this library's 8-byte TLS symbol
-    // (defined above); its GOT slot holds its offset from the thread pointer
-    // (R_X86_64_TPOFF64, resolved at load), and %fs:0 holds the thread
-    // pointer itself (x86-64 TLS ABI). The asm only reads memory.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        core::arch::asm!(
-            "movq kmem_malloc_thread@GOTTPOFF(%rip), {p}",
-            "addq %fs:0, {p}",
-            p = out(reg) p,
-            options(att_syntax, pure, readonly, nostack, preserves_flags),
-        );
-    }
-    // SAFETY: as above for AArch64: the GOT slot (R_AARCH64_TLS_TPREL64)
-    // holds the symbol's offset from the thread pointer in TPIDR_EL0.
-    #[cfg(target_arch = "aarch64")]
-    unsafe {
-        core::arch::asm!(
-            "mrs {p}, tpidr_el0",
-            "adrp {t}, :gottprel:kmem_malloc_thread",
-            "ldr {t}, [{t}, :gottprel_lo12:kmem_malloc_thread]",
-            "add {p}, {p}, {t}",
-            p = out(reg) p,
-            t = out(reg) _,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    p
-}
-
-/// Points this thread at `t`.
-fn set_thread(t: &'static Thread) {
-    // SAFETY: the slot is this thread's own TLS word, live as long as it.
-    unsafe { *slot() = t };
-}
-
-#[inline(always)]
-fn thread() -> &'static Thread {
-    let p: *const Thread;
-    // SAFETY: as in `slot`, with the load of the slot's word folded in: the
-    // GOT slot holds the symbol's offset from the thread pointer, and a
-    // %fs-relative load reads this thread's word. The asm only reads memory.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        core::arch::asm!(
-            "movq kmem_malloc_thread@GOTTPOFF(%rip), {p}",
-            "movq %fs:({p}), {p}",
-            p = out(reg) p,
-            options(att_syntax, pure, readonly, nostack, preserves_flags),
-        );
-    }
-    // SAFETY: as above for AArch64.
-    #[cfg(target_arch = "aarch64")]
-    unsafe {
-        core::arch::asm!(
-            "mrs {p}, tpidr_el0",
-            "adrp {t}, :gottprel:kmem_malloc_thread",
-            "ldr {t}, [{t}, :gottprel_lo12:kmem_malloc_thread]",
-            "ldr {p}, [{p}, {t}]",
-            p = out(reg) p,
-            t = out(reg) _,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    // SAFETY: the word points at a shared block (`NEW` from the thread's
-    // start) or at this thread's own block, which lives until the key's
-    // destructor points the word elsewhere and frees it. An own block is only
-    // used through Cell and UnsafeCell, by this thread.
-    unsafe { &*p }
-}
 
 // ---- initialisation ------------------------------------------------------
 

@@ -2,6 +2,8 @@
 //! symbols take the place of glibc's: the harness itself runs on kmem.
 
 use super::*;
+use crate::thread::NEW;
+use kmem_nta::FrontCache;
 
 #[test]
 fn sizes_alignment_and_usable_size() {
