@@ -803,6 +803,13 @@ impl<P: PageSource> VmapArena<P> {
         Blocks::with_young(&self.busy, &self.young)
     }
 
+    /// How many free blocks there are (as [`free_blocks`](Self::free_blocks)
+    /// lists them), in O(1).
+    #[inline]
+    pub fn free_block_count(&self) -> u64 {
+        self.free_blocks
+    }
+
     /// The free blocks in address order.
     pub fn free_blocks(&self) -> Blocks<'_> {
         let mut b = Blocks::new(&self.free);

@@ -4,7 +4,9 @@
 //! programs in `crates/kmem-malloc/workloads/`: a larson-like server
 //! simulation, an xmalloc-like producer/consumer, cache-scratch and
 //! cache-thrash (false sharing), an mstress-like mix of sizes and lifetimes,
-//! and a glibc-simple-like single-threaded loop. Each runs as its own process
+//! a glibc-simple-like single-threaded loop, and large blocks (5-25 MiB)
+//! replaced at random, where giving freed blocks back too soon costs a
+//! page fault per page. Each runs as its own process
 //! under each allocator through `LD_PRELOAD`, several runs interleaved; the
 //! median wall time and peak RSS are reported with ratios to glibc and to
 //! mimalloc. Every run must exit 0 and print the same checksum as under glibc.
@@ -81,6 +83,11 @@ const WORKLOADS: &[Workload] = &[
         case: "glibc_simple",
         args: [&["20", "200"], &["300", "1000"], &["2000", "1000"]],
     },
+    Workload {
+        name: "large_replace",
+        case: "large_replace",
+        args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
+    },
 ];
 
 fn checksum(out: &[u8]) -> Option<String> {
@@ -96,7 +103,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
