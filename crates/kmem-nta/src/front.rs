@@ -20,14 +20,26 @@
 //! `calloc`, which is kmem-malloc itself). All-zero bytes are a valid empty
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
-//! **Bounds.** A class keeps about 32 KiB (16 to 256 entries), a cache at
-//! most [`FRONT_BYTES`] in all. A class the thread has never refilled
+//! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first, a
+//! cache at most [`FRONT_BYTES`] in all. A class the thread has never refilled
 //! keeps at most [`FREE_ONLY`] entries and hands them back all at once: a
 //! thread that frees what others allocate (the consumer of a queue) gets
 //! its frees batched under one lock without holding a stock it would never
 //! allocate from. Cached chunks stay allocated in their node's bitmap, so
 //! they neither coalesce nor count as free: the bound is what keeps the
 //! seed's packing.
+//!
+//! **Classes grow.** A class that overflows (its bound reached by a push)
+//! after this thread refilled it since its last overflow doubles its bound
+//! instead of handing half back, up to half of [`FRONT_BYTES`]
+//! ([`MAX_LIMITS`]). That is a thread that allocates a batch and frees it,
+//! again and again (a request's buffers, a tree built and dropped): with
+//! the base bound, each batch of 1000 blocks of 64 bytes went back to nta
+//! in flushes of 128 and came back in refills, and nta's free of a chunk
+//! (validate, coalesce, lists) costs several times the cache's push. A
+//! class that only overflows (a thread that frees more than it allocates)
+//! does not grow, and an idle class that goes back starts from its base
+//! bound again.
 //!
 //! **Idle classes go back.** A program that works in phases (build a table
 //! of small records, then process 4 KiB buffers) would otherwise keep the
@@ -95,6 +107,19 @@ pub(crate) const LIMITS: [u32; FRONT_CLASSES + 1] = {
     let mut k = 1;
     while k <= FRONT_CLASSES {
         t[k] = limit(k);
+        k += 1;
+    }
+    t
+};
+
+/// The most entries a class may grow to: half of [`FRONT_BYTES`] (never
+/// below its base bound). See "Classes grow" in the module documentation.
+pub(crate) const MAX_LIMITS: [u32; FRONT_CLASSES + 1] = {
+    let mut t = [0u32; FRONT_CLASSES + 1];
+    let mut k = 1;
+    while k <= FRONT_CLASSES {
+        let n = (FRONT_BYTES / 2 / (k * FRONT_CHUNK)) as u32;
+        t[k] = if n > LIMITS[k] { n } else { LIMITS[k] };
         k += 1;
     }
     t
@@ -171,6 +196,10 @@ pub struct FrontCache {
     refills: u16,
     /// `refills` at each class's last refill or flush.
     active: [u16; FRONT_CLASSES + 1],
+    /// Doublings of each class's bound (see "Classes grow"); 0: the base.
+    grow: [u8; FRONT_CLASSES + 1],
+    /// Bit `k - 1` set when class `k` was refilled since it last overflowed.
+    cycled: u64,
     /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
     pushes: u8,
 }
@@ -200,8 +229,8 @@ const FILL_STEPS: u8 = 5;
 /// buffer and nothing else of its size should not make eight of them
 /// resident; one that keeps allocating reaches the full batch within six
 /// refills.
-const fn fill_count(k: usize, fills: u8) -> usize {
-    let full = (LIMITS[k] / 2) as usize;
+const fn fill_count(k: usize, fills: u8, limit: u32) -> usize {
+    let full = (limit / 2) as usize;
     let s = if fills > FILL_STEPS {
         FILL_STEPS
     } else {
@@ -234,7 +263,21 @@ impl FrontCache {
             refilled: 0,
             refills: 0,
             active: [0; FRONT_CLASSES + 1],
+            grow: [0; FRONT_CLASSES + 1],
+            cycled: 0,
             pushes: 0,
+        }
+    }
+
+    /// The bound of class `k` now: its base, doubled `grow[k]` times, at
+    /// most [`MAX_LIMITS`]`[k]`.
+    #[inline(always)]
+    fn limit(&self, k: usize) -> u32 {
+        let l = LIMITS[k] << self.grow[k];
+        if l < MAX_LIMITS[k] {
+            l
+        } else {
+            MAX_LIMITS[k]
         }
     }
 
@@ -353,9 +396,10 @@ impl FrontCache {
             bad_free(Error::DoubleFree { addr: p as u64 });
         }
         let c = self.counts[k];
-        if c >= WATCH[k] && (c >= LIMITS[k] || self.only_frees(k)) || self.bytes >= FRONT_BYTES {
+        if c >= WATCH[k] && (c >= self.limit(k) || self.only_frees(k)) || self.bytes >= FRONT_BYTES
+        {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
-            unsafe { self.flush(nta, k) };
+            unsafe { self.overflow(nta, k) };
         }
         if self.link == 0 {
             self.link = link_key(nta.secret());
@@ -403,7 +447,8 @@ impl FrontCache {
         // contract).
         unsafe { self.tick(nta, k) };
         self.refilled |= 1 << (k - 1);
-        let want = fill_count(k, self.fills[k]);
+        self.cycled |= 1 << (k - 1);
+        let want = fill_count(k, self.fills[k], self.limit(k));
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
         }
@@ -412,6 +457,8 @@ impl FrontCache {
         let mut got: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
+        let limits: [u32; FRONT_CLASSES + 1] =
+            core::array::from_fn(|kk| if kk == 0 { 0 } else { self.limit(kk) });
         let (heads, counts, bytes, link) = (
             &mut self.heads,
             &mut self.counts,
@@ -443,7 +490,7 @@ impl FrontCache {
                 return true;
             }
             // A remote free of another size: keep it if its class has room.
-            if kk > FRONT_CLASSES || counts[kk] >= LIMITS[kk] || *bytes >= FRONT_BYTES {
+            if kk > FRONT_CLASSES || counts[kk] >= limits[kk] || *bytes >= FRONT_BYTES {
                 return false;
             }
             // SAFETY: an allocation of kk chunks handed to us.
@@ -480,6 +527,33 @@ impl FrontCache {
     #[inline(always)]
     fn only_frees(&self, k: usize) -> bool {
         self.refilled & (1 << (k - 1)) == 0
+    }
+
+    /// Class `k` is at its bound (or the cache at [`FRONT_BYTES`]): a class
+    /// this thread refilled since it last overflowed doubles its bound
+    /// instead, up to [`MAX_LIMITS`], while the cache has room; otherwise
+    /// half of it goes back ([`flush`](Self::flush)).
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn overflow<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
+        let bit = 1u64 << (k - 1);
+        let cycled = self.cycled & bit != 0;
+        self.cycled &= !bit;
+        if cycled
+            && self.bytes < FRONT_BYTES
+            && !self.only_frees(k)
+            && self.limit(k) < MAX_LIMITS[k]
+            && self.counts[k] >= self.limit(k)
+        {
+            self.grow[k] += 1;
+            self.active[k] = self.refills;
+            return;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.flush(nta, k) };
     }
 
     /// Gives half of class k (at least one) back to `nta`, or all of it if
@@ -554,6 +628,8 @@ impl FrontCache {
             self.bytes -= (self.counts[k] as usize * k) << SHIFT;
             self.counts[k] = 0;
             self.fills[k] = 0;
+            self.grow[k] = 0;
+            self.cycled &= !(1 << (k - 1));
             // SAFETY: the whole class chain, nta's chunks.
             unsafe { nta.free_batch(head, k, self.link) };
         }
@@ -600,13 +676,19 @@ mod tests {
             .map(|k| LIMITS[k] as usize * k * FRONT_CHUNK)
             .sum();
         assert!(worst > FRONT_BYTES, "the byte cap is what binds");
+        // Grown, a class holds at most half the cache.
+        assert_eq!(MAX_LIMITS[1], 8192);
+        assert_eq!(MAX_LIMITS[8], 1024);
+        assert_eq!(MAX_LIMITS[64], 128);
+        assert!((1..=FRONT_CLASSES).all(|k| MAX_LIMITS[k] >= LIMITS[k]
+            && MAX_LIMITS[k] as usize * k * FRONT_CHUNK <= FRONT_BYTES / 2));
     }
 
     #[test]
     fn refills_start_at_a_kib_and_double_to_half_the_class() {
         let ramp = |k: usize| {
             (0..7)
-                .map(|f| fill_count(k, f))
+                .map(|f| fill_count(k, f, LIMITS[k]))
                 .collect::<std::vec::Vec<_>>()
         };
         // 64-byte chunks: 16 doubling to half of 256.
@@ -616,7 +698,10 @@ mod tests {
         // 4 KiB: one at a time until the budget covers more, up to 8.
         assert_eq!(ramp(64), [1, 1, 1, 2, 4, 8, 8]);
         // Every class gets at least one.
-        assert!((1..=FRONT_CLASSES).all(|k| fill_count(k, 0) >= 1));
+        assert!((1..=FRONT_CLASSES).all(|k| fill_count(k, 0, LIMITS[k]) >= 1));
+        // A grown class refills up to half its bound, within the budget.
+        assert_eq!(fill_count(1, 6, 2048), 512);
+        assert_eq!(fill_count(64, 6, 64), 8);
     }
 
     #[test]
@@ -730,6 +815,77 @@ mod shuffle_tests {
             for p in first {
                 front.push(&nta, p, 1);
             }
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
+    /// A batch of 1000 one-chunk blocks allocated and freed again and again:
+    /// the class grows until the batch fits, and from then on the cycle
+    /// never reaches nta; a thread that only frees never grows its class.
+    #[test]
+    fn a_class_that_cycles_grows_until_its_batch_fits() {
+        let mut b = vec![0u64; 513 * 4096 / 8];
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes =
+            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let cfg = Config {
+            chunk_size: 64,
+            node_size: 32 << 10,
+            heaps: 1,
+            reserve_nodes: 1,
+            steal: false,
+        };
+        let nta = Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap();
+        let mut front = FrontCache::new();
+        let base = super::LIMITS[1] as usize;
+        // SAFETY: a cache over nta only; every chunk is given back once.
+        unsafe {
+            let mut v = Vec::with_capacity(1000);
+            let mut frees_seen = Vec::new();
+            for _ in 0..6 {
+                for _ in 0..1000 {
+                    let mut p = front.pop_checked(&nta, 1);
+                    if p.is_null() {
+                        p = front.refill(&nta, 1);
+                    }
+                    assert!(!p.is_null());
+                    v.push(p);
+                }
+                let before = nta.stats().frees;
+                for p in v.drain(..) {
+                    front.push(&nta, p, 1);
+                }
+                frees_seen.push(nta.stats().frees - before);
+                assert!(front.count(1) <= super::MAX_LIMITS[1] as usize);
+            }
+            // The first cycle flushed past the base bound; the last ones
+            // kept the whole batch.
+            assert!(frees_seen[0] > 0, "{frees_seen:?}");
+            assert_eq!(frees_seen[4..], [0, 0], "{frees_seen:?}");
+            assert!(front.count(1) >= 1000);
+            assert!(front.limit(1) as usize > base);
+            front.flush_all(&nta);
+
+            // Free-only: chunks of class 2 made by another cache, freed
+            // through this one, are handed back in batches of FREE_ONLY.
+            let mut other = FrontCache::new();
+            for _ in 0..1000 {
+                let mut p = other.pop_checked(&nta, 2);
+                if p.is_null() {
+                    p = other.refill(&nta, 2);
+                }
+                assert!(!p.is_null());
+                v.push(p);
+            }
+            other.flush_all(&nta);
+            for p in v.drain(..) {
+                front.push(&nta, p, 2);
+                assert!(front.count(2) <= super::FREE_ONLY as usize);
+            }
+            assert_eq!(front.limit(2), super::LIMITS[2]);
             front.flush_all(&nta);
         }
         nta.check().unwrap();
