@@ -1,0 +1,179 @@
+//! Batches, for front caches: many allocations or frees of one size under
+//! one lock.
+
+use core::ptr;
+
+use kmem_core::{CpuSource, LockGuard, PageSource};
+
+use crate::node::{bits, end_map, used_map};
+
+use super::{
+    bad_free, link_decode, prefetch_ahead, semi_len, semi_tag, skip_word, Heap, Nta, Semi, SKIP,
+};
+
+impl<P: PageSource, C: CpuSource> Nta<P, C> {
+    // ---- batches, for front caches ----------------------------------------
+
+    /// Allocates up to `n` allocations of `k` chunks each (k <= max) under one
+    /// lock, calling `out(ptr, k)` with each; returns how many (0 when out of
+    /// memory). Remote frees queued for the heap are offered to `out` as
+    /// they are, with their own size; it returns false for those it does not
+    /// take, which are then freed.
+    pub(crate) fn alloc_batch(
+        &self,
+        k: usize,
+        n: usize,
+        mut out: impl FnMut(*mut u8, usize) -> bool,
+    ) -> usize {
+        let (h, mut heap) = self.lock_for_alloc();
+        let mut got = 0;
+        // Frees queued by other CPUs: chunks of exactly k are handed out as
+        // they are (still marked allocated, so nothing to split or merge);
+        // the rest are finished as usual.
+        if !self.slots[h].semi.is_empty() {
+            let mut e = self.slots[h].semi.take();
+            while !e.is_null() {
+                // SAFETY: queued entries are live allocations of this heap's
+                // nodes (the Acquire take makes their words visible).
+                unsafe {
+                    let next = (*e).next;
+                    let kk = semi_len(e as usize, (*e).chunks, self.secret());
+                    prefetch_ahead(e, kk << self.geo.chunk_shift);
+                    let (node, idx) = self.node_of(e as usize);
+                    if let Err(x) = self.validate(node, idx, kk, e as usize) {
+                        bad_free(x);
+                    }
+                    heap.remote += 1;
+                    if kk == k && got < n {
+                        heap.frees += 1;
+                        heap.allocs += 1;
+                        out(e.cast(), k);
+                        got += 1;
+                    } else if kk != k && out(e.cast(), kk) {
+                        // Taken as it is by the caller's cache of size kk.
+                        heap.frees += 1;
+                        heap.allocs += 1;
+                    } else {
+                        self.release(&mut heap, node, idx, kk);
+                    }
+                    e = next;
+                }
+            }
+        }
+        while got < n {
+            let mut j = heap.find(k);
+            if j == 0 {
+                // SAFETY: heap h, locked.
+                if unsafe { self.grow(&mut heap, h, k) }.is_err() {
+                    break;
+                }
+                j = heap.find(k);
+            }
+            // SAFETY: list j is non-empty; its head is a run of j >= k chunks.
+            unsafe {
+                let c = heap.pop(j);
+                let (node, idx) = self.node_of(c as usize);
+                let m = (n - got).min(j / k);
+                bits::set_range(used_map(node), idx, m * k);
+                let end = end_map(node, &self.geo);
+                for t in 0..m {
+                    bits::set(end, idx + t * k + k - 1);
+                    out(self.chunk_addr(node, idx + t * k), k);
+                }
+                if (*node).used == 0 {
+                    heap.empty_nodes -= 1;
+                }
+                (*node).used += (m * k) as u32;
+                heap.held += m * k;
+                if j > m * k {
+                    heap.push(self.chunk_addr(node, idx + m * k).cast(), j - m * k);
+                }
+                got += m;
+            }
+        }
+        heap.allocs += got as u64;
+        heap.requested += (got * (k << self.geo.chunk_shift)) as u64;
+        heap.batches = heap.batches.wrapping_add(1);
+        let look = heap.batches % 16 == 0;
+        drop(heap);
+        if look {
+            self.tick();
+        }
+        got
+    }
+
+    /// Frees a chain of allocations of `k` chunks each, linked through their
+    /// first word (encoded under key `link`, 0 for plain pointers): the
+    /// calling CPU's under one lock, others' onto their owners' semi-free
+    /// lists, one compare-and-swap per owner run.
+    ///
+    /// # Safety
+    /// Every entry is a live allocation of `k` chunks that the caller gives up.
+    pub(crate) unsafe fn free_batch(&self, mut head: *mut Semi, k: usize, link: usize) {
+        let h = self.current_heap();
+        // Taken at the first chunk of our own (a consumer that only frees
+        // other CPUs' chunks never touches its heap's lock).
+        let mut local: Option<LockGuard<'_, Heap>> = None;
+        let mut tried = false;
+        // A run of consecutive entries with the same remote owner.
+        let mut run: (usize, *mut Semi, *mut Semi) = (usize::MAX, ptr::null_mut(), ptr::null_mut());
+        // The run's last SKIP entries, whose jump pointers the next ones
+        // fill in (the owner's drain walks the run with SKIP lines in flight
+        // instead of one miss at a time), and the run's length.
+        let mut ring = [ptr::null_mut::<Semi>(); SKIP];
+        let mut len = 0usize;
+        let bytes = k << self.geo.chunk_shift;
+        let chunk = 1 << self.geo.chunk_shift;
+        while !head.is_null() {
+            // SAFETY: entries are live allocations we give up.
+            unsafe {
+                let e = head;
+                head = link_decode(e, (*e).next, link, chunk);
+                let (node, idx) = self.node_of(e as usize);
+                let owner = (*node).owner as usize;
+                if owner == h {
+                    if !tried {
+                        tried = true;
+                        local = self.slots[h].heap.try_lock();
+                        if let Some(heap) = local.as_mut() {
+                            self.drain(heap, h);
+                        }
+                    }
+                    if let Some(heap) = local.as_mut() {
+                        match self.validate(node, idx, k, e as usize) {
+                            Ok(_) => self.release(heap, node, idx, k),
+                            Err(x) => bad_free(x),
+                        }
+                        continue;
+                    }
+                }
+                (*e).chunks = semi_tag(e as usize, k, self.secret());
+                if run.0 == owner {
+                    (*run.2).next = e;
+                    run.2 = e;
+                } else {
+                    if run.0 != usize::MAX {
+                        self.semi_push(run.0, run.1, run.2);
+                    }
+                    run = (owner, e, e);
+                    len = 0;
+                }
+                if let Some(w) = skip_word(e, bytes) {
+                    *w = ptr::null_mut();
+                    let slot = &mut ring[len % SKIP];
+                    if len >= SKIP {
+                        // The entry SKIP places back, in this run.
+                        *skip_word(*slot, bytes).unwrap_unchecked() = e;
+                    }
+                    *slot = e;
+                }
+                len += 1;
+            }
+        }
+        if run.0 != usize::MAX {
+            // SAFETY: a chain of entries we gave up.
+            unsafe { self.semi_push(run.0, run.1, run.2) };
+        }
+        drop(local);
+    }
+}

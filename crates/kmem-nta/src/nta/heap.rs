@@ -1,0 +1,561 @@
+//! The heap algorithms: marking, splitting, coalescing and releasing chunks,
+//! node growth and reclaim, draining semi-free lists (the caller holds the
+//! heap's lock).
+
+use core::ptr::{self, NonNull};
+
+use kmem_core::sync::Ordering;
+use kmem_core::{CpuSource, Error, PageSource, Result};
+
+use crate::node::{bits, end_map, seal, seal_freed, used_map, Node, KIND_SMALL};
+#[cfg(doc)]
+use crate::remote::RemoteList;
+
+#[cfg(any(feature = "os", doc))]
+use super::MAINTAIN_MS;
+use super::{bad_free, prefetch_ahead, semi_len, Free, Heap, Nta, Semi, NODE_POOL};
+
+impl<P: PageSource, C: CpuSource> Nta<P, C> {
+    // ---- the heap algorithms (caller holds the heap's lock) ---------------
+
+    #[inline(always)]
+    pub(super) fn chunk_addr(&self, node: *mut Node, idx: usize) -> *mut u8 {
+        node.cast::<u8>().wrapping_add(idx << self.geo.chunk_shift)
+    }
+
+    #[inline(always)]
+    pub(super) fn node_of(&self, addr: usize) -> (*mut Node, usize) {
+        let node = addr & !self.geo.node_mask();
+        (node as *mut Node, (addr - node) >> self.geo.chunk_shift)
+    }
+
+    /// Marks `[idx, idx + k)` of `node` as one allocation.
+    ///
+    /// # Safety
+    /// The range is free, taken off its list, inside the node's data.
+    #[inline(always)]
+    unsafe fn mark(&self, heap: &mut Heap, node: *mut Node, idx: usize, k: usize) {
+        // SAFETY: node is a live node of this heap; the range is in its data.
+        unsafe {
+            bits::set_range(used_map(node), idx, k);
+            bits::set(end_map(node, &self.geo), idx + k - 1);
+            if (*node).used == 0 {
+                heap.empty_nodes -= 1;
+            }
+            (*node).used += k as u32;
+        }
+        heap.held += k;
+    }
+
+    /// Takes `k` chunks (k <= max) from the heap, growing it by a node if needed.
+    ///
+    /// # Safety
+    /// `heap` is heap `h`, locked.
+    #[inline(always)]
+    pub(super) unsafe fn heap_alloc(&self, heap: &mut Heap, h: usize, k: usize) -> Result<*mut u8> {
+        let mut j = heap.find(k);
+        if j == 0 {
+            // SAFETY: forwarded.
+            unsafe { self.grow(heap, h, k)? };
+            j = heap.find(k);
+        }
+        // SAFETY: list j is not empty; its head is a free run of j >= k chunks
+        // of one of this heap's nodes.
+        unsafe {
+            let c = heap.pop(j);
+            let (node, idx) = self.node_of(c as usize);
+            if j > k {
+                heap.push(self.chunk_addr(node, idx + k).cast(), j - k);
+            }
+            self.mark(heap, node, idx, k);
+            // The head of a list has a null back link, so the chunk's second
+            // word is already clear: no parked mark is handed out.
+            debug_assert!((*c).prev.is_null());
+            Ok(c.cast())
+        }
+    }
+
+    /// Takes `k` chunks aligned to `a` chunks.
+    ///
+    /// # Safety
+    /// As `heap_alloc`; `is_small` held for the request.
+    #[cold]
+    pub(super) unsafe fn heap_alloc_aligned(
+        &self,
+        heap: &mut Heap,
+        h: usize,
+        k: usize,
+        a: usize,
+    ) -> Result<*mut u8> {
+        for attempt in 0..2 {
+            let mut j = heap.find(k);
+            while j != 0 {
+                // SAFETY: walking list j of this heap under its lock.
+                let mut c = unsafe { *heap.lists.add(j) };
+                let mut budget = 64;
+                while !c.is_null() && budget > 0 {
+                    let (node, idx) = self.node_of(c as usize);
+                    let s = idx.next_multiple_of(a);
+                    if s + k <= idx + j {
+                        // SAFETY: c is a listed run [idx, idx + j) containing
+                        // [s, s + k); the pieces left over are listed again.
+                        unsafe {
+                            heap.unlink(c, j);
+                            if s > idx {
+                                heap.push(c, s - idx);
+                            }
+                            if s + k < idx + j {
+                                heap.push(self.chunk_addr(node, s + k).cast(), idx + j - s - k);
+                            }
+                            self.mark(heap, node, s, k);
+                            // A handed-out chunk never carries a parked mark.
+                            (*self.chunk_addr(node, s).cast::<Semi>()).chunks = 0;
+                        }
+                        return Ok(self.chunk_addr(node, s));
+                    }
+                    // SAFETY: listed free chunk.
+                    c = unsafe { (*c).next };
+                    budget -= 1;
+                }
+                j = if j + 1 > self.geo.max {
+                    0
+                } else {
+                    heap.find(j + 1)
+                };
+            }
+            if attempt == 0 {
+                // SAFETY: forwarded.
+                unsafe { self.grow(heap, h, k + a)? };
+            }
+        }
+        Err(Error::OutOfMemory {
+            size: (k << self.geo.chunk_shift) as u64,
+        })
+    }
+
+    /// Gives `[idx, idx + k)` back: clears its bits, merges it with free
+    /// neighbours found through the bitmap, and lists the merged run (or
+    /// releases the node when it became empty).
+    ///
+    /// # Safety
+    /// Heap `heap` (locked) owns `node`, and `[idx, idx + k)` is one live
+    /// allocation of it (validated by the caller).
+    #[inline(always)]
+    pub(super) unsafe fn release(&self, heap: &mut Heap, node: *mut Node, idx: usize, k: usize) {
+        let g = &self.geo;
+        let used = used_map(node);
+        let end = end_map(node, g);
+        // SAFETY: the allocation and its neighbours lie in the node; free
+        // neighbours are maximal free runs listed on this heap.
+        unsafe {
+            bits::clear_range(used, idx, k);
+            bits::clear(end, idx + k - 1);
+            let mut s = idx;
+            let mut e = idx + k;
+            if !bits::test(used, s - 1) {
+                let ls = bits::prev_set(used, s) + 1;
+                heap.unlink(self.chunk_addr(node, ls).cast(), s - ls);
+                s = ls;
+            }
+            if e < g.nchunks && !bits::test(used, e) {
+                let re = bits::next_set(used, e, g.nchunks);
+                heap.unlink(self.chunk_addr(node, e).cast(), re - e);
+                e = re;
+            }
+            (*node).used -= k as u32;
+            heap.held -= k;
+            heap.frees += 1;
+            if (*node).used == 0 {
+                self.node_empty(heap, node);
+            } else {
+                heap.push(self.chunk_addr(node, s).cast(), e - s);
+            }
+        }
+    }
+
+    /// Checks that `[idx, idx + k)` is one live allocation of `node` (k = 0:
+    /// whatever length it has) and returns its length.
+    ///
+    /// # Safety
+    /// `node` is a live small node; the caller holds its owner's lock.
+    #[inline(always)]
+    pub(super) unsafe fn validate(
+        &self,
+        node: *mut Node,
+        idx: usize,
+        k: usize,
+        addr: usize,
+    ) -> Result<usize> {
+        let g = &self.geo;
+        let used = used_map(node);
+        let end = end_map(node, g);
+        if idx < g.hdr || idx >= g.nchunks {
+            return Err(Error::NotAllocated { addr: addr as u64 });
+        }
+        // SAFETY: idx and the ranges below lie in the node's maps.
+        unsafe {
+            if !bits::test(used, idx) {
+                return Err(Error::DoubleFree { addr: addr as u64 });
+            }
+            if idx > g.hdr && bits::test(used, idx - 1) && !bits::test(end, idx - 1) {
+                return Err(Error::NotAllocated { addr: addr as u64 });
+            }
+            let last = bits::next_set(end, idx, g.nchunks);
+            if last == g.nchunks {
+                return Err(Error::NotAllocated { addr: addr as u64 });
+            }
+            let actual = last + 1 - idx;
+            if k != 0 && k != actual {
+                return Err(Error::WrongSize {
+                    addr: addr as u64,
+                    given: (k << g.chunk_shift) as u64,
+                    actual: (actual << g.chunk_shift) as u64,
+                });
+            }
+            Ok(actual)
+        }
+    }
+
+    /// A node whose last chunk was just freed: keep it as reserve or give it back.
+    ///
+    /// # Safety
+    /// `node` belongs to the locked `heap` and has no chunk in use.
+    #[cold]
+    unsafe fn node_empty(&self, heap: &mut Heap, node: *mut Node) {
+        let g = &self.geo;
+        // SAFETY: node is ours, fully free: its data is one run [hdr, nchunks).
+        unsafe {
+            if heap.empty_nodes < self.reserve {
+                heap.empty_nodes += 1;
+                heap.push(self.chunk_addr(node, g.hdr).cast(), g.max);
+                return;
+            }
+            self.detach(heap, node);
+            let addr = node as usize;
+            if let Some(mut pool) = self.pool.try_lock() {
+                if pool.n < NODE_POOL {
+                    let n = pool.n;
+                    pool.nodes[n] = addr;
+                    pool.n += 1;
+                    return;
+                }
+            }
+            self.give_back(node);
+        }
+        self.tick();
+    }
+
+    /// Takes an empty node off its heap's node list and seals it as freed.
+    ///
+    /// # Safety
+    /// `node` belongs to the locked `heap`, has no chunk in use, and its
+    /// free run is on none of the heap's size lists.
+    unsafe fn detach(&self, heap: &mut Heap, node: *mut Node) {
+        // SAFETY: as the contract says.
+        unsafe {
+            let (p, n) = ((*node).prev, (*node).next);
+            if p.is_null() {
+                heap.nodes = n;
+            } else {
+                (*p).next = n;
+            }
+            if !n.is_null() {
+                (*n).prev = p;
+            }
+            heap.nnodes -= 1;
+            (*node)
+                .check
+                .store(seal_freed(node as usize, self.secret()), Ordering::Release);
+        }
+    }
+
+    /// Returns a detached (or pooled) node's pages to the source.
+    ///
+    /// # Safety
+    /// `node` is an empty node of ours that no heap or pool holds.
+    unsafe fn give_back(&self, node: *mut Node) {
+        // The source may hand the memory out in any shape: a large run
+        // whose pointer rounds down to this address, with the page here
+        // unwritten, would read a freed node's seal as its own double free.
+        // Only pooled nodes (still whole, still ours) keep it.
+        // SAFETY: as the contract says: the node's run is ours to return.
+        unsafe {
+            let pages = (*node).pages;
+            (*node).check.store(0, Ordering::Release);
+            let _ = self
+                .source
+                .free_pages(NonNull::new_unchecked(node.cast()), pages);
+        }
+    }
+
+    /// Runs [`maintain`](Self::maintain) when [`MAINTAIN_MS`] have passed
+    /// since it last ran (`os` builds; without a clock only explicit calls
+    /// run it). Called from the slow paths (every 16th refill batch of a
+    /// heap, new and empty nodes) and by front caches every 256 pushes.
+    #[inline]
+    pub(crate) fn tick(&self) {
+        #[cfg(feature = "os")]
+        {
+            let now = (kmem_sys::clock::coarse_ns() / 1_000_000) as usize;
+            let due = self.next_tick_ms.load(Ordering::Relaxed);
+            if now >= due
+                && self
+                    .next_tick_ms
+                    .compare_exchange(due, now + MAINTAIN_MS, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.maintain();
+            }
+        }
+    }
+
+    /// Moves memory that the allocator holds and nobody uses towards the
+    /// OS: frees that other CPUs queued on heaps not running now are
+    /// finished (a heap whose threads moved away would otherwise hold them
+    /// until it allocates again), so their nodes that empty go back; the
+    /// shared pool's nodes go back to the source; and the source applies
+    /// its return policy ([`PageSource::maintain`]). `os` builds run it on
+    /// their own every [`MAINTAIN_MS`] from the slow paths; a kernel may
+    /// call it from a timer.
+    ///
+    /// CONTEXT: any; other heaps' locks are only tried.
+    #[cold]
+    pub fn maintain(&self) {
+        let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
+        for j in 0..grown {
+            if self.slots[j].semi.is_empty() {
+                continue;
+            }
+            if let Some(mut heap) = self.slots[j].heap.try_lock() {
+                self.drain_slow(&mut heap, j);
+            }
+        }
+        if let Some(mut pool) = self.pool.try_lock() {
+            let mut nodes = [0usize; NODE_POOL];
+            let n = pool.n;
+            nodes[..n].copy_from_slice(&pool.nodes[..n]);
+            pool.n = 0;
+            drop(pool);
+            for &a in &nodes[..n] {
+                // SAFETY: pooled nodes are empty nodes of ours, now held by
+                // nobody.
+                unsafe { self.give_back(a as *mut Node) };
+            }
+        }
+        self.source.maintain();
+    }
+
+    /// Gives back everything that can go (`malloc_trim`): every heap's
+    /// queued remote frees are finished, its empty reserve nodes and the
+    /// pool's nodes go back to the source, and the source gives every free
+    /// page back to the OS ([`PageSource::purge`]). Chunks parked in
+    /// threads' front caches stay there.
+    ///
+    /// CONTEXT: takes each heap's lock in turn (waiting for it).
+    pub fn trim(&self) {
+        let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
+        let g = self.geo;
+        for j in 0..grown {
+            let mut heap = self.slots[j].heap.lock();
+            self.drain_slow(&mut heap, j);
+            let mut n = heap.nodes;
+            while !n.is_null() {
+                // SAFETY: nodes of the locked heap; an empty one's data is
+                // one free run [hdr, nchunks) on list `max`.
+                unsafe {
+                    let next = (*n).next;
+                    if (*n).used == 0 {
+                        heap.unlink(self.chunk_addr(n, g.hdr).cast(), g.max);
+                        heap.empty_nodes -= 1;
+                        self.detach(&mut heap, n);
+                        self.give_back(n);
+                    }
+                    n = next;
+                }
+            }
+        }
+        self.maintain();
+        self.source.purge();
+    }
+
+    /// Allocates the heap's size lists from the source.
+    #[cold]
+    fn init_lists(&self, heap: &mut Heap) -> Result<()> {
+        let ps = self.source.page_size();
+        let bytes = (self.geo.max + 1) * core::mem::size_of::<*mut Free>();
+        let pages = bytes.div_ceil(ps);
+        let p = self.source.alloc_pages_zeroed(pages, 1)?;
+        heap.lists = p.as_ptr().cast();
+        heap.lists_pages = pages;
+        self.note_span(p.as_ptr() as usize, pages * ps);
+        Ok(())
+    }
+
+    #[inline]
+    pub(super) fn note_span(&self, addr: usize, len: usize) {
+        self.lo.fetch_min(addr, Ordering::Relaxed);
+        self.hi.fetch_max(addr + len, Ordering::Relaxed);
+    }
+
+    #[cold]
+    pub(super) fn init_secret(&self) {
+        if self.secret() == 0 {
+            let mut s = crate::node::mix(self as *const Self as usize ^ 0x006e_7461);
+            #[cfg(feature = "os")]
+            {
+                let r = kmem_sys::auxv::random().unwrap_or_else(kmem_sys::clock::now_ns);
+                s ^= crate::node::mix(r as usize);
+            }
+            s |= 1;
+            let _ = self
+                .secret
+                .compare_exchange(0, s, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds a node to heap `h`.
+    ///
+    /// # Safety
+    /// `heap` is heap `h`, locked.
+    #[cold]
+    pub(super) unsafe fn grow(&self, heap: &mut Heap, h: usize, want: usize) -> Result<()> {
+        let oom = Error::OutOfMemory {
+            size: (want << self.geo.chunk_shift) as u64,
+        };
+        if self.secret() == 0 {
+            self.init_secret();
+        }
+        if heap.lists.is_null() {
+            self.init_lists(heap).map_err(|_| oom)?;
+        }
+        let g = self.geo;
+        let ps = self.source.page_size();
+        if g.node() < ps {
+            return Err(Error::BadConfig("node size below the page size"));
+        }
+        let pages = g.node() / ps;
+        // Before the heap holds the node: a chunk of it freed from another
+        // CPU lands on this heap's semi-free list, which `reclaim_others`
+        // must then visit.
+        self.grown.fetch_max(h + 1, Ordering::Relaxed);
+        self.reclaim_others(h);
+        self.tick();
+        let pooled = match self.pool.try_lock() {
+            Some(mut pool) if pool.n > 0 => {
+                pool.n -= 1;
+                Some(pool.nodes[pool.n])
+            }
+            _ => None,
+        };
+        let node: *mut Node = match pooled {
+            Some(a) => a as *mut Node,
+            None => self
+                .source
+                .alloc_pages(pages, pages)
+                .map_err(|_| oom)?
+                .as_ptr()
+                .cast(),
+        };
+        let addr = node as usize;
+        // SAFETY: the run is ours, node-aligned, node-sized; the header and
+        // maps fit in its first `hdr` chunks.
+        unsafe {
+            ptr::write(
+                node,
+                Node {
+                    check: core::sync::atomic::AtomicUsize::new(0),
+                    kind: KIND_SMALL,
+                    owner: h as u32,
+                    used: 0,
+                    _pad: 0,
+                    pages,
+                    run: addr,
+                    size: 0,
+                    prev: ptr::null_mut(),
+                    next: heap.nodes,
+                },
+            );
+            ptr::write_bytes(used_map(node), 0, 2 * g.words);
+            bits::set_range(used_map(node), 0, g.hdr);
+            if !heap.nodes.is_null() {
+                (*heap.nodes).prev = node;
+            }
+            heap.nodes = node;
+            heap.nnodes += 1;
+            heap.empty_nodes += 1;
+            heap.push(self.chunk_addr(node, g.hdr).cast(), g.max);
+            (*node)
+                .check
+                .store(seal(addr, self.secret()), Ordering::Release);
+        }
+        self.note_span(addr, g.node());
+        Ok(())
+    }
+
+    /// Finishes the frees other CPUs queued for heap `h`.
+    #[inline(always)]
+    pub(super) fn drain(&self, heap: &mut Heap, h: usize) {
+        if !self.slots[h].semi.is_empty() {
+            self.drain_slow(heap, h);
+        }
+    }
+
+    /// Finishes the frees queued on other heaps' semi-free lists, for each
+    /// such heap whose lock is free now.
+    ///
+    /// Called before heap `h` grows. A queued free waits until its heap
+    /// next runs; after a thread moves to another CPU its old heap may not
+    /// run again for long, holding everything the thread freed there while
+    /// the new heap takes fresh memory. Finished here, the old heap's nodes
+    /// that empty go to the shared pool, where the growing heap finds them.
+    ///
+    /// CONTEXT: heap `h`'s lock is held; the others are only tried, so no
+    /// lock order is needed.
+    #[cold]
+    fn reclaim_others(&self, h: usize) {
+        // A stale count only skips a heap that just grew: reclaiming is an
+        // economy, never needed for correctness.
+        let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
+        for j in 0..grown {
+            if j == h || self.slots[j].semi.is_empty() {
+                continue;
+            }
+            if let Some(mut heap) = self.slots[j].heap.try_lock() {
+                self.drain_slow(&mut heap, j);
+            }
+        }
+    }
+
+    #[cold]
+    fn drain_slow(&self, heap: &mut Heap, h: usize) {
+        let mut e = self.slots[h].semi.take();
+        while !e.is_null() {
+            // SAFETY: entries are chunks of this heap's nodes queued by
+            // `semi_push`; the Acquire take makes their contents visible.
+            unsafe {
+                let next = (*e).next;
+                let k = semi_len(e as usize, (*e).chunks, self.secret());
+                prefetch_ahead(e, k << self.geo.chunk_shift);
+                let (node, idx) = self.node_of(e as usize);
+                match self.validate(node, idx, k, e as usize) {
+                    Ok(k) => self.release(heap, node, idx, k),
+                    Err(x) => bad_free(x),
+                }
+                heap.remote += 1;
+                e = next;
+            }
+        }
+    }
+
+    /// Queues a chain `head ..= tail` of `count` freed chunks on heap `owner`'s
+    /// semi-free list (lock-free: [`RemoteList::push`]).
+    ///
+    /// # Safety
+    /// Each entry is a live allocation of a node owned by `owner`, which the
+    /// caller gives up; `tail.next` may be overwritten.
+    #[inline]
+    pub(crate) unsafe fn semi_push(&self, owner: usize, head: *mut Semi, tail: *mut Semi) {
+        // SAFETY: the caller gives up the chain, written completely.
+        unsafe { self.slots[owner].semi.push(head, tail) };
+    }
+}

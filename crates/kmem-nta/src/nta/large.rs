@@ -1,0 +1,120 @@
+//! Large allocations: page runs of their own, each with a header page just
+//! below the data.
+
+use core::ptr::{self, NonNull};
+
+use kmem_core::sync::Ordering;
+use kmem_core::{CpuSource, Error, PageSource, Result};
+
+use crate::node::{load_check, seal, seal_freed, Node, KIND_LARGE};
+
+use super::Nta;
+
+impl<P: PageSource, C: CpuSource> Nta<P, C> {
+    /// A page run with a header page: data at `run + max(page, align)`,
+    /// header one page below the data.
+    #[cold]
+    pub(super) fn alloc_large(&self, size: usize, align: usize) -> Result<NonNull<u8>> {
+        let ps = self.source.page_size();
+        if size > isize::MAX as usize / 2 {
+            return Err(Error::TooLarge {
+                size: size as u64,
+                max: isize::MAX as u64 / 2,
+            });
+        }
+        if self.secret() == 0 {
+            self.init_secret();
+        }
+        let data_pages = size.div_ceil(ps);
+        let off = align.max(ps);
+        let pages = data_pages + off / ps;
+        let run = self
+            .source
+            .alloc_pages(pages, off / ps)
+            .map_err(|e| match e {
+                Error::BadAlign { .. } => Error::BadAlign {
+                    align: align as u64,
+                },
+                _ => Error::OutOfMemory { size: size as u64 },
+            })?;
+        let run = run.as_ptr() as usize;
+        let data = run + off;
+        let hdr = (data - ps) as *mut Node;
+        // SAFETY: the header page lies in the run we now own.
+        unsafe {
+            ptr::write(
+                hdr,
+                Node {
+                    check: core::sync::atomic::AtomicUsize::new(seal(hdr as usize, self.secret())),
+                    kind: KIND_LARGE,
+                    owner: self.current_heap() as u32,
+                    used: 0,
+                    _pad: 0,
+                    pages,
+                    run,
+                    size: data_pages * ps,
+                    prev: ptr::null_mut(),
+                    next: ptr::null_mut(),
+                },
+            );
+        }
+        core::sync::atomic::fence(Ordering::Release);
+        self.note_span(run, pages * ps);
+        self.large_runs.fetch_add(1, Ordering::Relaxed);
+        self.large_pages.fetch_add(pages, Ordering::Relaxed);
+        self.large_allocs.add(1);
+        self.large_requested.add(size as u64);
+        // SAFETY: data is inside a non-null run.
+        Ok(unsafe { NonNull::new_unchecked(data as *mut u8) })
+    }
+
+    /// Frees a large run whose header is at `hdr` (validated by the caller).
+    ///
+    /// # Safety
+    /// The run is live and the caller gives it up.
+    pub(super) unsafe fn free_large_at(&self, hdr: *mut Node) {
+        // SAFETY: a validated live large header.
+        unsafe {
+            let (run, pages) = ((*hdr).run, (*hdr).pages);
+            (*hdr)
+                .check
+                .store(seal_freed(hdr as usize, self.secret()), Ordering::Release);
+            self.large_runs.fetch_sub(1, Ordering::Relaxed);
+            self.large_pages.fetch_sub(pages, Ordering::Relaxed);
+            self.large_frees.add(1);
+            let _ = self
+                .source
+                .free_pages(NonNull::new_unchecked(run as *mut u8), pages);
+        }
+    }
+
+    /// The header of a large allocation at `addr`, if it validates.
+    #[inline]
+    pub(super) fn large_header(&self, addr: usize) -> Result<*mut Node> {
+        let ps = self.source.page_size();
+        let a = addr as u64;
+        if addr % ps != 0 {
+            return Err(Error::NotAllocated { addr: a });
+        }
+        let hdr = addr.wrapping_sub(ps);
+        if !self.in_span(hdr, 64) {
+            return Err(Error::OutOfRange { addr: a });
+        }
+        let hp = hdr as *mut Node;
+        let c = load_check(hp);
+        if c == seal(hdr, self.secret()) {
+            // SAFETY: a live header of ours.
+            let ok = unsafe { (*hp).kind == KIND_LARGE };
+            if ok {
+                return Ok(hp);
+            }
+        } else if c == seal_freed(hdr, self.secret())
+            || NonNull::new(hp.cast::<u8>()).is_some_and(|p| self.source.was_freed(p))
+        {
+            // Freed: the seal says so, or, where the source purged the
+            // header page (its bytes read zero now), the source does.
+            return Err(Error::DoubleFree { addr: a });
+        }
+        Err(Error::NotAllocated { addr: a })
+    }
+}
