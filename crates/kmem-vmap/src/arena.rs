@@ -354,7 +354,7 @@ impl<P: PageSource> VmapArena<P> {
     /// As [`alloc`](Self::alloc), with the whole area inside `[lo, hi)` (as
     /// vmalloc's `vstart`/`vend`). A range not inside the arena, or empty, is
     /// [`Error::OutOfRange`].
-    #[inline]
+    #[inline(always)]
     pub fn alloc_in(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
         if !self.park.is_null() {
             let h = &self.hint;
@@ -376,6 +376,14 @@ impl<P: PageSource> VmapArena<P> {
             }
             return self.alloc_unparking(size, align, lo, hi);
         }
+        self.alloc_search(size, align, lo, hi)
+    }
+
+    /// [`alloc_in`](Self::alloc_in) with nothing parked: out of line, so
+    /// that the undo cache's hit above stays a few instructions inline in
+    /// the caller.
+    #[inline(never)]
+    pub(super) fn alloc_search(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
         self.validate(size, align, lo, hi)?;
         // The preload: a node for the busy area and one for an NE split's
         // left remainder, so nothing below can fail half way.
@@ -579,15 +587,22 @@ impl<P: PageSource> VmapArena<P> {
             self.young[slot] = NodePtr::NULL;
             y
         } else {
-            let n = self.busy.find_start(addr);
-            if n.is_null() {
-                return Err(self.classify(addr));
-            }
-            self.busy.erase::<NoAug>(n);
-            n
+            self.unbusy_old(addr)?
         };
         self.busy_blocks -= 1;
         self.busy_bytes -= n.size();
+        Ok(n)
+    }
+
+    /// Unlinks the busy area starting at `addr` from the busy tree (an area
+    /// that left the nursery), or says why there is none.
+    #[inline(never)]
+    fn unbusy_old(&mut self, addr: u64) -> Result<NodePtr> {
+        let n = self.busy.find_start(addr);
+        if n.is_null() {
+            return Err(self.classify(addr));
+        }
+        self.busy.erase::<NoAug>(n);
         Ok(n)
     }
 
@@ -612,19 +627,32 @@ impl<P: PageSource> VmapArena<P> {
     /// [`Error::NotAllocated`] (inside a live area but not its start),
     /// [`Error::DoubleFree`] (the address is free or lazily freed). The arena
     /// is unchanged on error.
-    #[inline]
+    #[inline(always)]
     pub fn free(&mut self, addr: u64) -> Result<u64> {
         let n = self.unbusy(addr)?;
         let size = n.size();
-        if !self.park.is_null() {
-            self.unpark();
-        } else if self.hint.align != 0 && self.hint.x == addr && self.hint.floor == n.end() {
+        if self.park.is_null()
+            && self.hint.align != 0
+            && self.hint.x == addr
+            && self.hint.floor == n.end()
+        {
             // The last allocation, nothing changed since: an undo.
             self.park(n);
             return Ok(size);
         }
-        self.insert_free(n);
+        self.free_merge(n);
         Ok(size)
+    }
+
+    /// [`free`](Self::free) past the undo cache: the parked area goes back
+    /// first, then `n` merges into the free blocks. Out of line, so that
+    /// the undo stays a few instructions inline in the caller.
+    #[inline(never)]
+    fn free_merge(&mut self, n: NodePtr) {
+        if !self.park.is_null() {
+            self.unpark();
+        }
+        self.insert_free(n);
     }
 
     #[inline(always)]

@@ -67,7 +67,7 @@ impl<P: PageSource> VmapArena<P> {
                 }
             }
         }
-        self.alloc_in(size, align, lo, hi)
+        self.alloc_search(size, align, lo, hi)
     }
 
     /// Hands the parked area back to the request that made it (the hint's).
