@@ -9,7 +9,11 @@
 //! page fault per page. Each runs as its own process
 //! under each allocator through `LD_PRELOAD`, several runs interleaved; the
 //! median wall time and peak RSS are reported with ratios to glibc and to
-//! mimalloc. Every run must exit 0 and print the same checksum as under glibc.
+//! mimalloc. The multi-threaded ones run at their scale's thread count (2
+//! at quick scale) and again at the machine's CPU count when that is larger
+//! (`larson@16t`); the geometric means are over the first runs only, so
+//! that they read the same on every machine. Every run must exit 0 and
+//! print the same checksum as under glibc.
 //!
 //! Then the churn part ([`super::churn`]): a steady working set of each size
 //! band replaced at random for a fixed time under each allocator, with RSS
@@ -25,11 +29,48 @@ use crate::preload::{
 /// See the module documentation.
 pub struct MallocSuite;
 
-/// A workload: program name, arguments at smoke / quick / full scale.
+/// A workload: program name, arguments at smoke / quick / full scale, and
+/// how its first argument sets its threads (if it does).
 struct Workload {
     name: &'static str,
     case: &'static str,
     args: [&'static [&'static str]; 3],
+    threads: Threads,
+}
+
+/// What a workload's first argument counts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Threads {
+    /// Not threads: single-threaded.
+    None,
+    /// Threads.
+    First,
+    /// Producer/consumer pairs (two threads each).
+    Pairs,
+}
+
+impl Workload {
+    /// The runs of this workload at scale `idx` on a machine of `cpus`
+    /// CPUs: (case name, arguments). The scale's own thread count, and the
+    /// machine's CPU count as a second run when it is larger (the sweep
+    /// "2 threads and every CPU"); the second run's case is named
+    /// `<case>@<threads>t`.
+    fn runs(&self, idx: usize, cpus: usize) -> Vec<(String, Vec<String>)> {
+        let args: Vec<String> = self.args[idx].iter().map(|a| a.to_string()).collect();
+        let mut v = vec![(self.case.to_string(), args.clone())];
+        let per = match self.threads {
+            Threads::None => return v,
+            Threads::First => 1,
+            Threads::Pairs => 2,
+        };
+        let base = args[0].parse::<usize>().unwrap_or(1) * per;
+        if cpus > base {
+            let mut a = args;
+            a[0] = (cpus / per).max(1).to_string();
+            v.push((format!("{}@{}t", self.case, (cpus / per).max(1) * per), a));
+        }
+        v
+    }
 }
 
 const WORKLOADS: &[Workload] = &[
@@ -41,6 +82,7 @@ const WORKLOADS: &[Workload] = &[
             &["2", "10", "40000", "1000", "8", "1000"],
             &["4", "30", "100000", "2000", "8", "1000"],
         ],
+        threads: Threads::First,
     },
     Workload {
         name: "xmalloc",
@@ -50,6 +92,7 @@ const WORKLOADS: &[Workload] = &[
             &["1", "1000000", "16", "256"],
             &["2", "4000000", "16", "256"],
         ],
+        threads: Threads::Pairs,
     },
     Workload {
         name: "cache_scratch",
@@ -59,6 +102,7 @@ const WORKLOADS: &[Workload] = &[
             &["2", "2000", "8", "2000"],
             &["4", "4000", "8", "4000"],
         ],
+        threads: Threads::First,
     },
     Workload {
         name: "cache_thrash",
@@ -68,6 +112,7 @@ const WORKLOADS: &[Workload] = &[
             &["2", "2000", "8", "2000"],
             &["4", "4000", "8", "4000"],
         ],
+        threads: Threads::First,
     },
     Workload {
         name: "mstress",
@@ -77,16 +122,19 @@ const WORKLOADS: &[Workload] = &[
             &["2", "10", "60000", "4096"],
             &["4", "20", "200000", "8192"],
         ],
+        threads: Threads::First,
     },
     Workload {
         name: "glibc_simple",
         case: "glibc_simple",
         args: [&["20", "200"], &["300", "1000"], &["2000", "1000"]],
+        threads: Threads::None,
     },
     Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
+        threads: Threads::None,
     },
 ];
 
@@ -135,17 +183,24 @@ impl Suite for MallocSuite {
             out.skip(m.what, m.why);
         }
         ctx.progress
-            .set_steps(WORKLOADS.len() + super::churn::BANDS.len());
+            .set_steps(workload_runs(ctx) + super::churn::BANDS.len());
         measure(ctx, &allocs, &mut out);
         super::churn::measure(ctx, &allocs, &mut out);
         out
     }
 }
 
+/// How many workload runs [`measure`] makes at this scale on this machine.
+fn workload_runs(ctx: &Ctx<'_>) -> usize {
+    let (idx, cpus) = (ctx.scale.pick(0, 1, 2), kmem_sys::cpu::online_cpus().max(1));
+    WORKLOADS.iter().map(|w| w.runs(idx, cpus).len()).sum()
+}
+
 /// Runs every workload under every allocator (the first must be glibc).
 fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
     let runs = ctx.scale.pick(1, 5, 9);
     let idx = ctx.scale.pick(0, 1, 2);
+    let cpus = kmem_sys::cpu::online_cpus().max(1);
 
     let mut time_ratio_glibc: Vec<f64> = Vec::new();
     let mut rss_ratio_glibc: Vec<f64> = Vec::new();
@@ -167,16 +222,23 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             return;
         }
     };
-    for w in WORKLOADS {
-        ctx.progress.step(w.case);
+    for (w, case, args) in WORKLOADS
+        .iter()
+        .flat_map(|w| w.runs(idx, cpus).into_iter().map(move |(c, a)| (w, c, a)))
+    {
+        // The geometric means are over the scale's own thread counts, so
+        // that they read the same on every machine; the sweep's runs at
+        // every CPU are in the table.
+        let sweep = case != w.case;
+        let case = case.as_str();
+        ctx.progress.step(case);
         let exe = match compile_workload(w.name) {
             Ok(p) => p,
             Err(e) => {
-                out.skip(w.case, e);
+                out.skip(case, e);
                 continue;
             }
         };
-        let args = w.args[idx];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut rss: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut sums: Vec<Option<String>> = vec![None; allocs.len()];
@@ -190,7 +252,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 ctx.progress
                     .detail(&format!("run {}/{runs}, {}", r + 1, allocs[i].name));
                 let mut cmd = allocs[i].launched(&launcher, &exe);
-                cmd.args(args);
+                cmd.args(&args);
                 match kmem_sys::process::run_measured(&mut cmd) {
                     Ok(m) if m.success() => {
                         times[i].push(m.wall.as_secs_f64());
@@ -226,18 +288,18 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         for (i, a) in allocs.iter().enumerate() {
             if let Some(f) = &failed[i] {
                 out.skip(
-                    format!("{} under {}", w.case, a.name),
+                    format!("{} under {}", case, a.name),
                     format!("FAILED ({f})"),
                 );
-                out.measure(w.case, a.name.as_str(), "failed", 1.0, "bool");
+                out.measure(case, a.name.as_str(), "failed", 1.0, "bool");
                 continue;
             }
             if sums[i] != sums[g] {
                 out.notes.push(format!(
                     "{} under {}: output {:?} differs from glibc's {:?}",
-                    w.case, a.name, sums[i], sums[g]
+                    case, a.name, sums[i], sums[g]
                 ));
-                out.measure(w.case, a.name.as_str(), "wrong_output", 1.0, "bool");
+                out.measure(case, a.name.as_str(), "wrong_output", 1.0, "bool");
             }
             let tg = med_t[i] / med_t[g];
             let rg = med_r[i] / med_r[g];
@@ -245,10 +307,10 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             let rm = mi.map_or(f64::NAN, |m| med_r[i] / med_r[m]);
             let tj = je.map_or(f64::NAN, |j| med_t[i] / med_t[j]);
             let rj = je.map_or(f64::NAN, |j| med_r[i] / med_r[j]);
-            out.measure(w.case, a.name.as_str(), "wall_s", med_t[i], "s");
-            out.measure(w.case, a.name.as_str(), "peak_rss_mib", med_r[i], "MiB");
-            out.measure(w.case, a.name.as_str(), "time_ratio_to_glibc", tg, "x");
-            out.measure(w.case, a.name.as_str(), "rss_ratio_to_glibc", rg, "x");
+            out.measure(case, a.name.as_str(), "wall_s", med_t[i], "s");
+            out.measure(case, a.name.as_str(), "peak_rss_mib", med_r[i], "MiB");
+            out.measure(case, a.name.as_str(), "time_ratio_to_glibc", tg, "x");
+            out.measure(case, a.name.as_str(), "rss_ratio_to_glibc", rg, "x");
             for (metric, v) in [
                 ("time_ratio_to_mimalloc", tm),
                 ("rss_ratio_to_mimalloc", rm),
@@ -256,10 +318,10 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 ("rss_ratio_to_jemalloc", rj),
             ] {
                 if v.is_finite() {
-                    out.measure(w.case, a.name.as_str(), metric, v, "x");
+                    out.measure(case, a.name.as_str(), metric, v, "x");
                 }
             }
-            if a.name == "kmem" {
+            if a.name == "kmem" && !sweep {
                 time_ratio_glibc.push(tg);
                 rss_ratio_glibc.push(rg);
                 for (p, ts, rs) in kmem_to_peer.iter_mut() {
@@ -270,7 +332,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 }
             }
             t.row(vec![
-                w.case.into(),
+                case.into(),
                 a.name.clone(),
                 format!("{:.3}", med_t[i]),
                 fmt_num(med_r[i]),
@@ -312,6 +374,25 @@ mod tests {
     use crate::output::Scale;
     use crate::progress::Progress;
 
+    #[test]
+    fn thread_sweep_adds_a_run_at_every_cpu() {
+        let larson = WORKLOADS.iter().find(|w| w.name == "larson").unwrap();
+        // Quick scale: 2 threads; on 2 CPUs nothing more, on 16 a run at 16.
+        assert_eq!(larson.runs(1, 2).len(), 1);
+        let r = larson.runs(1, 16);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].0, "larson@16t");
+        assert_eq!(r[1].1[0], "16");
+        assert_eq!(r[1].1[1..], r[0].1[1..]);
+        // Pairs: 16 CPUs are 8 producer/consumer pairs.
+        let x = WORKLOADS.iter().find(|w| w.name == "xmalloc").unwrap();
+        let r = x.runs(1, 16);
+        assert_eq!((r[1].0.as_str(), r[1].1[0].as_str()), ("xmalloc@16t", "8"));
+        // Single-threaded programs are not swept.
+        let g = WORKLOADS.iter().find(|w| w.name == "glibc_simple").unwrap();
+        assert_eq!(g.runs(1, 16).len(), 1);
+    }
+
     /// Runs the workloads at smoke scale under glibc and the installed peers
     /// (kmem's own runs are tested in kmem-malloc): every workload must run and
     /// agree with glibc.
@@ -339,11 +420,12 @@ mod tests {
             eprintln!("no C compiler; skipped");
             return;
         }
-        for w in WORKLOADS {
+        let cpus = kmem_sys::cpu::online_cpus().max(1);
+        for (case, _) in WORKLOADS.iter().flat_map(|w| w.runs(0, cpus)) {
             assert!(
-                out.value(w.case, "glibc", "wall_s").is_some(),
+                out.value(&case, "glibc", "wall_s").is_some(),
                 "{} did not run: {:?}",
-                w.case,
+                case,
                 out.notes
             );
         }
