@@ -761,9 +761,8 @@ mod shuffle_tests {
     use super::FrontCache;
     use crate::{Config, Nta};
 
-    #[test]
-    fn shuffle_keeps_every_chunk_and_changes_the_order() {
-        let mut b = vec![0u64; 65 * 4096 / 8];
+    /// An nta of 64-byte chunks and 32 KiB nodes, one heap, over `b`.
+    fn nta_over(b: &mut [u64]) -> Nta<FixedSource<'_>, Cpus> {
         // SAFETY: viewing the u64 buffer as bytes.
         let bytes =
             unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
@@ -775,7 +774,13 @@ mod shuffle_tests {
             reserve_nodes: 1,
             steal: false,
         };
-        let nta = Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap();
+        Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap()
+    }
+
+    #[test]
+    fn shuffle_keeps_every_chunk_and_changes_the_order() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        let nta = nta_over(&mut b);
         let mut front = FrontCache::new();
         let mut seed = 7u64;
         // SAFETY: a cache filled from nta only; every chunk popped is given
@@ -827,18 +832,7 @@ mod shuffle_tests {
     #[test]
     fn a_class_that_cycles_grows_until_its_batch_fits() {
         let mut b = vec![0u64; 513 * 4096 / 8];
-        // SAFETY: viewing the u64 buffer as bytes.
-        let bytes =
-            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
-        let src = FixedSource::new(bytes, 4096).unwrap();
-        let cfg = Config {
-            chunk_size: 64,
-            node_size: 32 << 10,
-            heaps: 1,
-            reserve_nodes: 1,
-            steal: false,
-        };
-        let nta = Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap();
+        let nta = nta_over(&mut b);
         let mut front = FrontCache::new();
         let base = super::LIMITS[1] as usize;
         // SAFETY: a cache over nta only; every chunk is given back once.
