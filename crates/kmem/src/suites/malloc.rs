@@ -1,8 +1,9 @@
 //! Suite `malloc`: whole programs under glibc, kmem and the installed peers.
 //!
 //! Workloads shaped like the standard allocator benchmarks, written here as C
-//! programs in `crates/kmem-malloc/workloads/`: a larson-like server
-//! simulation, an xmalloc-like producer/consumer, cache-scratch and
+//! programs in `crates/kmem-malloc/workloads/`: Larson and Krishnan's server
+//! benchmark with its published parameters (threads that hand their blocks
+//! to a successor and exit), an xmalloc-like producer/consumer, cache-scratch and
 //! cache-thrash (false sharing), an mstress-like mix of sizes and lifetimes,
 //! a glibc-simple-like single-threaded loop, and large blocks (5-25 MiB)
 //! replaced at random, where giving freed blocks back too soon costs a
@@ -77,10 +78,12 @@ const WORKLOADS: &[Workload] = &[
     Workload {
         name: "larson",
         case: "larson",
+        // Threads, generations of threads per slot, then the published
+        // blocks per thread (5000), rounds (100) and sizes (8-1000 B).
         args: [
-            &["2", "2", "2000", "500", "8", "1000"],
-            &["2", "10", "40000", "1000", "8", "1000"],
-            &["4", "30", "100000", "2000", "8", "1000"],
+            &["2", "2", "1000", "2", "8", "1000"],
+            &["2", "10", "5000", "100", "8", "1000"],
+            &["4", "30", "5000", "100", "8", "1000"],
         ],
         threads: Threads::First,
     },
