@@ -1,90 +1,111 @@
-/* An mstress-like mix (after mimalloc-bench's mstress): threads allocate blocks
- * of mostly small and sometimes large sizes, keep them in a shared table for a
- * random lifetime, and free blocks that other threads allocated; some blocks
- * are reallocated in place. Sizes: 90 % 8..256 B, 9 % 256 B..16 KiB,
- * 1 % 16 KiB..1 MiB.
+/* mstress: the shape of mimalloc's multi-threaded stress test, which
+ * mimalloc-bench runs as `mstress`. Each of T threads makes blocks of 1 to
+ * 16 words (1 to 64 for those it keeps to its end), 1 % of them a hundred
+ * times larger (a tenth of those a thousand times, a hundredth ten
+ * thousand), with calloc, fills them and checks them when freeing; it
+ * frees two in three of its blocks at random soon after, and swaps one in
+ * four with a slot of a table that all threads share, so blocks move
+ * between threads. Thread t makes 100 * SCALE * (t % 8 + 1) blocks plus
+ * half as many kept ones. ITER times all threads are started and joined;
+ * between two iterations half of the shared table is freed by the main
+ * thread, the rest lives on into the next threads.
  *
- * usage: mstress THREADS ROUNDS OPS_PER_ROUND TABLE_SIZE */
+ * The blocks made depend only on the arguments (each thread draws from its
+ * own generator); which thread frees which block depends on timing. The
+ * checksum is over the blocks made, and the program checks that every one
+ * of them was freed exactly once with its contents intact.
+ *
+ * usage: mstress THREADS SCALE ITER */
 #include "common.h"
 #include <pthread.h>
+#include <stdatomic.h>
 
-typedef struct { pthread_mutex_t mu; unsigned char *p; size_t n; uint64_t tag; } cell_t;
+#define SLOTS 1000
+static _Atomic(uint64_t *) shared[SLOTS];
+static long T, SCALE, ITER;
+static _Atomic uint64_t made, freed;
+static const uint64_t COOKIE = 0x5bd1e9955bd1e995ULL;
 
-static long T, R, OPS, TABLE;
-static cell_t *table;
-static uint64_t sums[256];
+static int chance(uint64_t *s, unsigned percent) { return rng_next(s) % 100 < percent; }
 
-static size_t pick_size(uint64_t *s) {
-  uint64_t r = rng_next(s) % 100;
-  if (r < 90) return rng_range(s, 8, 256);
-  if (r < 99) return rng_range(s, 257, 16384);
-  return rng_range(s, 16385, 1 << 20);
+static uint64_t *make(uint64_t *s, size_t words) {
+  if (chance(s, 1)) {
+    if (chance(s, 1)) words *= 10000;
+    else if (chance(s, 10)) words *= 1000;
+    else words *= 100;
+  }
+  uint64_t *p = calloc(words, sizeof *p);
+  if (!p) die("calloc returned NULL");
+  for (size_t i = 0; i < words; i++) {
+    if (p[i] != 0) die("calloc returned memory that is not zero");
+    p[i] = (words - i) ^ COOKIE;
+  }
+  atomic_fetch_add_explicit(&made, words, memory_order_relaxed);
+  return p;
+}
+
+static void drop(uint64_t *p) {
+  if (!p) return;
+  size_t words = (size_t)(p[0] ^ COOKIE);
+  for (size_t i = 0; i < words; i++)
+    if ((p[i] ^ COOKIE) != words - i) die("a block changed while it was live");
+  atomic_fetch_add_explicit(&freed, words, memory_order_relaxed);
+  free(p);
 }
 
 static void *worker(void *arg) {
   long id = (long)arg;
-  uint64_t seed = 0xabcdefULL + (uint64_t)id * 104729;
-  uint64_t sum = 0;
-  for (long r = 0; r < R; r++) {
-    for (long k = 0; k < OPS; k++) {
-      cell_t *c = &table[rng_range(&seed, 0, TABLE - 1)];
-      size_t n = pick_size(&seed);
-      uint64_t tag = rng_next(&seed);
-      int op = (int)(rng_next(&seed) % 8);
-      pthread_mutex_lock(&c->mu);
-      if (c->p) {
-        verify(c->p, c->n, c->tag);
-        sum = mix(sum, c->n);
-        if (op == 0) {
-          /* realloc: contents up to the smaller size must survive */
-          unsigned char *q = realloc(c->p, n);
-          if (!q) die("realloc returned NULL");
-          size_t keep = c->n < n ? c->n : n;
-          verify(q, keep < 8 ? keep : 8, c->tag);
-          c->p = q;
-        } else {
-          free(c->p);
-          c->p = xmalloc(n);
-        }
-      } else {
-        c->p = xmalloc(n);
+  uint64_t seed = 0x9e3779b97f4a7c15ULL * (uint64_t)(id + 1);
+  size_t todo = (size_t)(100 * SCALE * (id % 8 + 1)), keep = todo / 2;
+  uint64_t **data = NULL, **kept = calloc(keep + 1, sizeof *kept);
+  size_t cap = 0, top = 0, ktop = 0;
+  if (!kept) die("calloc");
+  while (todo > 0 || keep > 0) {
+    if (keep == 0 || (todo > 0 && chance(&seed, 50))) {
+      todo--;
+      if (top == cap) {
+        cap += 10000;
+        data = realloc(data, cap * sizeof *data);
+        if (!data) die("realloc returned NULL");
       }
-      c->n = n;
-      c->tag = tag;
-      fill(c->p, n, tag);
-      pthread_mutex_unlock(&c->mu);
+      data[top++] = make(&seed, (size_t)1 << (rng_next(&seed) % 5));
+    } else {
+      kept[ktop++] = make(&seed, (size_t)1 << (rng_next(&seed) % 7));
+      keep--;
+    }
+    if (top > 0 && chance(&seed, 66)) {
+      size_t i = (size_t)(rng_next(&seed) % top);
+      drop(data[i]);
+      data[i] = NULL;
+    }
+    if (top > 0 && chance(&seed, 25)) {
+      size_t i = (size_t)(rng_next(&seed) % top);
+      size_t j = (size_t)(rng_next(&seed) % SLOTS);
+      data[i] = atomic_exchange(&shared[j], data[i]);
     }
   }
-  sums[id] = sum;
+  for (size_t i = 0; i < ktop; i++) drop(kept[i]);
+  for (size_t i = 0; i < top; i++) drop(data[i]);
+  free(kept);
+  free(data);
   return NULL;
 }
 
 int main(int argc, char **argv) {
   T = arg_long(argc, argv, 1, 2);
-  R = arg_long(argc, argv, 2, 10);
-  OPS = arg_long(argc, argv, 3, 50000);
-  TABLE = arg_long(argc, argv, 4, 4096);
-  if (T < 1 || T > 256 || TABLE < 1) die("bad arguments");
-  table = calloc((size_t)TABLE, sizeof *table);
-  if (!table) die("calloc");
-  for (long i = 0; i < TABLE; i++) pthread_mutex_init(&table[i].mu, NULL);
+  SCALE = arg_long(argc, argv, 2, 50);
+  ITER = arg_long(argc, argv, 3, 25);
+  if (T < 1 || T > 256 || SCALE < 1 || ITER < 1) die("bad arguments");
   pthread_t th[256];
-  for (long i = 0; i < T; i++) pthread_create(&th[i], NULL, worker, (void *)i);
-  for (long i = 0; i < T; i++) pthread_join(th[i], NULL);
-  /* Interleaving makes the per-thread sums depend on timing; the final table
-   * does not: check it and report its shape. */
-  uint64_t h = 0;
-  long live = 0;
-  for (long i = 0; i < TABLE; i++) {
-    if (table[i].p) {
-      verify(table[i].p, table[i].n, table[i].tag);
-      live++;
-      free(table[i].p);
-    }
+  uint64_t seed = 0x7feb352d;
+  for (long n = 0; n < ITER; n++) {
+    for (long i = 0; i < T; i++)
+      if (pthread_create(&th[i], NULL, worker, (void *)i) != 0) die("pthread_create");
+    for (long i = 0; i < T; i++) pthread_join(th[i], NULL);
+    for (long j = 0; j < SLOTS; j++)
+      if (n + 1 == ITER || chance(&seed, 50)) drop(atomic_exchange(&shared[j], NULL));
   }
-  (void)sums;
-  h = mix(h, (uint64_t)(T == 1 ? live : 0));
-  free(table);
-  printf("checksum %016llx\n", (unsigned long long)h);
+  if (atomic_load(&made) != atomic_load(&freed)) die("blocks were lost or freed twice");
+  printf("checksum %016llx\n", (unsigned long long)mix(atomic_load(&made), (uint64_t)T));
   return 0;
 }

@@ -4,7 +4,10 @@
 //! programs in `crates/kmem-malloc/workloads/`: Larson and Krishnan's server
 //! benchmark with its published parameters (threads that hand their blocks
 //! to a successor and exit), an xmalloc-like producer/consumer, cache-scratch and
-//! cache-thrash (false sharing), an mstress-like mix of sizes and lifetimes,
+//! cache-thrash (false sharing), mstress (the shape of mimalloc's stress
+//! test: calloc'd blocks of powers of two words, some very large, swapped
+//! between threads through a shared table, threads restarted every
+//! iteration),
 //! a glibc-simple-like single-threaded loop, and large blocks (5-25 MiB)
 //! replaced at random, where giving freed blocks back too soon costs a
 //! page fault per page. Each runs as its own process
@@ -120,11 +123,9 @@ const WORKLOADS: &[Workload] = &[
     Workload {
         name: "mstress",
         case: "mstress",
-        args: [
-            &["2", "2", "5000", "1024"],
-            &["2", "10", "60000", "4096"],
-            &["4", "20", "200000", "8192"],
-        ],
+        // Threads, scale (thread t makes 100 * scale * (t % 8 + 1) blocks),
+        // iterations (all threads started and joined again).
+        args: [&["2", "5", "2"], &["2", "50", "25"], &["4", "100", "50"]],
         threads: Threads::First,
     },
     Workload {
