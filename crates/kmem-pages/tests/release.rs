@@ -48,9 +48,9 @@ fn past_the_limit_frees_go_back_at_once_down_to_retain() {
     );
     let mut p = pages_of(&a, 300);
     p.sort_by_key(|q| q.as_ptr() as usize);
-    // Free 100 pages in the middle (the top stays in use): 100 > the
-    // limit of 64 pages.
-    for &q in &p[100..200] {
+    // Free 200 pages in the middle (the top stays in use): 200 > the
+    // limit, the larger of 8 x retain (64 pages) and the 100 in use.
+    for &q in &p[50..250] {
         // SAFETY: live pages, freed once.
         unsafe { a.free_page(q).unwrap() };
     }
@@ -58,13 +58,39 @@ fn past_the_limit_frees_go_back_at_once_down_to_retain() {
     a.check().unwrap();
     assert_eq!(a.dirty_free_pages(), 8);
     // The lowest eight kept their data; the rest were given back.
-    assert!(p[100..108].iter().all(|&q| first_byte(q) != 0));
-    assert!(p[108..200].iter().all(|&q| first_byte(q) == 0));
+    assert!(p[50..58].iter().all(|&q| first_byte(q) != 0));
+    assert!(p[58..250].iter().all(|&q| first_byte(q) == 0));
     // Known zero now: a zeroed request takes one without clearing, and it
     // reads zero.
     let z = a.alloc_page_zeroed().unwrap();
     assert_eq!(first_byte(z), 0);
     a.check().unwrap();
+}
+
+/// Up to the memory in use, freed pages stay backed until the delay: a
+/// heap's holes are what its next allocations reuse.
+#[test]
+fn frees_up_to_the_memory_in_use_stay_backed() {
+    bind_simulated_cpu(0);
+    let ps = kmem_sys::page_size();
+    let a = allocator(
+        4096,
+        ReturnPolicy {
+            retain: 8 * ps,
+            delay_ms: 60_000,
+        },
+    );
+    let mut p = pages_of(&a, 300);
+    p.sort_by_key(|q| q.as_ptr() as usize);
+    // 100 freed, 200 in use: past 8 x retain (64 pages), not past the 200.
+    for &q in &p[100..200] {
+        // SAFETY: live pages, freed once.
+        unsafe { a.free_page(q).unwrap() };
+    }
+    a.maintain();
+    a.check().unwrap();
+    assert_eq!(a.dirty_free_pages(), 100);
+    assert!(p[100..200].iter().all(|&q| first_byte(q) != 0));
 }
 
 #[test]
