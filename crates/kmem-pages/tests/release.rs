@@ -35,8 +35,12 @@ fn first_byte(p: NonNull<u8>) -> u8 {
     unsafe { *p.as_ptr() }
 }
 
-#[test]
-fn past_the_limit_frees_go_back_at_once_down_to_retain() {
+/// 300 pages, sorted by address, with `freed` of them freed (the top stays
+/// in use), under 8 pages retained and a delay no test reaches; then one
+/// round of maintenance.
+fn freed_in_the_middle(
+    freed: std::ops::Range<usize>,
+) -> (PageAllocator<'static>, Vec<NonNull<u8>>) {
     bind_simulated_cpu(0);
     let ps = kmem_sys::page_size();
     let a = allocator(
@@ -48,14 +52,20 @@ fn past_the_limit_frees_go_back_at_once_down_to_retain() {
     );
     let mut p = pages_of(&a, 300);
     p.sort_by_key(|q| q.as_ptr() as usize);
-    // Free 200 pages in the middle (the top stays in use): 200 > the
-    // limit, the larger of 8 x retain (64 pages) and the 100 in use.
-    for &q in &p[50..250] {
+    for &q in &p[freed] {
         // SAFETY: live pages, freed once.
         unsafe { a.free_page(q).unwrap() };
     }
     a.maintain();
     a.check().unwrap();
+    (a, p)
+}
+
+#[test]
+fn past_the_limit_frees_go_back_at_once_down_to_retain() {
+    // 200 freed > the limit, the larger of 8 x retain (64 pages) and the
+    // 100 in use.
+    let (a, p) = freed_in_the_middle(50..250);
     assert_eq!(a.dirty_free_pages(), 8);
     // The lowest eight kept their data; the rest were given back.
     assert!(p[50..58].iter().all(|&q| first_byte(q) != 0));
@@ -71,24 +81,8 @@ fn past_the_limit_frees_go_back_at_once_down_to_retain() {
 /// heap's holes are what its next allocations reuse.
 #[test]
 fn frees_up_to_the_memory_in_use_stay_backed() {
-    bind_simulated_cpu(0);
-    let ps = kmem_sys::page_size();
-    let a = allocator(
-        4096,
-        ReturnPolicy {
-            retain: 8 * ps,
-            delay_ms: 60_000,
-        },
-    );
-    let mut p = pages_of(&a, 300);
-    p.sort_by_key(|q| q.as_ptr() as usize);
     // 100 freed, 200 in use: past 8 x retain (64 pages), not past the 200.
-    for &q in &p[100..200] {
-        // SAFETY: live pages, freed once.
-        unsafe { a.free_page(q).unwrap() };
-    }
-    a.maintain();
-    a.check().unwrap();
+    let (a, p) = freed_in_the_middle(100..200);
     assert_eq!(a.dirty_free_pages(), 100);
     assert!(p[100..200].iter().all(|&q| first_byte(q) != 0));
 }
