@@ -125,6 +125,18 @@ pub(crate) const MAX_LIMITS: [u32; FRONT_CLASSES + 1] = {
     t
 };
 
+/// The bound of class `k` (1..=[`FRONT_CLASSES`]) after `grow` doublings:
+/// its base, doubled, at most [`MAX_LIMITS`]`[k]`.
+#[inline(always)]
+const fn class_limit(k: usize, grow: u8) -> u32 {
+    let l = LIMITS[k] << grow;
+    if l < MAX_LIMITS[k] {
+        l
+    } else {
+        MAX_LIMITS[k]
+    }
+}
+
 /// Entries a class keeps while this thread only frees it (it never refilled
 /// the class): a batch to hand back under one lock, not a stock to allocate
 /// from.
@@ -269,16 +281,10 @@ impl FrontCache {
         }
     }
 
-    /// The bound of class `k` now: its base, doubled `grow[k]` times, at
-    /// most [`MAX_LIMITS`]`[k]`.
+    /// The bound of class `k` now (see [`class_limit`]).
     #[inline(always)]
     fn limit(&self, k: usize) -> u32 {
-        let l = LIMITS[k] << self.grow[k];
-        if l < MAX_LIMITS[k] {
-            l
-        } else {
-            MAX_LIMITS[k]
-        }
+        class_limit(k, self.grow[k])
     }
 
     /// Bytes of chunks the cache holds.
@@ -457,13 +463,12 @@ impl FrontCache {
         let mut got: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
-        let limits: [u32; FRONT_CLASSES + 1] =
-            core::array::from_fn(|kk| if kk == 0 { 0 } else { self.limit(kk) });
-        let (heads, counts, bytes, link) = (
+        let (heads, counts, bytes, link, grow) = (
             &mut self.heads,
             &mut self.counts,
             &mut self.bytes,
             &mut self.link,
+            &self.grow,
         );
         let mut secret = nta.secret();
         if *link == 0 && secret != 0 {
@@ -490,7 +495,10 @@ impl FrontCache {
                 return true;
             }
             // A remote free of another size: keep it if its class has room.
-            if kk > FRONT_CLASSES || counts[kk] >= limits[kk] || *bytes >= FRONT_BYTES {
+            if kk > FRONT_CLASSES
+                || counts[kk] >= class_limit(kk, grow[kk])
+                || *bytes >= FRONT_BYTES
+            {
                 return false;
             }
             // SAFETY: an allocation of kk chunks handed to us.
