@@ -69,9 +69,13 @@
 //! uninitialised memory. nta decodes the chains it is given back as it
 //! walks them (`free_batch`).
 //!
-//! **Units.** The allocator's chunks must be [`FRONT_CHUNK`] (64) bytes, so
-//! that class arithmetic is shifts by constants; a cache over any other
-//! geometry never caches (`refill` returns null, `push` frees at once).
+//! **Units.** A cache's chunk size is part of its type
+//! ([`FrontCacheOf`]`<SHIFT, N>`), so that class arithmetic is shifts by
+//! constants: [`FrontCache`] over 64-byte chunks (classes up to 4 KiB),
+//! [`TinyCache`] over 16-byte chunks (16, 32 and 48 bytes, for an nta of
+//! 16-byte chunks that serves tiny requests at their size). A cache over an
+//! nta of another chunk size never caches (`refill` returns null, `push`
+//! frees at once).
 
 use core::ptr;
 
@@ -90,9 +94,10 @@ pub const FRONT_MAX: usize = FRONT_CLASSES * FRONT_CHUNK;
 /// Most bytes one thread's front cache holds.
 pub const FRONT_BYTES: usize = 1 << 20;
 
-/// Entries kept per class: about 32 KiB of each, 16 to 256 entries.
-const fn limit(k: usize) -> u32 {
-    let n = (32 << 10) / (k * FRONT_CHUNK);
+/// Entries kept per class of `k` chunks of `chunk` bytes: about 32 KiB of
+/// each, 16 to 256 entries.
+const fn limit(k: usize, chunk: usize) -> u32 {
+    let n = (32 << 10) / (k * chunk);
     if n < 16 {
         16
     } else if n > 256 {
@@ -102,61 +107,53 @@ const fn limit(k: usize) -> u32 {
     }
 }
 
-pub(crate) const LIMITS: [u32; FRONT_CLASSES + 1] = {
-    let mut t = [0u32; FRONT_CLASSES + 1];
+/// The base bound of every class (index 0 unused) of a cache of `N - 1`
+/// classes of `chunk`-byte chunks.
+const fn limits<const N: usize>(chunk: usize) -> [u32; N] {
+    let mut t = [0u32; N];
     let mut k = 1;
-    while k <= FRONT_CLASSES {
-        t[k] = limit(k);
+    while k < N {
+        t[k] = limit(k, chunk);
         k += 1;
     }
     t
-};
-
-/// The most entries a class may grow to: half of [`FRONT_BYTES`] (never
-/// below its base bound). See "Classes grow" in the module documentation.
-pub(crate) const MAX_LIMITS: [u32; FRONT_CLASSES + 1] = {
-    let mut t = [0u32; FRONT_CLASSES + 1];
-    let mut k = 1;
-    while k <= FRONT_CLASSES {
-        let n = (FRONT_BYTES / 2 / (k * FRONT_CHUNK)) as u32;
-        t[k] = if n > LIMITS[k] { n } else { LIMITS[k] };
-        k += 1;
-    }
-    t
-};
-
-/// The bound of class `k` (1..=[`FRONT_CLASSES`]) after `grow` doublings:
-/// its base, doubled, at most [`MAX_LIMITS`]`[k]`.
-#[inline(always)]
-const fn class_limit(k: usize, grow: u8) -> u32 {
-    let l = LIMITS[k] << grow;
-    if l < MAX_LIMITS[k] {
-        l
-    } else {
-        MAX_LIMITS[k]
-    }
 }
 
-/// Entries a class keeps while this thread only frees it (it never refilled
-/// the class): a batch to hand back under one lock, not a stock to allocate
-/// from.
-pub const FREE_ONLY: u32 = 32;
+/// The most entries each class may grow to: half of `bytes` (never below
+/// its base bound). See "Classes grow" in the module documentation.
+const fn max_limits<const N: usize>(chunk: usize, bytes: usize) -> [u32; N] {
+    let base = limits::<N>(chunk);
+    let mut t = [0u32; N];
+    let mut k = 1;
+    while k < N {
+        let n = (bytes / 2 / (k * chunk)) as u32;
+        t[k] = if n > base[k] { n } else { base[k] };
+        k += 1;
+    }
+    t
+}
 
 /// The count at which a push looks closer: the class's bound, or
 /// [`FREE_ONLY`] if that is lower.
-const WATCH: [u32; FRONT_CLASSES + 1] = {
-    let mut t = [0u32; FRONT_CLASSES + 1];
+const fn watch<const N: usize>(chunk: usize) -> [u32; N] {
+    let base = limits::<N>(chunk);
+    let mut t = [0u32; N];
     let mut k = 1;
-    while k <= FRONT_CLASSES {
-        t[k] = if LIMITS[k] < FREE_ONLY {
-            LIMITS[k]
+    while k < N {
+        t[k] = if base[k] < FREE_ONLY {
+            base[k]
         } else {
             FREE_ONLY
         };
         k += 1;
     }
     t
-};
+}
+
+/// Entries a class keeps while this thread only frees it (it never refilled
+/// the class): a batch to hand back under one lock, not a stock to allocate
+/// from.
+pub const FREE_ONLY: u32 = 32;
 
 /// The class (size in 64-byte chunks) of a request of `size` bytes, if the
 /// front cache serves it.
@@ -188,32 +185,61 @@ unsafe fn free_now<P: PageSource, C: CpuSource>(nta: &Nta<P, C>, p: *mut u8) {
     }
 }
 
-/// One thread's cache of recently freed chunks, by size in chunks. See the
-/// module documentation.
+/// One thread's cache of recently freed chunks of `1 << SHIFT` bytes, by
+/// size in chunks: classes 1 to `N - 1` (index 0 unused). See the module
+/// documentation; [`FrontCache`] and [`TinyCache`] are the two in use.
 #[repr(C)]
-pub struct FrontCache {
+pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The key of the encoded links (see the module documentation); 0 until
     /// the first chunk arrives.
     link: usize,
-    heads: [*mut Semi; FRONT_CLASSES + 1],
-    counts: [u32; FRONT_CLASSES + 1],
+    heads: [*mut Semi; N],
+    counts: [u32; N],
     bytes: usize,
     /// Bit `k - 1` set once this thread has refilled class `k`: a class it
     /// never refilled, it only frees.
     refilled: u64,
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
-    fills: [u8; FRONT_CLASSES + 1],
+    fills: [u8; N],
     /// Refills of the whole cache and hand-backs of free-only classes
     /// (wrapping): the clock of idleness.
     refills: u16,
     /// `refills` at each class's last refill or flush.
-    active: [u16; FRONT_CLASSES + 1],
+    active: [u16; N],
     /// Doublings of each class's bound (see "Classes grow"); 0: the base.
-    grow: [u8; FRONT_CLASSES + 1],
+    grow: [u8; N],
     /// Bit `k - 1` set when class `k` was refilled since it last overflowed.
     cycled: u64,
     /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
     pushes: u8,
+}
+
+/// The cache over nta's 64-byte chunks: classes of 1 to 64 chunks (up to
+/// [`FRONT_MAX`], 4 KiB), at most [`FRONT_BYTES`].
+pub type FrontCache = FrontCacheOf<SHIFT, { FRONT_CLASSES + 1 }>;
+
+/// Chunk size of a [`TinyCache`]: the 16-byte granule of `malloc`.
+pub const TINY_CHUNK: usize = 16;
+/// Size classes a [`TinyCache`] serves: 16, 32 and 48 bytes.
+pub const TINY_CLASSES: usize = 3;
+/// Largest request a [`TinyCache`] serves.
+pub const TINY_MAX: usize = TINY_CLASSES * TINY_CHUNK;
+
+/// The cache over an nta of 16-byte chunks (kmem-malloc's and
+/// [`KmemNta`](crate::KmemNta)'s tiny requests): classes of 16, 32 and 48
+/// bytes, at most a quarter of [`FRONT_BYTES`].
+pub type TinyCache = FrontCacheOf<{ TINY_CHUNK.trailing_zeros() }, { TINY_CLASSES + 1 }>;
+
+/// The tiny class (size in 16-byte chunks) of a request of `size` bytes,
+/// if it is at most [`TINY_MAX`].
+#[inline(always)]
+pub const fn tiny_class(size: usize) -> Option<usize> {
+    if size <= TINY_MAX {
+        let k = (size + TINY_CHUNK - 1) >> TINY_CHUNK.trailing_zeros();
+        Some(if k == 0 { 1 } else { k })
+    } else {
+        None
+    }
 }
 
 /// Pushes between two looks at nta's maintenance clock (the wrap of a
@@ -241,14 +267,14 @@ const FILL_STEPS: u8 = 5;
 /// buffer and nothing else of its size should not make eight of them
 /// resident; one that keeps allocating reaches the full batch within six
 /// refills.
-const fn fill_count(k: usize, fills: u8, limit: u32) -> usize {
+const fn fill_count(k: usize, chunk: usize, fills: u8, limit: u32) -> usize {
     let full = (limit / 2) as usize;
     let s = if fills > FILL_STEPS {
         FILL_STEPS
     } else {
         fills
     };
-    let n = (FILL_START << s) / (k * FRONT_CHUNK);
+    let n = (FILL_START << s) / (k * chunk);
     let n = if n < full { n } else { full };
     if n == 0 {
         1
@@ -257,34 +283,63 @@ const fn fill_count(k: usize, fills: u8, limit: u32) -> usize {
     }
 }
 
-impl Default for FrontCache {
+impl<const SHIFT: u32, const N: usize> Default for FrontCacheOf<SHIFT, N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl FrontCache {
+impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
+    /// Chunk size in bytes.
+    pub const CHUNK: usize = 1 << SHIFT;
+    /// Classes: 1 to `CLASSES` chunks.
+    pub const CLASSES: usize = N - 1;
+    /// Most bytes the cache holds: [`BYTES`](Self::BYTES) for 64-byte chunks, less
+    /// in proportion for smaller ones (the same number of entries).
+    pub const BYTES: usize = FRONT_BYTES >> (FRONT_CHUNK.trailing_zeros() - SHIFT);
+    /// Base bound of each class (entries).
+    pub(crate) const LIMITS: [u32; N] = limits::<N>(1 << SHIFT);
+    /// Most entries each class may grow to.
+    pub(crate) const MAX_LIMITS: [u32; N] = max_limits::<N>(1 << SHIFT, Self::BYTES);
+    const WATCH: [u32; N] = watch::<N>(1 << SHIFT);
+    /// Chunks of 16 to 64 bytes (two words fit, class arithmetic by
+    /// shifts), at most 64 classes (the bit sets are u64).
+    const SHAPE: () = assert!(SHIFT >= 4 && SHIFT <= 6 && N >= 2 && N <= 65);
+
     /// An empty cache (all zero bytes).
-    pub const fn new() -> FrontCache {
-        FrontCache {
+    pub const fn new() -> Self {
+        let () = Self::SHAPE;
+        FrontCacheOf {
             link: 0,
-            heads: [ptr::null_mut(); FRONT_CLASSES + 1],
-            counts: [0; FRONT_CLASSES + 1],
+            heads: [ptr::null_mut(); N],
+            counts: [0; N],
             bytes: 0,
-            fills: [0; FRONT_CLASSES + 1],
+            fills: [0; N],
             refilled: 0,
             refills: 0,
-            active: [0; FRONT_CLASSES + 1],
-            grow: [0; FRONT_CLASSES + 1],
+            active: [0; N],
+            grow: [0; N],
             cycled: 0,
             pushes: 0,
         }
     }
 
-    /// The bound of class `k` now (see [`class_limit`]).
+    /// The bound of class `k` (1..`N`) after `grow` doublings: its base,
+    /// doubled, at most [`MAX_LIMITS`](Self::MAX_LIMITS)`[k]`.
+    #[inline(always)]
+    const fn class_limit(k: usize, grow: u8) -> u32 {
+        let l = Self::LIMITS[k] << grow;
+        if l < Self::MAX_LIMITS[k] {
+            l
+        } else {
+            Self::MAX_LIMITS[k]
+        }
+    }
+
+    /// The bound of class `k` now (see [`class_limit`](Self::class_limit)).
     #[inline(always)]
     fn limit(&self, k: usize) -> u32 {
-        class_limit(k, self.grow[k])
+        Self::class_limit(k, self.grow[k])
     }
 
     /// Bytes of chunks the cache holds.
@@ -297,7 +352,7 @@ impl FrontCache {
         self.counts.get(k).map_or(0, |&c| c as usize)
     }
 
-    /// Takes a chunk of class `k` (1..=[`FRONT_CLASSES`]), or null when the
+    /// Takes a chunk of class `k` (1..`N`), or null when the
     /// class is empty or out of range.
     #[inline(always)]
     pub fn pop(&mut self, k: usize) -> *mut u8 {
@@ -307,7 +362,7 @@ impl FrontCache {
         if !p.is_null() {
             // SAFETY: cached chunks are allocated chunks this cache owns.
             unsafe {
-                let next = link_decode(p, (*p).next, self.link, FRONT_CHUNK);
+                let next = link_decode(p, (*p).next, self.link, Self::CHUNK);
                 self.heads[k] = next;
                 (*p).next = ptr::null_mut();
                 (*p).chunks = 0;
@@ -363,7 +418,7 @@ impl FrontCache {
         for slot in v.iter_mut().take(n) {
             *slot = e;
             // SAFETY: the class holds n chunks of ours, linked.
-            e = unsafe { link_decode(e, (*e).next, self.link, FRONT_CHUNK) };
+            e = unsafe { link_decode(e, (*e).next, self.link, Self::CHUNK) };
         }
         for i in (1..n).rev() {
             let j = (rand() % (i as u64 + 1)) as usize;
@@ -402,7 +457,8 @@ impl FrontCache {
             bad_free(Error::DoubleFree { addr: p as u64 });
         }
         let c = self.counts[k];
-        if c >= WATCH[k] && (c >= self.limit(k) || self.only_frees(k)) || self.bytes >= FRONT_BYTES
+        if c >= Self::WATCH[k] && (c >= self.limit(k) || self.only_frees(k))
+            || self.bytes >= Self::BYTES
         {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
             unsafe { self.overflow(nta, k) };
@@ -427,7 +483,7 @@ impl FrontCache {
 
     /// Refills class `k` from `nta` under one heap lock and returns one chunk
     /// of it (null when out of memory or when `nta`'s chunks are not
-    /// [`FRONT_CHUNK`] bytes). The heap's queued remote frees come first:
+    /// `1 << SHIFT` bytes). The heap's queued remote frees come first:
     /// those of size `k` are handed out as they are, those of other sizes
     /// join their class while it has room, the rest are coalesced. Null too
     /// for a class larger than `nta`'s nodes serve.
@@ -442,9 +498,9 @@ impl FrontCache {
         nta: &Nta<P, C>,
         k: usize,
     ) -> *mut u8 {
-        if nta.geometry().chunk() != FRONT_CHUNK
+        if nta.geometry().chunk() != Self::CHUNK
             || k == 0
-            || k > FRONT_CLASSES
+            || k > Self::CLASSES
             || k << SHIFT > nta.max_small()
         {
             return ptr::null_mut();
@@ -454,7 +510,7 @@ impl FrontCache {
         unsafe { self.tick(nta, k) };
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
-        let want = fill_count(k, self.fills[k], self.limit(k));
+        let want = fill_count(k, Self::CHUNK, self.fills[k], self.limit(k));
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
         }
@@ -495,9 +551,9 @@ impl FrontCache {
                 return true;
             }
             // A remote free of another size: keep it if its class has room.
-            if kk > FRONT_CLASSES
-                || counts[kk] >= class_limit(kk, grow[kk])
-                || *bytes >= FRONT_BYTES
+            if kk > Self::CLASSES
+                || counts[kk] >= Self::class_limit(kk, grow[kk])
+                || *bytes >= Self::BYTES
             {
                 return false;
             }
@@ -517,7 +573,7 @@ impl FrontCache {
         // Keep all but the first; return that one, both its words clear.
         // SAFETY: got heads n fresh chunks of ours, `tail` the last of them.
         unsafe {
-            let rest = link_decode(got, (*got).next, self.link, FRONT_CHUNK);
+            let rest = link_decode(got, (*got).next, self.link, Self::CHUNK);
             if !rest.is_null() {
                 (*tail).next = link_encode(self.heads[k], self.link);
                 self.heads[k] = rest;
@@ -537,9 +593,9 @@ impl FrontCache {
         self.refilled & (1 << (k - 1)) == 0
     }
 
-    /// Class `k` is at its bound (or the cache at [`FRONT_BYTES`]): a class
+    /// Class `k` is at its bound (or the cache at [`BYTES`](Self::BYTES)): a class
     /// this thread refilled since it last overflowed doubles its bound
-    /// instead, up to [`MAX_LIMITS`], while the cache has room; otherwise
+    /// instead, up to [`MAX_LIMITS`](Self::MAX_LIMITS), while the cache has room; otherwise
     /// half of it goes back ([`flush`](Self::flush)).
     ///
     /// # Safety
@@ -551,9 +607,9 @@ impl FrontCache {
         let cycled = self.cycled & bit != 0;
         self.cycled &= !bit;
         if cycled
-            && self.bytes < FRONT_BYTES
+            && self.bytes < Self::BYTES
             && !self.only_frees(k)
-            && self.limit(k) < MAX_LIMITS[k]
+            && self.limit(k) < Self::MAX_LIMITS[k]
             && self.counts[k] >= self.limit(k)
         {
             self.grow[k] += 1;
@@ -592,9 +648,9 @@ impl FrontCache {
         // SAFETY: the class holds counts[k] >= n entries.
         unsafe {
             for _ in 1..n {
-                tail = link_decode(tail, (*tail).next, self.link, FRONT_CHUNK);
+                tail = link_decode(tail, (*tail).next, self.link, Self::CHUNK);
             }
-            self.heads[k] = link_decode(tail, (*tail).next, self.link, FRONT_CHUNK);
+            self.heads[k] = link_decode(tail, (*tail).next, self.link, Self::CHUNK);
             (*tail).next = link_encode(ptr::null_mut(), self.link);
             // SAFETY: a chain of n cached chunks of k chunks each.
             nta.free_batch(head, k, self.link);
@@ -627,7 +683,7 @@ impl FrontCache {
     #[cold]
     #[inline(never)]
     unsafe fn return_idle<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
-        for k in 1..=FRONT_CLASSES {
+        for k in 1..=Self::CLASSES {
             let head = self.heads[k];
             if head.is_null() || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
                 continue;
@@ -648,7 +704,7 @@ impl FrontCache {
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
     pub unsafe fn flush_all<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
-        for k in 1..=FRONT_CLASSES {
+        for k in 1..=Self::CLASSES {
             let head = self.heads[k];
             if !head.is_null() {
                 self.heads[k] = ptr::null_mut();
@@ -677,6 +733,8 @@ mod tests {
 
     #[test]
     fn limits_are_bounded() {
+        const LIMITS: [u32; FRONT_CLASSES + 1] = FrontCache::LIMITS;
+        const MAX_LIMITS: [u32; FRONT_CLASSES + 1] = FrontCache::MAX_LIMITS;
         assert_eq!(LIMITS[1], 256);
         assert_eq!(LIMITS[4], 128);
         assert_eq!(LIMITS[64], 16);
@@ -690,13 +748,17 @@ mod tests {
         assert_eq!(MAX_LIMITS[64], 128);
         assert!((1..=FRONT_CLASSES).all(|k| MAX_LIMITS[k] >= LIMITS[k]
             && MAX_LIMITS[k] as usize * k * FRONT_CHUNK <= FRONT_BYTES / 2));
+        // The tiny cache: the same entries, a quarter of the bytes.
+        assert_eq!(TinyCache::BYTES, FRONT_BYTES / 4);
+        assert_eq!(TinyCache::LIMITS, [0, 256, 256, 256]);
+        assert_eq!(TinyCache::MAX_LIMITS, [0, 8192, 4096, 2730]);
     }
 
     #[test]
     fn refills_start_at_a_kib_and_double_to_half_the_class() {
         let ramp = |k: usize| {
             (0..7)
-                .map(|f| fill_count(k, f, LIMITS[k]))
+                .map(|f| fill_count(k, FRONT_CHUNK, f, FrontCache::LIMITS[k]))
                 .collect::<std::vec::Vec<_>>()
         };
         // 64-byte chunks: 16 doubling to half of 256.
@@ -706,10 +768,15 @@ mod tests {
         // 4 KiB: one at a time until the budget covers more, up to 8.
         assert_eq!(ramp(64), [1, 1, 1, 2, 4, 8, 8]);
         // Every class gets at least one.
-        assert!((1..=FRONT_CLASSES).all(|k| fill_count(k, 0, LIMITS[k]) >= 1));
+        assert!(
+            (1..=FRONT_CLASSES).all(|k| fill_count(k, FRONT_CHUNK, 0, FrontCache::LIMITS[k]) >= 1)
+        );
         // A grown class refills up to half its bound, within the budget.
-        assert_eq!(fill_count(1, 6, 2048), 512);
-        assert_eq!(fill_count(64, 6, 64), 8);
+        assert_eq!(fill_count(1, FRONT_CHUNK, 6, 2048), 512);
+        assert_eq!(fill_count(64, FRONT_CHUNK, 6, 64), 8);
+        // 16-byte chunks: a KiB is 64 of them, up to half of 256.
+        assert_eq!(fill_count(1, TINY_CHUNK, 0, 256), 64);
+        assert_eq!(fill_count(1, TINY_CHUNK, 1, 256), 128);
     }
 
     #[test]
@@ -720,6 +787,11 @@ mod tests {
         assert_eq!(front_class(65), Some(2));
         assert_eq!(front_class(4096), Some(64));
         assert_eq!(front_class(4097), None);
+        assert_eq!(tiny_class(0), Some(1));
+        assert_eq!(tiny_class(16), Some(1));
+        assert_eq!(tiny_class(17), Some(2));
+        assert_eq!(tiny_class(48), Some(3));
+        assert_eq!(tiny_class(49), None);
     }
 
     #[test]
@@ -766,7 +838,7 @@ mod shuffle_tests {
     use kmem_core::Cpus;
     use kmem_pages::FixedSource;
 
-    use super::FrontCache;
+    use super::{FrontCache, TinyCache};
     use crate::{Config, Nta};
 
     /// An nta of 64-byte chunks and 32 KiB nodes, one heap, over `b`.
@@ -842,7 +914,7 @@ mod shuffle_tests {
         let mut b = vec![0u64; 513 * 4096 / 8];
         let nta = nta_over(&mut b);
         let mut front = FrontCache::new();
-        let base = super::LIMITS[1] as usize;
+        let base = FrontCache::LIMITS[1] as usize;
         // SAFETY: a cache over nta only; every chunk is given back once.
         unsafe {
             let mut v = Vec::with_capacity(1000);
@@ -861,7 +933,7 @@ mod shuffle_tests {
                     front.push(&nta, p, 1);
                 }
                 frees_seen.push(nta.stats().frees - before);
-                assert!(front.count(1) <= super::MAX_LIMITS[1] as usize);
+                assert!(front.count(1) <= FrontCache::MAX_LIMITS[1] as usize);
             }
             // The first cycle flushed past the base bound; the last ones
             // kept the whole batch.
@@ -887,8 +959,60 @@ mod shuffle_tests {
                 front.push(&nta, p, 2);
                 assert!(front.count(2) <= super::FREE_ONLY as usize);
             }
-            assert_eq!(front.limit(2), super::LIMITS[2]);
+            assert_eq!(front.limit(2), FrontCache::LIMITS[2]);
             front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
+    /// A tiny cache over an nta of 16-byte chunks: blocks of 16, 32 and 48
+    /// bytes at their size, recycled through the cache, all back at the end.
+    #[test]
+    fn a_tiny_cache_serves_16_byte_chunks_at_their_size() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes =
+            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let cfg = Config {
+            chunk_size: 16,
+            node_size: 16 << 10,
+            heaps: 1,
+            reserve_nodes: 1,
+            steal: false,
+        };
+        let nta = Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap();
+        let mut tiny = TinyCache::new();
+        let mut got: Vec<(usize, usize)> = Vec::new();
+        // SAFETY: a cache over nta only; every block is given back once.
+        unsafe {
+            for round in 0..3 {
+                for i in 0..600 {
+                    let k = i % 3 + 1;
+                    let mut p = tiny.pop(k);
+                    if p.is_null() {
+                        p = tiny.refill(&nta, k);
+                    }
+                    assert!(!p.is_null());
+                    assert_eq!(p as usize % 16, 0);
+                    p.write_bytes(round as u8, k * 16);
+                    got.push((p as usize, k));
+                }
+                // No two blocks overlap: 16 bytes per chunk, not 64.
+                got.sort_unstable();
+                assert!(got.windows(2).all(|w| w[0].0 + w[0].1 * 16 <= w[1].0));
+                let span = got.last().unwrap().0 - got[0].0;
+                assert!(span < 600 * 48, "{span}");
+                for (p, k) in got.drain(..) {
+                    tiny.push(&nta, p as *mut u8, k);
+                }
+            }
+            assert!(tiny.bytes() > 0 && tiny.bytes() <= TinyCache::BYTES);
+            // A cache of 64-byte chunks over this nta never caches.
+            let mut front = FrontCache::new();
+            assert!(front.refill(&nta, 1).is_null());
+            tiny.flush_all(&nta);
         }
         nta.check().unwrap();
         assert_eq!(nta.stats().bytes_held, 0);

@@ -85,7 +85,10 @@ mod remote;
 #[cfg(feature = "os")]
 pub mod global;
 
-pub use front::{front_class, FrontCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX};
+pub use front::{
+    front_class, tiny_class, FrontCache, FrontCacheOf, TinyCache, FRONT_BYTES, FRONT_CHUNK,
+    FRONT_CLASSES, FRONT_MAX, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
+};
 #[cfg(all(feature = "std", not(loom)))]
 pub use global::KmemNta;
 pub use node::{Geometry, MAX_NODE_CHUNKS};

@@ -130,6 +130,34 @@ pub struct Stats {
     pub lock_misses: u64,
 }
 
+/// The sum of two allocators' figures (kmem-malloc's and [`KmemNta`]'s
+/// nta of 64-byte chunks and their nta of tiny ones, reported as one).
+///
+/// [`KmemNta`]: crate::KmemNta
+impl core::ops::Add for Stats {
+    type Output = Stats;
+    fn add(self, o: Stats) -> Stats {
+        Stats {
+            bytes_requested: self.bytes_requested + o.bytes_requested,
+            allocations: self.allocations + o.allocations,
+            frees: self.frees + o.frees,
+            bytes_held: self.bytes_held + o.bytes_held,
+            nodes: self.nodes + o.nodes,
+            empty_nodes: self.empty_nodes + o.empty_nodes,
+            pooled_nodes: self.pooled_nodes + o.pooled_nodes,
+            free_chunks: self.free_chunks + o.free_chunks,
+            free_bytes: self.free_bytes + o.free_bytes,
+            large_runs: self.large_runs + o.large_runs,
+            large_pages: self.large_pages + o.large_pages,
+            remote_frees: self.remote_frees + o.remote_frees,
+            remote_pending: self.remote_pending + o.remote_pending,
+            remote_pending_bytes: self.remote_pending_bytes + o.remote_pending_bytes,
+            locks: self.locks + o.locks,
+            lock_misses: self.lock_misses + o.lock_misses,
+        }
+    }
+}
+
 /// A free chunk: the links live in the free memory itself.
 #[repr(C)]
 struct Free {

@@ -7,24 +7,34 @@ use core::ptr::{self, NonNull};
 
 use kmem_core::Cpus;
 
-use super::{global_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG};
-use crate::front::FrontCache;
+use super::{
+    global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG, TINY_CHUNK, TINY_CONFIG,
+};
+use crate::front::{FrontCache, TinyCache};
 use crate::nta::{Nta, Stats};
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
 
-/// The thread's [`FrontCache`], flushed back to [`NTA`] when the thread exits.
-struct Front(FrontCache);
+/// Tiny layouts (see [`tiny_class`]): 16-byte chunks.
+static TINY: Nta<GlobalSource, Cpus> = Nta::const_new(tiny_source(), TINY_CONFIG, Cpus::Real);
+
+/// The thread's caches, flushed back when the thread exits: a
+/// [`FrontCache`] of [`NTA`]'s chunks and a [`TinyCache`] of [`TINY`]'s.
+struct Front(FrontCache, TinyCache);
 
 impl Drop for Front {
     fn drop(&mut self) {
-        // SAFETY: this cache only ever holds NTA's chunks.
-        unsafe { self.0.flush_all(&NTA) }
+        // SAFETY: each cache only ever holds its own nta's chunks.
+        unsafe {
+            self.0.flush_all(&NTA);
+            self.1.flush_all(&TINY);
+        }
     }
 }
 
 std::thread_local! {
-    static FRONT: UnsafeCell<Front> = const { UnsafeCell::new(Front(FrontCache::new())) };
+    static FRONT: UnsafeCell<Front> =
+        const { UnsafeCell::new(Front(FrontCache::new(), TinyCache::new())) };
 }
 
 /// The kmem-nta global allocator (a unit type over one static [`Nta`]).
@@ -37,29 +47,53 @@ std::thread_local! {
 pub struct KmemNta;
 
 impl KmemNta {
-    /// The allocator underneath (its checked API, stats and `check`).
+    /// The allocator of 64-byte chunks underneath (its checked API, stats
+    /// and `check`): every layout that is not tiny.
     pub fn nta() -> &'static Nta<GlobalSource, Cpus> {
         &NTA
     }
 
-    /// Stats of the static allocator (front-cached chunks count as held).
+    /// The allocator of 16-byte chunks underneath: layouts of at most
+    /// [`TINY_MAX`](crate::TINY_MAX) bytes aligned to at most 16.
+    pub fn tiny() -> &'static Nta<GlobalSource, Cpus> {
+        &TINY
+    }
+
+    /// Stats of both allocators, summed (front-cached chunks count as held).
     pub fn stats() -> Stats {
-        NTA.stats()
+        NTA.stats() + TINY.stats()
     }
 
-    /// Checks the static allocator's invariants.
+    /// Checks both allocators' invariants.
     pub fn check() -> core::result::Result<(), &'static str> {
-        NTA.check()
+        NTA.check()?;
+        TINY.check()
     }
 
-    /// Gives the calling thread's front cache back to the heaps (as thread
+    /// Gives the calling thread's front caches back to the heaps (as thread
     /// exit does).
     pub fn flush_thread_cache() {
         let _ = FRONT.try_with(|f| {
-            // SAFETY: the cache is this thread's; no other borrow is live
-            // (the allocator never re-enters itself); it holds NTA's chunks.
-            unsafe { (*f.get()).0.flush_all(&NTA) }
+            // SAFETY: the caches are this thread's; no other borrow is live
+            // (the allocator never re-enters itself); each holds its own
+            // nta's chunks.
+            unsafe {
+                (*f.get()).0.flush_all(&NTA);
+                (*f.get()).1.flush_all(&TINY);
+            }
         });
+    }
+}
+
+/// The tiny class of `layout` (in 16-byte chunks), if it is tiny: at most
+/// [`TINY_MAX`](crate::TINY_MAX) bytes, aligned to at most 16. A tiny
+/// layout's block lives in [`TINY`], any other in [`NTA`].
+#[inline(always)]
+fn tiny_class(layout: &Layout) -> Option<usize> {
+    if layout.align() <= TINY_CHUNK {
+        crate::front::tiny_class(layout.size())
+    } else {
+        None
     }
 }
 
@@ -77,6 +111,26 @@ fn front_class(layout: &Layout) -> Option<usize> {
 unsafe impl GlobalAlloc for KmemNta {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if let Some(k) = tiny_class(&layout) {
+            let r = FRONT.try_with(|f| {
+                // SAFETY: as below, for the tiny cache and TINY.
+                let f = unsafe { &mut (*f.get()).1 };
+                let p = f.pop(k);
+                if p.is_null() {
+                    // SAFETY: this cache holds only TINY's chunks.
+                    unsafe { f.refill(&TINY, k) }
+                } else {
+                    p
+                }
+            });
+            if let Ok(p) = r {
+                if !p.is_null() {
+                    return p;
+                }
+            }
+            // SAFETY: forwarded.
+            return unsafe { GlobalAlloc::alloc(&TINY, layout) };
+        }
         if let Some(k) = front_class(&layout) {
             let r = FRONT.try_with(|f| {
                 // SAFETY: this thread's cache; the allocator never re-enters
@@ -102,6 +156,17 @@ unsafe impl GlobalAlloc for KmemNta {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if let Some(k) = tiny_class(&layout) {
+            let r = FRONT.try_with(|f| {
+                // SAFETY: as below: a tiny layout's block is TINY's.
+                unsafe { (*f.get()).1.push(&TINY, ptr, k) }
+            });
+            if r.is_err() {
+                // SAFETY: forwarded contract.
+                unsafe { GlobalAlloc::dealloc(&TINY, ptr, layout) }
+            }
+            return;
+        }
         if let Some(k) = front_class(&layout) {
             let r = FRONT.try_with(|f| {
                 // SAFETY: as in alloc; ptr is a live allocation of class k
@@ -118,11 +183,30 @@ unsafe impl GlobalAlloc for KmemNta {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: GlobalAlloc's contract: the new layout is valid.
+        let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let tiny = tiny_class(&layout).is_some();
+        if tiny != tiny_class(&new).is_some() {
+            // Across the tiny boundary: the block moves to the other nta,
+            // so that its layout keeps saying where it lives.
+            // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
+            let q = unsafe { GlobalAlloc::alloc(self, new) };
+            if !q.is_null() {
+                // SAFETY: both hold at least the smaller size; q is fresh.
+                unsafe {
+                    ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
+                    GlobalAlloc::dealloc(self, ptr, layout);
+                }
+            }
+            return q;
+        }
         // In place when the size in chunks stays, shrinks, or the chunks after
-        // it are free; else NTA moves it (past the front cache, which only
+        // it are free; else the nta moves it (past the front cache, which only
         // caches what it is handed).
-        // SAFETY: GlobalAlloc's contract: ptr is ours, allocated with layout.
-        match unsafe { NTA.realloc(NonNull::new_unchecked(ptr), layout, new_size) } {
+        let nta = if tiny { &TINY } else { &NTA };
+        // SAFETY: GlobalAlloc's contract: ptr is ours, allocated with layout
+        // from this nta (its layout says which).
+        match unsafe { nta.realloc(NonNull::new_unchecked(ptr), layout, new_size) } {
             Ok(p) => p.as_ptr(),
             Err(_) => ptr::null_mut(),
         }
@@ -158,6 +242,7 @@ unsafe impl allocator_api2::alloc::Allocator for KmemNta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kmem_core::PageSource;
 
     #[test]
     fn global_alloc_roundtrip_and_flush() {
@@ -175,6 +260,69 @@ mod tests {
         for (p, l) in v {
             // SAFETY: allocated above with l.
             unsafe { GlobalAlloc::dealloc(&a, p, l) };
+        }
+        KmemNta::flush_thread_cache();
+        KmemNta::check().unwrap();
+    }
+
+    /// True when `p` lies in `nta`'s reservation.
+    fn within(nta: &Nta<GlobalSource, Cpus>, p: *mut u8) -> bool {
+        let (base, pages) = nta.source().span().expect("reserved");
+        let lo = base.as_ptr() as usize;
+        (lo..lo + pages * nta.source().page_size()).contains(&(p as usize))
+    }
+
+    /// Tiny layouts live in the nta of 16-byte chunks at their size, others
+    /// in the nta of 64-byte chunks; realloc across the boundary moves the
+    /// block with its contents, so that the layout keeps saying where.
+    #[test]
+    fn tiny_layouts_live_in_the_tiny_nta_and_realloc_moves_across() {
+        let a = KmemNta;
+        let mut v = std::vec::Vec::new();
+        for s in 1usize..=48 {
+            let l = Layout::from_size_align(s, 8).unwrap();
+            // SAFETY: non-zero layout.
+            let p = unsafe { GlobalAlloc::alloc(&a, l) };
+            assert!(!p.is_null());
+            assert!(within(&TINY, p), "{s} bytes");
+            assert_eq!(p as usize % 16, 0);
+            // SAFETY: p holds s bytes.
+            unsafe { p.write_bytes(s as u8, s) };
+            v.push((p, l));
+        }
+        // Two blocks of 16 bytes made one after the other sit 16 bytes apart
+        // (one chunk each), not a cache line.
+        let l16 = Layout::from_size_align(16, 16).unwrap();
+        // SAFETY: non-zero layout; freed below.
+        let (x, y) = unsafe { (GlobalAlloc::alloc(&a, l16), GlobalAlloc::alloc(&a, l16)) };
+        assert_eq!((x as usize).abs_diff(y as usize), 16);
+        // An alignment above 16 is not tiny.
+        let l32 = Layout::from_size_align(16, 32).unwrap();
+        // SAFETY: non-zero layout.
+        let z = unsafe { GlobalAlloc::alloc(&a, l32) };
+        assert!(within(&NTA, z) && z as usize % 32 == 0);
+        // SAFETY: each block is live with its layout; realloc's new sizes
+        // are non-zero.
+        unsafe {
+            GlobalAlloc::dealloc(&a, x, l16);
+            GlobalAlloc::dealloc(&a, y, l16);
+            GlobalAlloc::dealloc(&a, z, l32);
+            let (p, l) = v.pop().unwrap();
+            let q = GlobalAlloc::realloc(&a, p, l, 100);
+            assert!(within(&NTA, q));
+            assert!((0..48).all(|i| *q.add(i) == 48));
+            let l = Layout::from_size_align(100, 8).unwrap();
+            let r = GlobalAlloc::realloc(&a, q, l, 20);
+            assert!(within(&TINY, r));
+            assert!((0..20).all(|i| *r.add(i) == 48));
+            let l = Layout::from_size_align(20, 8).unwrap();
+            let r = GlobalAlloc::realloc(&a, r, l, 40);
+            assert!(within(&TINY, r) && (0..20).all(|i| *r.add(i) == 48));
+            GlobalAlloc::dealloc(&a, r, Layout::from_size_align(40, 8).unwrap());
+            for (p, l) in v {
+                assert!((0..l.size()).all(|i| *p.add(i) == l.size() as u8));
+                GlobalAlloc::dealloc(&a, p, l);
+            }
         }
         KmemNta::flush_thread_cache();
         KmemNta::check().unwrap();
