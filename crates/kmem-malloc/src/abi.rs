@@ -4,12 +4,12 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use kmem_nta::FRONT_MAX;
+use kmem_nta::{FRONT_MAX, TINY_MAX};
 
 use crate::out::say;
 use crate::{
     aligned, alloc_slow, flush_thread_cache, free_in, realloc_in, set_errno, started, thread,
-    usable, LARGE, MIN_ALIGN, NTA, POW2, T_FAST, T_SECURE,
+    usable, LARGE, MIN_ALIGN, NTA, POW2, TINY, T_FAST, T_SECURE,
 };
 
 /// `malloc(3)`.
@@ -20,7 +20,15 @@ use crate::{
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let t = thread();
     let mode = t.mode.get();
-    if mode == T_FAST && size <= FRONT_MAX {
+    if mode == T_FAST && size <= TINY_MAX {
+        // The tiny nta's 16-byte chunks (T_FAST is never hardened).
+        let k = if size == 0 { 1 } else { (size + 15) >> 4 };
+        // SAFETY: this thread's tiny cache; no other borrow is live.
+        let p = unsafe { (*t.tiny.get()).pop(k) };
+        if !p.is_null() {
+            return p.cast();
+        }
+    } else if mode == T_FAST && size <= FRONT_MAX {
         let k = if size == 0 { 1 } else { (size + 63) >> 6 };
         // SAFETY: this thread's cache; no other borrow is live.
         let p = unsafe { (*t.front.get()).pop(k) };
@@ -204,6 +212,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
     flush_thread_cache();
     NTA.trim();
+    TINY.trim();
     if let Some(l) = LARGE.get() {
         l.trim();
     }
@@ -222,6 +231,7 @@ pub unsafe extern "C" fn malloc_stats() {
 /// Prints the statistics (`malloc_stats`, and at exit with `KMEM_OPTIONS=stats`).
 pub(crate) extern "C" fn print_stats() {
     let s = NTA.stats();
+    let ts = TINY.stats();
     say!(
         "kmem: nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs, {} large runs ({} pages)",
         s.allocations,
@@ -237,15 +247,28 @@ pub(crate) extern "C" fn print_stats() {
         s.large_pages
     );
     say!(
+        "kmem: tiny nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs",
+        ts.allocations,
+        ts.frees,
+        ts.remote_frees,
+        ts.bytes_held >> 10,
+        ts.nodes,
+        ts.empty_nodes,
+        ts.pooled_nodes,
+        ts.free_bytes >> 10,
+        ts.free_chunks
+    );
+    let locks = s.locks + ts.locks;
+    say!(
         "kmem: nta heap locks: {} taken, {} contended, {} busy heaps passed by",
-        s.locks.acquisitions,
-        s.locks.contended,
-        s.lock_misses
+        locks.acquisitions,
+        locks.contended,
+        s.lock_misses + ts.lock_misses
     );
     say!(
         "kmem: pages: {} KiB freed and still backed, {} KiB of frames joined",
-        NTA.source().0.dirty_bytes() >> 10,
-        NTA.source().0.grown_bytes() >> 10
+        (NTA.source().0.dirty_bytes() + TINY.source().0.dirty_bytes()) >> 10,
+        (NTA.source().0.grown_bytes() + TINY.source().0.grown_bytes()) >> 10
     );
     if let Some(l) = LARGE.get() {
         let st = l.stats();

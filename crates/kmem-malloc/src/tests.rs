@@ -238,3 +238,74 @@ fn each_thread_has_its_own_block() {
     assert_ne!(mode, T_NEW);
     assert_ne!(thread().mode.get(), T_NEW);
 }
+
+/// Requests of at most 48 bytes live in the tiny nta at their size (16,
+/// 32, 48 bytes), and every call of the family treats them as blocks of
+/// their own: usable size, realloc within and out of the tiny classes (the
+/// contents kept), a tiny block freed on another thread, a double free
+/// caught before anything changes.
+#[test]
+fn tiny_requests_take_16_byte_chunks() {
+    // SAFETY: C calls with valid arguments; every block is freed once.
+    unsafe {
+        let mut v = Vec::new();
+        for n in 0..=48usize {
+            let p = malloc(n) as *mut u8;
+            assert!(in_tiny(p as usize), "malloc({n})");
+            assert_eq!(p as usize % 16, 0);
+            assert_eq!(malloc_usable_size(p.cast()), n.max(1).div_ceil(16) * 16);
+            p.write_bytes(n as u8, n);
+            v.push((p, n));
+        }
+        let big = malloc(49) as *mut u8;
+        assert!(in_nta(big as usize) && malloc_usable_size(big.cast()) == 64);
+        free(big.cast());
+        // An alignment above 16 is not tiny.
+        let a = aligned_alloc(32, 32) as *mut u8;
+        assert!(!in_tiny(a as usize) && a as usize % 32 == 0);
+        free(a.cast());
+        // Within the classes, in place or moved, the contents stay.
+        let (p, n) = v.pop().unwrap();
+        let q = realloc(p.cast(), 20) as *mut u8;
+        assert!(in_tiny(q as usize) && (0..20).all(|i| *q.add(i) == n as u8));
+        let q = realloc(q.cast(), 40) as *mut u8;
+        assert!(in_tiny(q as usize) && (0..20).all(|i| *q.add(i) == n as u8));
+        // Out of them: to the nta of 64-byte chunks.
+        let q = realloc(q.cast(), 200) as *mut u8;
+        assert!(in_nta(q as usize) && (0..20).all(|i| *q.add(i) == n as u8));
+        free(q.cast());
+        let c = calloc(3, 10) as *mut u8;
+        assert!(in_tiny(c as usize) && (0..30).all(|i| *c.add(i) == 0));
+        free(c.cast());
+        // Freed by another thread.
+        let far: Vec<usize> = v
+            .drain(..24)
+            .map(|(p, n)| {
+                assert!((0..n).all(|i| *p.add(i) == n as u8));
+                p as usize
+            })
+            .collect();
+        std::thread::spawn(move || {
+            for p in far {
+                free(p as *mut c_void);
+            }
+        })
+        .join()
+        .unwrap();
+        for (p, n) in v {
+            assert!((0..n).all(|i| *p.add(i) == n as u8));
+            free(p.cast());
+        }
+        flush_thread_cache();
+        check().unwrap();
+        // Not live: looked up without a change.
+        let p = malloc(24) as *mut u8;
+        free(p.cast());
+        flush_thread_cache();
+        assert!(matches!(
+            TINY.lookup_unlocked(p as usize),
+            Err(Error::DoubleFree { .. }) | Err(Error::NotAllocated { .. })
+        ));
+        check().unwrap();
+    }
+}

@@ -5,7 +5,7 @@
 use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
-use kmem_nta::FrontCache;
+use kmem_nta::{FrontCache, TinyCache};
 
 /// What a thread's calls do.
 pub(crate) const T_NEW: u8 = 0;
@@ -30,6 +30,8 @@ pub(crate) struct Thread {
     /// The thread's random sequence (secure mode).
     pub(crate) rng: Cell<u64>,
     pub(crate) front: UnsafeCell<FrontCache>,
+    /// Tiny blocks (16, 32, 48 bytes) of the tiny nta; used in `T_FAST`.
+    pub(crate) tiny: UnsafeCell<TinyCache>,
 }
 
 /// True when `mode` uses the thread's front cache.
@@ -116,6 +118,7 @@ impl Thread {
             calls: Cell::new(0),
             rng: Cell::new(0),
             front: UnsafeCell::new(FrontCache::new()),
+            tiny: UnsafeCell::new(TinyCache::new()),
         }
     }
 

@@ -259,8 +259,8 @@ fn bad_frees_abort_with_one_line() {
 #include <stdint.h>
 int main(int argc, char **argv) {
   int local = 0;
-  char *p = malloc(100), *big = malloc(1 << 20), *mid = malloc(100000);
-  if (!p || !big || !mid) return 2;
+  char *p = malloc(100), *big = malloc(1 << 20), *mid = malloc(100000), *t = malloc(40);
+  if (!p || !big || !mid || !t) return 2;
   const char *what = argv[1];
   if (!strcmp(what, "stack")) free(&local);
   else if (!strcmp(what, "double")) { free(p); free(p); }
@@ -268,6 +268,18 @@ int main(int argc, char **argv) {
   else if (!strcmp(what, "big-double")) { free(big); free(big); }
   else if (!strcmp(what, "big-middle")) free(big + 4096);
   else if (!strcmp(what, "mid-double")) { free(mid); free(mid); }
+  else if (!strcmp(what, "tiny-double")) { free(t); free(t); }
+  else if (!strcmp(what, "tiny-middle")) free(t + 16);
+  else if (!strcmp(what, "tiny-uaf")) {
+    /* As uaf-pointer, for blocks of 16 bytes. */
+    static char tt[64] __attribute__((aligned(64)));
+    char *a = malloc(16), *b = malloc(16);
+    free(b); free(a);
+    *(void *volatile *)a = tt;
+    char *volatile got[2] = {malloc(16), malloc(16)};
+    void *volatile chosen = tt;
+    if (got[0] == chosen || got[1] == chosen) { puts("chosen address returned"); return 0; }
+  }
   else if (!strcmp(what, "realloc")) { free(p); p = realloc(p, 10); }
   else if (!strcmp(what, "uaf-pointer")) {
     /* A use after free writes a chosen pointer into a freed block's first
@@ -308,7 +320,7 @@ int main(int argc, char **argv) {
     (void)sink;
     free(v[a]);
   }
-  else if (!strcmp(what, "none")) { free(p); free(big); free(mid); puts("fine"); return 0; }
+  else if (!strcmp(what, "none")) { free(p); free(big); free(mid); free(t); puts("fine"); return 0; }
   puts("not caught");
   return 0;
 }
@@ -344,6 +356,9 @@ fn bad_frees_in_mode(exe: &Path, mode: &str) {
         "big-double",
         "big-middle",
         "mid-double",
+        "tiny-double",
+        "tiny-middle",
+        "tiny-uaf",
         "realloc",
         "uaf-pointer",
         "overflow",

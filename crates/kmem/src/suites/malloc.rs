@@ -8,7 +8,8 @@
 //! test: calloc'd blocks of powers of two words, some very large, swapped
 //! between threads through a shared table, threads restarted every
 //! iteration),
-//! a glibc-simple-like single-threaded loop, and large blocks (5-25 MiB)
+//! a glibc-simple-like single-threaded loop, JSON-like trees built and
+//! dropped (most allocations 8-32 bytes), and large blocks (5-25 MiB)
 //! replaced at random, where giving freed blocks back too soon costs a
 //! page fault per page. Each runs as its own process
 //! under each allocator through `LD_PRELOAD`, several runs interleaved; the
@@ -135,6 +136,17 @@ const WORKLOADS: &[Workload] = &[
         threads: Threads::None,
     },
     Workload {
+        name: "json_tree",
+        case: "json_tree",
+        // Documents, values per document, documents kept alive.
+        args: [
+            &["4", "20000", "2"],
+            &["20", "200000", "4"],
+            &["60", "400000", "4"],
+        ],
+        threads: Threads::None,
+    },
+    Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
@@ -155,7 +167,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, json-tree, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
