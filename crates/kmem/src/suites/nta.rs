@@ -157,6 +157,60 @@ fn frag_kmem(chunk: usize, seed: u64) -> Vec<Round> {
     rounds
 }
 
+/// Tiny objects: sizes uniform in 1..=48 bytes until the first failure,
+/// over the same arena; the share of it that holds requested bytes.
+fn tiny_share(seed: u64, mut alloc: impl FnMut(usize) -> Option<usize>) -> f64 {
+    let mut rng = Rng::new(seed);
+    let mut live = 0usize;
+    loop {
+        let size = rng.range(1, 48) as usize;
+        match alloc(size) {
+            Some(_) => live += size,
+            None => return live as f64 / (ARENA_PAGES * PAGE) as f64,
+        }
+    }
+}
+
+/// [`tiny_share`] under kmem-nta with `chunk`-byte chunks in `node`-byte
+/// nodes (16 B in 16 KiB: the tiny nta of kmem-malloc and `KmemNta`).
+fn tiny_kmem(chunk: usize, node: usize, seed: u64) -> f64 {
+    let mut arena = Arena::new();
+    let src = FixedSource::new(arena.slice(), PAGE).expect("arena");
+    let cfg = Config {
+        node_size: node,
+        ..nta_config(chunk)
+    };
+    let nta = Nta::with_config(&src, cfg, Cpus::Fixed(0)).expect("config");
+    let share = tiny_share(seed, |size| {
+        nta.alloc(Layout::from_size_align(size, 1).ok()?)
+            .ok()
+            .map(|p| p.as_ptr() as usize)
+    });
+    nta.check()
+        .expect("kmem-nta invariants after the tiny-object test");
+    share
+}
+
+/// [`tiny_share`] under the power-of-two slab baseline.
+fn tiny_baseline(seed: u64) -> f64 {
+    let mut arena = Arena::new();
+    let slab = Pow2Slab::new(
+        arena.slice(),
+        PAGE,
+        SlabConfig {
+            array_caches: false,
+            cpus: 1,
+            checked: false,
+        },
+        Cpus::Fixed(0),
+    )
+    .expect("the baseline fits its arena");
+    tiny_share(seed, |size| {
+        slab.alloc(Layout::from_size_align(size, 1).ok()?)
+            .map(|p| p.as_ptr() as usize)
+    })
+}
+
 fn frag_baseline(seed: u64) -> Vec<Round> {
     let mut arena = Arena::new();
     let data = arena.data();
@@ -492,6 +546,46 @@ impl Suite for NtaSuite {
             row.push(fmt_ratio(ratio));
             row.push(fmt_num(SEED_FAILED[r]));
             t.row(row);
+        }
+        out.tables.push(t);
+
+        // Tiny objects: 1-48 bytes until the arena is full.
+        let med = |f: &dyn Fn(u64) -> f64| {
+            crate::harness::median(&seeds.iter().map(|&s| f(s)).collect::<Vec<_>>())
+        };
+        let tiny = [
+            ("kmem", med(&|s| tiny_kmem(64, NODE, s))),
+            ("kmem_16b", med(&|s| tiny_kmem(16, 16 << 10, s))),
+            ("baseline", med(&|s| tiny_baseline(s))),
+        ];
+        let mut t = Table::new(
+            format!(
+                "Tiny objects: sizes uniform in 1..=48 B until the first failure, same arena (median of {} seeds; share = requested bytes / arena; mean request 24.5 B)",
+                seeds.len()
+            ),
+            &["allocator", "share", "ratio to baseline"],
+        );
+        for (name, share) in tiny {
+            out.measure("frag_tiny", name, "share_in_use", share, "fraction");
+            out.measure(
+                "frag_tiny",
+                name,
+                "share_ratio_to_baseline",
+                share / tiny[2].1,
+                "x",
+            );
+            t.row(vec![
+                match name {
+                    "kmem" => "kmem-nta, 64 B chunks".to_string(),
+                    "kmem_16b" => {
+                        "kmem-nta, 16 B chunks, 16 KiB nodes (kmem-malloc's and KmemNta's tiny nta)"
+                            .to_string()
+                    }
+                    _ => "power-of-two slab".to_string(),
+                },
+                format!("{:.1}%", share * 100.0),
+                fmt_ratio(share / tiny[2].1),
+            ]);
         }
         out.tables.push(t);
         for r in 0..4 {
