@@ -5,7 +5,7 @@ use core::ptr;
 
 use kmem_core::{CpuSource, LockGuard, PageSource};
 
-use crate::node::{bits, end_map, used_map};
+use crate::node::{bits, end_map, used_map, Node};
 
 use super::{
     bad_free, link_decode, prefetch_ahead, semi_len, semi_tag, skip_word, Heap, Nta, Semi, SKIP,
@@ -124,6 +124,16 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let mut len = 0usize;
         let bytes = k << self.geo.chunk_shift;
         let chunk = 1 << self.geo.chunk_shift;
+        // Validated allocations of our own heap that lie next to each other,
+        // not yet released: `[lo, hi)` of `pend_node`, `pend_n` of them,
+        // their bits untouched (so each next one validates as it would
+        // alone). Released as one run (`release_run`)
+        // when the chain moves elsewhere: blocks made one after another and
+        // freed together are coalesced and listed once. An entry extends the
+        // run only from outside it, so an entry twice in the chain is
+        // validated again after the run's release, and caught.
+        let mut pend_node: *mut Node = ptr::null_mut();
+        let (mut lo, mut hi, mut pend_n) = (0usize, 0usize, 0u64);
         while !head.is_null() {
             // SAFETY: entries are live allocations we give up.
             unsafe {
@@ -140,10 +150,22 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                         }
                     }
                     if let Some(heap) = local.as_mut() {
-                        match self.validate(node, idx, k, e as usize) {
-                            Ok(_) => self.release(heap, node, idx, k),
-                            Err(x) => bad_free(x),
+                        let next_to = node == pend_node && (idx == hi || idx + k == lo);
+                        if !next_to && pend_n != 0 {
+                            self.release_run(heap, pend_node, lo, hi - lo, pend_n);
+                            pend_n = 0;
                         }
+                        if let Err(x) = self.validate(node, idx, k, e as usize) {
+                            bad_free(x);
+                        }
+                        if pend_n == 0 {
+                            (pend_node, lo, hi) = (node, idx, idx + k);
+                        } else if idx == hi {
+                            hi += k;
+                        } else {
+                            lo = idx;
+                        }
+                        pend_n += 1;
                         continue;
                     }
                 }
@@ -169,6 +191,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 }
                 len += 1;
             }
+        }
+        if pend_n != 0 {
+            let heap = local
+                .as_mut()
+                .expect("a pending run was validated under the lock");
+            // SAFETY: validated allocations of our heap's node, filling the run.
+            unsafe { self.release_run(heap, pend_node, lo, hi - lo, pend_n) };
         }
         if run.0 != usize::MAX {
             // SAFETY: a chain of entries we gave up.

@@ -142,14 +142,37 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// allocation of it (validated by the caller).
     #[inline(always)]
     pub(super) unsafe fn release(&self, heap: &mut Heap, node: *mut Node, idx: usize, k: usize) {
+        // SAFETY: release_run's contract, for one allocation.
+        unsafe { self.release_run(heap, node, idx, k, 1) }
+    }
+
+    /// Frees `allocs` allocations that together fill chunks `[idx, idx +
+    /// k)` of `node`: the run is coalesced
+    /// with its free neighbours and listed once, however many allocations
+    /// it held. `free_batch` gives adjacent allocations of a chain here
+    /// together (a batch of blocks made one after another and freed
+    /// together touches the size lists once, not once per block).
+    ///
+    /// # Safety
+    /// The caller holds `heap`'s lock, `node` is one of its nodes, and the
+    /// chunks are `allocs` live allocations (validated) that nothing uses.
+    #[inline]
+    pub(super) unsafe fn release_run(
+        &self,
+        heap: &mut Heap,
+        node: *mut Node,
+        idx: usize,
+        k: usize,
+        allocs: u64,
+    ) {
         let g = &self.geo;
         let used = used_map(node);
         let end = end_map(node, g);
-        // SAFETY: the allocation and its neighbours lie in the node; free
+        // SAFETY: the run and its neighbours lie in the node; free
         // neighbours are maximal free runs listed on this heap.
         unsafe {
             bits::clear_range(used, idx, k);
-            bits::clear(end, idx + k - 1);
+            bits::clear_range(end, idx, k);
             let mut s = idx;
             let mut e = idx + k;
             if !bits::test(used, s - 1) {
@@ -164,7 +187,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             }
             (*node).used -= k as u32;
             heap.held -= k;
-            heap.frees += 1;
+            heap.frees += allocs;
             if (*node).used == 0 {
                 self.node_empty(heap, node);
             } else {
