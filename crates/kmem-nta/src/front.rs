@@ -9,7 +9,8 @@
 //!                 (all of it, at 32 entries, if this thread never refilled k)
 //!   every 64th refill (or free-only hand-back): classes with no refill or
 //!                 flush in the last 64 go back
-//!   flush_all     everything back (thread exit)
+//!   flush_all     everything back, every class at its base bound again
+//!                 (thread exit, malloc_trim)
 //! ```
 //!
 //! The cache is a plain value with no destructor, so that its owner decides
@@ -699,7 +700,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
     }
 
-    /// Gives every cached chunk back to `nta` (at thread exit).
+    /// Gives every cached chunk back to `nta` (at thread exit, and for
+    /// `malloc_trim`). Every class starts again as a class that went back
+    /// idle does: its base bound, refills ramping up from a KiB.
     ///
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
@@ -712,7 +715,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 // SAFETY: the whole class chain, nta's chunks.
                 unsafe { nta.free_batch(head, k, self.link) };
             }
+            self.fills[k] = 0;
+            self.grow[k] = 0;
         }
+        self.cycled = 0;
         self.bytes = 0;
     }
 }
@@ -942,6 +948,10 @@ mod shuffle_tests {
             assert!(front.count(1) >= 1000);
             assert!(front.limit(1) as usize > base);
             front.flush_all(&nta);
+            // Flushed whole, the class starts again from its base bound and
+            // its first refill's size.
+            assert_eq!(front.limit(1) as usize, base);
+            assert_eq!(front.fills[1], 0);
 
             // Free-only: chunks of class 2 made by another cache, freed
             // through this one, are handed back in batches of FREE_ONLY.
