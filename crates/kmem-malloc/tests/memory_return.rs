@@ -95,9 +95,15 @@ fn a_multi_thread_stress_checks_every_calloc() {
 }
 
 /// A steady working set of each size band replaced at random for a short
-/// time (`churn.c`): RSS in the last window stays within a tenth of the
-/// first window's, and the peak within a quarter of glibc's. With 64-260 KiB
-/// blocks RSS grew 40 -> 232 MiB in 6 s. The program is pinned to one CPU:
+/// time (`churn.c`): what RSS holds beyond the live set (sampled together)
+/// grows by at most a tenth of the first window's RSS plus one block of the
+/// band's largest size between the first window and the last, and the peak
+/// stays within a quarter of glibc's. With 64-260 KiB blocks RSS grew
+/// 40 -> 232 MiB in 6 s. The live set is subtracted because it is not
+/// steady where blocks are large: 16 blocks of 256 KiB to 4 MiB swing
+/// between 27 and 40 MiB, more than a tenth, under any allocator (the plain
+/// RSS test failed one run in four at kmem's own 73ed8ae, and glibc's RSS
+/// swings 37 to 57 MiB); one such block kept or not moves RSS by 4 MiB. The program is pinned to one CPU:
 /// the other tests load the machine, and a thread that migrates fills a
 /// second per-CPU heap while the first one's blocks die (up to twice the
 /// set for a moment), which is kmem-nta's per-CPU design, not placement or
@@ -106,7 +112,9 @@ fn a_multi_thread_stress_checks_every_calloc() {
 fn a_steady_working_set_keeps_its_rss_in_every_band() {
     let exe = workload("churn");
     let (warm, run, window) = (300.0, 1200.0, 400.0);
-    let samples = |kmem: bool, band: &str| -> Vec<(f64, f64)> {
+    // (time ms, RSS KiB, live KiB): each "rss" line and the "live" line
+    // after it.
+    let samples = |kmem: bool, band: &str| -> Vec<(f64, f64, f64)> {
         let mut c = Command::new(&exe);
         c.args([band, &format!("{warm}"), &format!("{run}"), "pin"]);
         if kmem {
@@ -119,32 +127,49 @@ fn a_steady_working_set_keeps_its_rss_in_every_band() {
             "churn {band} (kmem {kmem}): {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        text.lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                (f.next()? == "rss").then_some(())?;
-                Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
-            })
-            .collect()
+        let mut v = Vec::new();
+        let mut rss = None;
+        for l in text.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                ["rss", t, k] => rss = Some((t.parse().unwrap(), k.parse().unwrap())),
+                ["live", _, k] => {
+                    let (t, r) = rss.take().expect("a live line follows an rss line");
+                    v.push((t, r, k.parse().unwrap()));
+                }
+                _ => {}
+            }
+        }
+        v
     };
-    let mean = |s: &[(f64, f64)], from: f64, to: f64| {
+    // Mean of `f` over the samples in [from, to) ms.
+    let mean = |s: &[(f64, f64, f64)], from: f64, to: f64, f: &dyn Fn(&(f64, f64, f64)) -> f64| {
         let v: Vec<f64> = s
             .iter()
-            .filter(|(t, _)| *t >= from && *t < to)
-            .map(|p| p.1)
+            .filter(|p| p.0 >= from && p.0 < to)
+            .map(f)
             .collect();
         v.iter().sum::<f64>() / v.len() as f64
     };
-    let peak = |s: &[(f64, f64)]| s.iter().map(|p| p.1).fold(0.0, f64::max);
-    for band in ["small", "medium", "page", "large", "mixed"] {
+    let peak = |s: &[(f64, f64, f64)]| s.iter().map(|p| p.1).fold(0.0, f64::max);
+    // Each band and its largest block, KiB.
+    for (band, block) in [
+        ("small", 4.0),
+        ("medium", 64.0),
+        ("page", 260.0),
+        ("large", 4096.0),
+        ("mixed", 1024.0),
+    ] {
         let k = samples(true, band);
         let g = samples(false, band);
         let end = k.last().unwrap().0;
-        let first = mean(&k, warm, warm + window);
-        let last = mean(&k, end - window + 1.0, end + 1.0);
+        let over = |p: &(f64, f64, f64)| p.1 - p.2;
+        let first = mean(&k, warm, warm + window, &|p| p.1);
+        let first_over = mean(&k, warm, warm + window, &over);
+        let last_over = mean(&k, end - window + 1.0, end + 1.0, &over);
         assert!(
-            last <= first * 1.1,
-            "{band}: RSS drifted from {first} to {last} KiB"
+            last_over <= first_over + first * 0.1 + block,
+            "{band}: RSS beyond the live set drifted from {first_over} to {last_over} KiB (first window's RSS {first} KiB)"
         );
         assert!(
             peak(&k) <= peak(&g) * 1.25 + 1024.0,

@@ -14,7 +14,9 @@
  *   large   256 KiB - 4 MiB,  16 live blocks (about 34 MiB)
  *   mixed   99 % 16 B - 64 KiB (mostly small), 1 % 64 KiB - 1 MiB,
  *           4096 live blocks
- * prints "rss MS KIB" for each sample (MS since the start), then
+ * prints "rss MS KIB" for each sample (MS since the start) and "live MS
+ * KIB", the set's bytes at that moment (with blocks of up to 4 MiB, 16 of
+ * them, the set itself swings by a tenth or more), then
  * "ops N" (steps done after warm-up), "live_kib N" (the set's bytes at the
  * end), and "checksum ok" (every pattern checked out). With "pin" the
  * program first binds itself to one CPU of those it may use: a thread that
@@ -68,8 +70,10 @@ int main(int argc, char **argv) {
   uint64_t *tag = calloc(b.live, sizeof *tag);
   if (!blk || !len || !tag) die("calloc");
   uint64_t s = 0x5eed ^ (uint64_t)b.lo;
+  size_t bytes = 0;
   for (size_t i = 0; i < b.live; i++) {
     len[i] = pick(&b, &s);
+    bytes += len[i];
     tag[i] = rng_next(&s);
     blk[i] = xmalloc(len[i]);
     fill(blk[i], len[i], tag[i]);
@@ -81,7 +85,9 @@ int main(int argc, char **argv) {
       size_t i = (size_t)(rng_next(&s) % b.live);
       verify(blk[i], len[i], tag[i]);
       free(blk[i]);
+      bytes -= len[i];
       len[i] = pick(&b, &s);
+      bytes += len[i];
       tag[i] = rng_next(&s);
       blk[i] = xmalloc(len[i]);
       fill(blk[i], len[i], tag[i]);
@@ -89,7 +95,7 @@ int main(int argc, char **argv) {
     }
     double t = now_ms();
     if (t >= next) {
-      printf("rss %.0f %ld\n", t - t0, rss_kib());
+      printf("rss %.0f %ld\nlive %.0f %zu\n", t - t0, rss_kib(), t - t0, bytes >> 10);
       next += 50;
       if (t - t0 < warm) ops = 0;
       if (t - t0 >= warm + run) break;
