@@ -33,7 +33,7 @@
 //! **Classes grow.** A class that overflows (its bound reached by a push)
 //! after this thread refilled it since its last overflow doubles its bound
 //! instead of handing half back, up to half of [`FRONT_BYTES`]
-//! ([`MAX_LIMITS`]). That is a thread that allocates a batch and frees it,
+//! ([`FrontCacheOf::MAX_LIMITS`]). That is a thread that allocates a batch and frees it,
 //! again and again (a request's buffers, a tree built and dropped): with
 //! the base bound, each batch of 1000 blocks of 64 bytes went back to nta
 //! in flushes of 128 and came back in refills, and nta's free of a chunk
@@ -299,9 +299,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// in proportion for smaller ones (the same number of entries).
     pub const BYTES: usize = FRONT_BYTES >> (FRONT_CHUNK.trailing_zeros() - SHIFT);
     /// Base bound of each class (entries).
-    pub(crate) const LIMITS: [u32; N] = limits::<N>(1 << SHIFT);
+    pub const LIMITS: [u32; N] = limits::<N>(1 << SHIFT);
     /// Most entries each class may grow to.
-    pub(crate) const MAX_LIMITS: [u32; N] = max_limits::<N>(1 << SHIFT, Self::BYTES);
+    pub const MAX_LIMITS: [u32; N] = max_limits::<N>(1 << SHIFT, Self::BYTES);
     const WATCH: [u32; N] = watch::<N>(1 << SHIFT);
     /// Chunks of 16 to 64 bytes (two words fit, class arithmetic by
     /// shifts), at most 64 classes (the bit sets are u64).

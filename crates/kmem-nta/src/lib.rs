@@ -43,6 +43,13 @@
 //! bounded, [`global`] why per thread). An [`Nta`] used as an instance has no
 //! front cache: every call is the seed's algorithm.
 //!
+//! **Tiny requests** (at most [`TINY_MAX`], 48 bytes): [`KmemNta`] and
+//! kmem-malloc keep a second instance of 16-byte chunks in 16 KiB nodes
+//! ([`global::TINY_CONFIG`]) beside the one of 64-byte chunks, with a
+//! [`TinyCache`] per thread, so that a 16-byte node or a 24-byte string
+//! does not cost a cache line. Both caches are one generic type,
+//! [`FrontCacheOf`].
+//!
 //! **Invariants** (checked by [`Nta::check`]):
 //! - every maximal run of free chunks in a node is listed exactly once, on the
 //!   list of its length, in its owner heap: so no two free runs touch
@@ -63,7 +70,8 @@
 //!
 //! **Units**: sizes in bytes at the API; `k` (chunks) inside; pages at the
 //! source. `chunk_size` is one cache line (`kmem_sys::cache_info`, 64 B on
-//! x86-64), so no two allocations share a line.
+//! x86-64), so no two allocations share a line (the tiny instance trades
+//! that for size: its blocks of 16 to 48 bytes share lines).
 //!
 //! **Bad input** (a pointer not from this allocator, the middle of an
 //! allocation, a second free) is an [`Error`](kmem_core::Error) from
