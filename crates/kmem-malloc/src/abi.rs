@@ -8,8 +8,8 @@ use kmem_nta::{FRONT_MAX, TINY_MAX};
 
 use crate::out::say;
 use crate::{
-    aligned, alloc_slow, flush_thread_cache, free_in, realloc_in, set_errno, started, thread,
-    usable, LARGE, MIN_ALIGN, NTA, POW2, TINY, T_FAST, T_SECURE,
+    aligned, alloc_slow, flush_thread_cache, free_fast, free_in, free_slow, realloc_in, set_errno,
+    started, thread, usable, LARGE, MIN_ALIGN, NTA, POW2, TINY, T_FAST, T_SECURE,
 };
 
 /// `malloc(3)`.
@@ -54,8 +54,8 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// As the C function.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if !p.is_null() {
-        free_in("free", p.cast());
+    if !free_fast(p as usize) {
+        free_slow(p.cast());
     }
 }
 

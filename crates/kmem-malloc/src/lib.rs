@@ -511,6 +511,14 @@ impl Span {
         self.contains_slow(nta, a)
     }
 
+    /// As [`contains`](Self::contains) once the range is known; false
+    /// before (no call: for `free_fast`).
+    #[inline(always)]
+    fn known_to_contain(&self, a: usize) -> bool {
+        let lo = self.lo.load(Ordering::Relaxed);
+        lo != 0 && a.wrapping_sub(lo) < self.len.load(Ordering::Relaxed)
+    }
+
     #[cold]
     fn contains_slow(&self, nta: &Nta<MallocSource, Cpus>, a: usize) -> bool {
         match nta.source().span() {
@@ -676,6 +684,49 @@ fn alloc_tiny(t: &Thread, size: usize, align: usize) -> *mut u8 {
     }
     let l = Layout::from_size_align(size, align).expect("checked sizes");
     TINY.alloc(l).map_or(ptr::null_mut(), |p| p.as_ptr())
+}
+
+/// `free`'s common case, with no call in it, so that it needs no stack
+/// frame: a live block of [`NTA`]'s or [`TINY`]'s, on a thread in `T_FAST`,
+/// pushed on its cache when that needs no flush and no look at the clock.
+/// False for anything else (null included), with nothing changed: the
+/// caller then takes [`free_in`], which checks and does it all.
+#[inline(always)]
+fn free_fast(a: usize) -> bool {
+    let t = thread();
+    if t.mode.get() != T_FAST {
+        return false;
+    }
+    if NTA_SPAN.known_to_contain(a) {
+        // SAFETY: a lies in nta's reservation, which stays mapped whole.
+        match unsafe { NTA.lookup_unlocked(a) } {
+            // SAFETY: a live block of k chunks of NTA's that the caller
+            // gives up; this thread's cache holds only NTA's chunks.
+            Ok(k) if k <= FRONT_CLASSES => unsafe {
+                (*t.front.get()).try_push(&NTA, a as *mut u8, k)
+            },
+            _ => false,
+        }
+    } else if TINY_SPAN.known_to_contain(a) {
+        // SAFETY: as above, for the tiny nta.
+        match unsafe { TINY.lookup_unlocked(a) } {
+            // SAFETY: as above.
+            Ok(k) if k <= TINY_CLASSES => unsafe {
+                (*t.tiny.get()).try_push(&TINY, a as *mut u8, k)
+            },
+            _ => false,
+        }
+    } else {
+        false
+    }
+}
+
+/// `free` past [`free_fast`]: everything else, checked.
+#[inline(never)]
+fn free_slow(p: *mut u8) {
+    if !p.is_null() {
+        free_in("free", p);
+    }
 }
 
 /// Frees `p`, or prints one line and aborts when `p` is not live.
