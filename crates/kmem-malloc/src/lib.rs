@@ -686,6 +686,13 @@ fn alloc_tiny(t: &Thread, size: usize, align: usize) -> *mut u8 {
     TINY.alloc(l).map_or(ptr::null_mut(), |p| p.as_ptr())
 }
 
+/// [`NTA`]'s and [`TINY`]'s shapes as constants, from the configurations
+/// they are built from (for `Nta::lookup_unlocked_fixed`).
+const NTA_CHUNK_SHIFT: u32 = GLOBAL_CONFIG.chunk_size.trailing_zeros();
+const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
+const TINY_CHUNK_SHIFT: u32 = TINY_CONFIG.chunk_size.trailing_zeros();
+const TINY_NODE_SHIFT: u32 = TINY_CONFIG.node_size.trailing_zeros();
+
 /// `free`'s common case, with no call in it, so that it needs no stack
 /// frame: a live block of [`NTA`]'s or [`TINY`]'s, on a thread in `T_FAST`,
 /// pushed on its cache when that needs no flush and no look at the clock.
@@ -698,8 +705,9 @@ fn free_fast(a: usize) -> bool {
         return false;
     }
     if NTA_SPAN.known_to_contain(a) {
-        // SAFETY: a lies in nta's reservation, which stays mapped whole.
-        match unsafe { NTA.lookup_unlocked(a) } {
+        // SAFETY: a lies in nta's reservation, which stays mapped whole;
+        // NTA is built from GLOBAL_CONFIG, whose shape the shifts are.
+        match unsafe { NTA.lookup_unlocked_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
             // SAFETY: a live block of k chunks of NTA's that the caller
             // gives up; this thread's cache holds only NTA's chunks.
             Ok(k) if k <= FRONT_CLASSES => unsafe {
@@ -708,8 +716,8 @@ fn free_fast(a: usize) -> bool {
             _ => false,
         }
     } else if TINY_SPAN.known_to_contain(a) {
-        // SAFETY: as above, for the tiny nta.
-        match unsafe { TINY.lookup_unlocked(a) } {
+        // SAFETY: as above, for the tiny nta and TINY_CONFIG.
+        match unsafe { TINY.lookup_unlocked_fixed::<TINY_CHUNK_SHIFT, TINY_NODE_SHIFT>(a) } {
             // SAFETY: as above.
             Ok(k) if k <= TINY_CLASSES => unsafe {
                 (*t.tiny.get()).try_push(&TINY, a as *mut u8, k)

@@ -466,6 +466,26 @@ fn seed_geometry_32_byte_chunks() {
     .is_err());
 }
 
+/// The lookup, checked against the one over the same geometry known at
+/// compile time (64-byte chunks, 32 KiB nodes): they must always agree.
+///
+/// # Safety
+/// As `Nta::lookup_unlocked`; `nta` is of that geometry.
+unsafe fn look<P: kmem_core::PageSource, C: kmem_core::CpuSource>(
+    nta: &Nta<P, C>,
+    x: usize,
+) -> kmem_core::Result<usize> {
+    // SAFETY: forwarded contract.
+    let (r, f) = unsafe {
+        (
+            nta.lookup_unlocked(x),
+            nta.lookup_unlocked_fixed::<6, 15>(x),
+        )
+    };
+    assert_eq!(r, f, "{x:#x}");
+    r
+}
+
 #[test]
 fn lookup_without_the_lock() {
     let mut b = buf(128);
@@ -478,24 +498,24 @@ fn lookup_without_the_lock() {
     let big = nta.alloc(l(3000)).unwrap().as_ptr() as usize; // 47 chunks
                                                              // SAFETY: every address lies in a node of this allocator's source.
     unsafe {
-        assert_eq!(nta.lookup_unlocked(a), Ok(4));
-        assert_eq!(nta.lookup_unlocked(bb), Ok(1));
-        assert_eq!(nta.lookup_unlocked(big), Ok(47));
+        assert_eq!(look(&nta, a), Ok(4));
+        assert_eq!(look(&nta, bb), Ok(1));
+        assert_eq!(look(&nta, big), Ok(47));
         // The middle of an allocation, a misaligned pointer, the header.
         assert!(matches!(
-            nta.lookup_unlocked(a + 64),
+            look(&nta, a + 64),
             Err(Error::NotAllocated { .. })
         ));
-        assert!(nta.lookup_unlocked(a + 8).is_err());
+        assert!(look(&nta, a + 8).is_err());
         let node = a & !((32 << 10) - 1);
-        assert!(nta.lookup_unlocked(node).is_err());
-        assert!(nta.lookup_unlocked(node + 64).is_err());
+        assert!(look(&nta, node).is_err());
+        assert!(look(&nta, node + 64).is_err());
     }
     // A freed chunk: its used bit is clear.
     // SAFETY: live, freed once.
     unsafe { nta.free_small(bb, 1) };
     // SAFETY: an address inside the arena, which stays mapped.
-    let r = unsafe { nta.lookup_unlocked(bb) };
+    let r = unsafe { look(&nta, bb) };
     assert!(matches!(r, Err(Error::DoubleFree { .. })));
     // A chunk freed on another CPU waits on the semi-free list, still
     // allocated in the bitmap: its tag gives it away.
@@ -508,7 +528,7 @@ fn lookup_without_the_lock() {
     });
     assert_eq!(nta.stats().remote_pending, 1);
     // SAFETY: an address inside the arena, which stays mapped.
-    let r = unsafe { nta.lookup_unlocked(a) };
+    let r = unsafe { look(&nta, a) };
     assert!(matches!(r, Err(Error::DoubleFree { .. })));
     nta.check().unwrap();
     // A chunk parked in a front cache carries the cache's key.
@@ -518,17 +538,17 @@ fn lookup_without_the_lock() {
     assert!(!p.is_null());
     // SAFETY: p is a live 2-chunk allocation from the refill.
     unsafe {
-        assert_eq!(nta.lookup_unlocked(p as usize), Ok(2));
+        assert_eq!(look(&nta, p as usize), Ok(2));
         front.push(&nta, p, 2);
         assert!(matches!(
-            nta.lookup_unlocked(p as usize),
+            look(&nta, p as usize),
             Err(Error::DoubleFree { .. })
         ));
         assert_eq!(front.pop(2), p);
         // A class beyond the cache's is simply empty.
         assert!(front.pop(crate::FRONT_CLASSES + 1).is_null());
         assert!(front.pop(usize::MAX).is_null());
-        assert_eq!(nta.lookup_unlocked(p as usize), Ok(2), "handed out again");
+        assert_eq!(look(&nta, p as usize), Ok(2), "handed out again");
         front.push(&nta, p, 2);
         front.flush_all(&nta);
         nta.free_small(big, 47);

@@ -7,7 +7,9 @@ use core::ptr::{self, NonNull};
 use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, Error, PageSource, Result};
 
-use crate::node::{bits, end_map, load_check, seal, seal_freed, used_map, Node, KIND_SMALL};
+use crate::node::{
+    bits, end_map, load_check, seal, seal_freed, used_map, Geometry, Node, KIND_SMALL,
+};
 
 use super::{bad_free, parked, semi_tag, skip_word, Nta, Semi};
 
@@ -315,8 +317,37 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// kmem-pages source).
     #[inline(always)]
     pub unsafe fn lookup_unlocked(&self, addr: usize) -> Result<usize> {
-        let g = &self.geo;
-        let (node, idx) = self.node_of(addr);
+        // SAFETY: forwarded contract; the geometry is this allocator's.
+        unsafe { self.lookup_in(&self.geo, addr) }
+    }
+
+    /// [`lookup_unlocked`](Self::lookup_unlocked) for an allocator whose
+    /// chunks are `1 << CHUNK_SHIFT` bytes in nodes of `1 << NODE_SHIFT`,
+    /// known when the caller is compiled: the node's shape is then
+    /// constants (shifts and offsets by immediates, no loads of the
+    /// geometry), which is what a `free` without a size spends most of its
+    /// instructions on. kmem-malloc's `free` uses it.
+    ///
+    /// # Safety
+    /// As [`lookup_unlocked`](Self::lookup_unlocked), and this allocator's
+    /// geometry is `Geometry::new(1 << CHUNK_SHIFT, 1 << NODE_SHIFT)`
+    /// (checked in debug builds).
+    #[inline(always)]
+    pub unsafe fn lookup_unlocked_fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>(
+        &self,
+        addr: usize,
+    ) -> Result<usize> {
+        let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
+        debug_assert_eq!(*g, self.geo);
+        // SAFETY: forwarded contract; the caller vouches for the geometry.
+        unsafe { self.lookup_in(g, addr) }
+    }
+
+    /// The lookup over geometry `g` (this allocator's).
+    #[inline(always)]
+    unsafe fn lookup_in(&self, g: &Geometry, addr: usize) -> Result<usize> {
+        let node = addr & !g.node_mask();
+        let (node, idx) = (node as *mut Node, (addr - node) >> g.chunk_shift);
         let secret = self.secret();
         let bad = Error::NotAllocated { addr: addr as u64 };
         if load_check(node) != seal(node as usize, secret) || secret == 0 {
@@ -513,4 +544,15 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             }
         }
     }
+}
+
+/// A geometry known at compile time (see
+/// [`Nta::lookup_unlocked_fixed`]).
+struct Fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>;
+
+impl<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32> Fixed<CHUNK_SHIFT, NODE_SHIFT> {
+    const GEO: Geometry = match Geometry::new(1 << CHUNK_SHIFT, 1 << NODE_SHIFT) {
+        Ok(g) => g,
+        Err(e) => panic!("{}", e),
+    };
 }
