@@ -760,15 +760,7 @@ fn free_in(what: &str, p: *mut u8) {
                     unsafe { free_uncached(t, p, k) };
                 }
             }
-            Err(e @ Error::DoubleFree { .. }) => die(what, p, &e),
-            // A large run, or a suspicion to settle under the lock.
-            Err(_) => {
-                // SAFETY: p is non-null; free checks it fully and changes
-                // nothing when it is not live.
-                if let Err(e) = unsafe { NTA.free(NonNull::new_unchecked(p)) } {
-                    die(what, p, &e)
-                }
-            }
+            Err(e) => free_checked(what, &NTA, p, e),
         }
     } else if in_tiny(a) {
         // SAFETY: as above, for the tiny nta's reservation.
@@ -784,14 +776,7 @@ fn free_in(what: &str, p: *mut u8) {
                     unsafe { free_tiny_uncached(t, p, k) };
                 }
             }
-            Err(e @ Error::DoubleFree { .. }) => die(what, p, &e),
-            Err(_) => {
-                // SAFETY: p is non-null; free checks it fully and changes
-                // nothing when it is not live.
-                if let Err(e) = unsafe { TINY.free(NonNull::new_unchecked(p)) } {
-                    die(what, p, &e)
-                }
-            }
+            Err(e) => free_checked(what, &TINY, p, e),
         }
     } else if let Some(l) = large_of(a) {
         if harden::modes() != 0 {
@@ -806,6 +791,23 @@ fn free_in(what: &str, p: *mut u8) {
         }
     } else {
         die(what, p, &"not allocated by kmem")
+    }
+}
+
+/// `free` of `p`, in `nta`'s reservation, whose unlocked lookup said `e`: a
+/// double free aborts; anything else (a large run of nta's, or a suspicion)
+/// is settled by nta's checked free under the lock, which changes nothing
+/// when `p` is not live.
+#[cold]
+#[inline(never)]
+fn free_checked(what: &str, nta: &Nta<MallocSource, Cpus>, p: *mut u8, e: Error) {
+    if let Error::DoubleFree { .. } = e {
+        die(what, p, &e)
+    }
+    // SAFETY: p is non-null (it lies in nta's reservation); free checks it
+    // fully.
+    if let Err(e) = unsafe { nta.free(NonNull::new_unchecked(p)) } {
+        die(what, p, &e)
     }
 }
 

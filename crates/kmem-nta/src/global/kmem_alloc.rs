@@ -10,7 +10,7 @@ use kmem_core::Cpus;
 use super::{
     global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG, TINY_CHUNK, TINY_CONFIG,
 };
-use crate::front::{FrontCache, TinyCache};
+use crate::front::{FrontCache, FrontCacheOf, TinyCache};
 use crate::nta::{Nta, Stats};
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
@@ -106,48 +106,54 @@ fn front_class(layout: &Layout) -> Option<usize> {
     }
 }
 
-// SAFETY: the front cache holds only allocations of exactly class k made by
-// NTA, handed out once; everything else is NTA's GlobalAlloc.
+/// A block of class `k` from this thread's cache that `which` picks (of
+/// `nta`'s chunks), refilled from `nta` when empty; null when the cache is
+/// gone (thread exit) or `nta` is out of memory.
+///
+/// # Safety
+/// The picked cache holds only `nta`'s chunks.
+#[inline(always)]
+unsafe fn cached<const S: u32, const N: usize>(
+    which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
+    nta: &Nta<GlobalSource, Cpus>,
+    k: usize,
+) -> *mut u8 {
+    FRONT
+        .try_with(|f| {
+            // SAFETY: this thread's caches; the allocator never re-enters
+            // itself, so this is the only borrow.
+            let f = which(unsafe { &mut *f.get() });
+            let p = f.pop(k);
+            if p.is_null() {
+                // SAFETY: the caller's contract.
+                unsafe { f.refill(nta, k) }
+            } else {
+                p
+            }
+        })
+        .unwrap_or(ptr::null_mut())
+}
+
+// SAFETY: each cache holds only allocations of exactly class k made by its
+// nta (a tiny layout's by TINY, others by NTA), handed out once; everything
+// else is that nta's GlobalAlloc.
 unsafe impl GlobalAlloc for KmemNta {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if let Some(k) = tiny_class(&layout) {
-            let r = FRONT.try_with(|f| {
-                // SAFETY: as below, for the tiny cache and TINY.
-                let f = unsafe { &mut (*f.get()).1 };
-                let p = f.pop(k);
-                if p.is_null() {
-                    // SAFETY: this cache holds only TINY's chunks.
-                    unsafe { f.refill(&TINY, k) }
-                } else {
-                    p
-                }
-            });
-            if let Ok(p) = r {
-                if !p.is_null() {
-                    return p;
-                }
+            // SAFETY: the tiny cache holds only TINY's chunks.
+            let p = unsafe { cached(|f| &mut f.1, &TINY, k) };
+            if !p.is_null() {
+                return p;
             }
             // SAFETY: forwarded.
             return unsafe { GlobalAlloc::alloc(&TINY, layout) };
         }
         if let Some(k) = front_class(&layout) {
-            let r = FRONT.try_with(|f| {
-                // SAFETY: this thread's cache; the allocator never re-enters
-                // itself, so this is the only borrow.
-                let f = unsafe { &mut (*f.get()).0 };
-                let p = f.pop(k);
-                if p.is_null() {
-                    // SAFETY: this cache holds only NTA's chunks.
-                    unsafe { f.refill(&NTA, k) }
-                } else {
-                    p
-                }
-            });
-            if let Ok(p) = r {
-                if !p.is_null() {
-                    return p;
-                }
+            // SAFETY: the front cache holds only NTA's chunks.
+            let p = unsafe { cached(|f| &mut f.0, &NTA, k) };
+            if !p.is_null() {
+                return p;
             }
         }
         // SAFETY: forwarded.

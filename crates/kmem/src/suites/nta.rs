@@ -191,9 +191,13 @@ fn tiny_kmem(chunk: usize, node: usize, seed: u64) -> f64 {
     share
 }
 
-/// [`tiny_share`] under the power-of-two slab baseline.
-fn tiny_baseline(seed: u64) -> f64 {
-    let mut arena = Arena::new();
+/// The power-of-two slab baseline over `arena` (one CPU, no array
+/// caches, unchecked: the seed's "before"), as an allocation function
+/// returning addresses, handed to `f`.
+fn with_baseline<R>(
+    arena: &mut Arena,
+    f: impl FnOnce(&mut dyn FnMut(usize) -> Option<usize>) -> R,
+) -> R {
     let slab = Pow2Slab::new(
         arena.slice(),
         PAGE,
@@ -205,30 +209,21 @@ fn tiny_baseline(seed: u64) -> f64 {
         Cpus::Fixed(0),
     )
     .expect("the baseline fits its arena");
-    tiny_share(seed, |size| {
+    f(&mut |size| {
         slab.alloc(Layout::from_size_align(size, 1).ok()?)
             .map(|p| p.as_ptr() as usize)
     })
 }
 
+/// [`tiny_share`] under the power-of-two slab baseline.
+fn tiny_baseline(seed: u64) -> f64 {
+    with_baseline(&mut Arena::new(), |alloc| tiny_share(seed, alloc))
+}
+
 fn frag_baseline(seed: u64) -> Vec<Round> {
     let mut arena = Arena::new();
     let data = arena.data();
-    let slab = Pow2Slab::new(
-        arena.slice(),
-        PAGE,
-        SlabConfig {
-            array_caches: false,
-            cpus: 1,
-            checked: false,
-        },
-        Cpus::Fixed(0),
-    )
-    .expect("the baseline fits its arena");
-    frag_test(data, seed, |size| {
-        slab.alloc(Layout::from_size_align(size, 1).ok()?)
-            .map(|p| p.as_ptr() as usize)
-    })
+    with_baseline(&mut arena, |alloc| frag_test(data, seed, alloc))
 }
 
 use kmem_core::PageSource as _;
