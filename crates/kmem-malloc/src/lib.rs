@@ -68,6 +68,7 @@
 #![warn(missing_docs)]
 
 mod abi;
+mod free;
 pub mod harden;
 pub mod introspect;
 mod large;
@@ -84,7 +85,7 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource};
 use kmem_nta::global::{GLOBAL_CONFIG, TINY_CONFIG};
-use kmem_nta::{front_class, tiny_class, Nta, FRONT_CLASSES, TINY_CLASSES, TINY_MAX};
+use kmem_nta::{front_class, tiny_class, Nta, TINY_MAX};
 use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
@@ -97,6 +98,7 @@ pub use abi::{
     aligned_alloc, calloc, free, malloc, malloc_stats, malloc_trim, malloc_usable_size, memalign,
     posix_memalign, pvalloc, realloc, reallocarray, valloc,
 };
+use free::{free_fast, free_in, free_slow};
 use large::Large;
 use out::{die, say};
 use thread::{
@@ -684,178 +686,6 @@ fn alloc_tiny(t: &Thread, size: usize, align: usize) -> *mut u8 {
     }
     let l = Layout::from_size_align(size, align).expect("checked sizes");
     TINY.alloc(l).map_or(ptr::null_mut(), |p| p.as_ptr())
-}
-
-/// [`NTA`]'s and [`TINY`]'s shapes as constants, from the configurations
-/// they are built from (for `Nta::lookup_unlocked_fixed`).
-const NTA_CHUNK_SHIFT: u32 = GLOBAL_CONFIG.chunk_size.trailing_zeros();
-const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
-const TINY_CHUNK_SHIFT: u32 = TINY_CONFIG.chunk_size.trailing_zeros();
-const TINY_NODE_SHIFT: u32 = TINY_CONFIG.node_size.trailing_zeros();
-
-/// `free`'s common case, with no call in it, so that it needs no stack
-/// frame: a live block of [`NTA`]'s or [`TINY`]'s, on a thread in `T_FAST`,
-/// pushed on its cache when that needs no flush and no look at the clock.
-/// False for anything else (null included), with nothing changed: the
-/// caller then takes [`free_in`], which checks and does it all.
-#[inline(always)]
-fn free_fast(a: usize) -> bool {
-    let t = thread();
-    if t.mode.get() != T_FAST {
-        return false;
-    }
-    if NTA_SPAN.known_to_contain(a) {
-        // SAFETY: a lies in nta's reservation, which stays mapped whole;
-        // NTA is built from GLOBAL_CONFIG, whose shape the shifts are.
-        match unsafe { NTA.lookup_unlocked_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
-            // SAFETY: a live block of k chunks of NTA's that the caller
-            // gives up; this thread's cache holds only NTA's chunks.
-            Ok(k) if k <= FRONT_CLASSES => unsafe {
-                (*t.front.get()).try_push(&NTA, a as *mut u8, k)
-            },
-            _ => false,
-        }
-    } else if TINY_SPAN.known_to_contain(a) {
-        // SAFETY: as above, for the tiny nta and TINY_CONFIG.
-        match unsafe { TINY.lookup_unlocked_fixed::<TINY_CHUNK_SHIFT, TINY_NODE_SHIFT>(a) } {
-            // SAFETY: as above.
-            Ok(k) if k <= TINY_CLASSES => unsafe {
-                (*t.tiny.get()).try_push(&TINY, a as *mut u8, k)
-            },
-            _ => false,
-        }
-    } else {
-        false
-    }
-}
-
-/// `free` past [`free_fast`]: everything else, checked.
-#[inline(never)]
-fn free_slow(p: *mut u8) {
-    if !p.is_null() {
-        free_in("free", p);
-    }
-}
-
-/// Frees `p`, or prints one line and aborts when `p` is not live.
-#[inline(always)]
-fn free_in(what: &str, p: *mut u8) {
-    let a = p as usize;
-    if in_nta(a) {
-        // SAFETY: a lies in nta's reservation, which stays mapped whole, so
-        // the node header below it and the chunk's words are readable.
-        match unsafe { NTA.lookup_unlocked(a) } {
-            Ok(k) => {
-                let t = thread();
-                let mode = t.mode.get();
-                if mode == T_FAST && k <= FRONT_CLASSES {
-                    // SAFETY: a live allocation of k chunks that the caller
-                    // gives up; this thread's cache holds only NTA's chunks.
-                    unsafe { (*t.front.get()).push(&NTA, p, k) };
-                } else if mode == T_SECURE && k <= FRONT_CLASSES {
-                    // SAFETY: as above.
-                    unsafe { (*t.front.get()).push(&NTA, p, k) };
-                } else {
-                    // SAFETY: as above.
-                    unsafe { free_uncached(t, p, k) };
-                }
-            }
-            Err(e) => free_checked(what, &NTA, p, e),
-        }
-    } else if in_tiny(a) {
-        // SAFETY: as above, for the tiny nta's reservation.
-        match unsafe { TINY.lookup_unlocked(a) } {
-            Ok(k) => {
-                let t = thread();
-                if t.mode.get() == T_FAST && k <= TINY_CLASSES {
-                    // SAFETY: a live allocation of k chunks of TINY's that
-                    // the caller gives up; the tiny cache holds only TINY's.
-                    unsafe { (*t.tiny.get()).push(&TINY, p, k) };
-                } else {
-                    // SAFETY: as above.
-                    unsafe { free_tiny_uncached(t, p, k) };
-                }
-            }
-            Err(e) => free_checked(what, &TINY, p, e),
-        }
-    } else if let Some(l) = large_of(a) {
-        if harden::modes() != 0 {
-            harden::free_large_hardened(what, l, p);
-        } else if let Err(e) = l.free(a) {
-            die(what, p, &e)
-        }
-    } else if let Some(s) = pow2_of(a) {
-        // SAFETY: p is non-null; the slab checks its descriptor first.
-        if let Err(e) = unsafe { s.free(NonNull::new_unchecked(p)) } {
-            die(what, p, &e)
-        }
-    } else {
-        die(what, p, &"not allocated by kmem")
-    }
-}
-
-/// `free` of `p`, in `nta`'s reservation, whose unlocked lookup said `e`: a
-/// double free aborts; anything else (a large run of nta's, or a suspicion)
-/// is settled by nta's checked free under the lock, which changes nothing
-/// when `p` is not live.
-#[cold]
-#[inline(never)]
-fn free_checked(what: &str, nta: &Nta<MallocSource, Cpus>, p: *mut u8, e: Error) {
-    if let Error::DoubleFree { .. } = e {
-        die(what, p, &e)
-    }
-    // SAFETY: p is non-null (it lies in nta's reservation); free checks it
-    // fully.
-    if let Err(e) = unsafe { nta.free(NonNull::new_unchecked(p)) } {
-        die(what, p, &e)
-    }
-}
-
-/// `free` of nta's `k`-chunk block `p` off the front cache's path: a
-/// medium block, a thread without a cache, or a thread's first call. A
-/// thread whose first call is `free` (a consumer of what others allocate)
-/// starts here and gets its cache too: without it, each of its frees took a
-/// heap lock, or queued one block on another CPU's semi-free list.
-///
-/// # Safety
-/// `p` is a live allocation of `k` chunks of `NTA` that the caller gives up.
-#[inline(never)]
-unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
-    let mut t = t;
-    if t.mode.get() == T_NEW {
-        t = thread_start();
-        if t.mode.get() == T_FAST && k <= FRONT_CLASSES {
-            // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
-            unsafe { (*t.front.get()).push(&NTA, p, k) };
-            return;
-        }
-    }
-    if harden::modes() != 0 {
-        // SAFETY: forwarded.
-        return unsafe { harden::free_small_hardened(t, p, k) };
-    }
-    // SAFETY: forwarded.
-    unsafe { NTA.free_small(p as usize, k) };
-}
-
-/// `free` of the tiny nta's `k`-chunk block `p` off the tiny cache's path
-/// (a thread without a cache, or its first call), as [`free_uncached`].
-///
-/// # Safety
-/// `p` is a live allocation of `k` chunks of `TINY` that the caller gives up.
-#[inline(never)]
-unsafe fn free_tiny_uncached(t: &Thread, p: *mut u8, k: usize) {
-    let mut t = t;
-    if t.mode.get() == T_NEW {
-        t = thread_start();
-        if t.mode.get() == T_FAST && k <= TINY_CLASSES {
-            // SAFETY: forwarded; this thread's tiny cache holds TINY's chunks.
-            unsafe { (*t.tiny.get()).push(&TINY, p, k) };
-            return;
-        }
-    }
-    // SAFETY: forwarded.
-    unsafe { TINY.free_small(p as usize, k) };
 }
 
 /// The usable size of the live allocation `p`, or one line and abort

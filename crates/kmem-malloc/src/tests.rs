@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::thread::NEW;
-use kmem_nta::FrontCache;
+use kmem_nta::{FrontCache, FRONT_CLASSES};
 
 #[test]
 fn sizes_alignment_and_usable_size() {

@@ -1,0 +1,333 @@
+//! The front caches' tests: bounds and classes, and caches over real ntas
+//! (`shuffle_tests`).
+
+use super::*;
+
+#[test]
+fn limits_are_bounded() {
+    const LIMITS: [u32; FRONT_CLASSES + 1] = FrontCache::LIMITS;
+    const MAX_LIMITS: [u32; FRONT_CLASSES + 1] = FrontCache::MAX_LIMITS;
+    assert_eq!(LIMITS[1], 256);
+    assert_eq!(LIMITS[4], 128);
+    assert_eq!(LIMITS[64], 16);
+    let worst: usize = (1..=FRONT_CLASSES)
+        .map(|k| LIMITS[k] as usize * k * FRONT_CHUNK)
+        .sum();
+    assert!(worst > FRONT_BYTES, "the byte cap is what binds");
+    // Grown, a class holds at most half the cache.
+    assert_eq!(MAX_LIMITS[1], 8192);
+    assert_eq!(MAX_LIMITS[8], 1024);
+    assert_eq!(MAX_LIMITS[64], 128);
+    assert!((1..=FRONT_CLASSES).all(|k| MAX_LIMITS[k] >= LIMITS[k]
+        && MAX_LIMITS[k] as usize * k * FRONT_CHUNK <= FRONT_BYTES / 2));
+    // The tiny cache: the same entries, a quarter of the bytes.
+    assert_eq!(TinyCache::BYTES, FRONT_BYTES / 4);
+    assert_eq!(TinyCache::LIMITS, [0, 256, 256, 256]);
+    assert_eq!(TinyCache::MAX_LIMITS, [0, 8192, 4096, 2730]);
+}
+
+#[test]
+fn refills_start_at_a_kib_and_double_to_half_the_class() {
+    let ramp = |k: usize| {
+        (0..7)
+            .map(|f| fill_count(k, FRONT_CHUNK, f, FrontCache::LIMITS[k]))
+            .collect::<std::vec::Vec<_>>()
+    };
+    // 64-byte chunks: 16 doubling to half of 256.
+    assert_eq!(ramp(1), [16, 32, 64, 128, 128, 128, 128]);
+    // 1 KiB: 1 doubling to 16 (half of 32), then no more.
+    assert_eq!(ramp(16), [1, 2, 4, 8, 16, 16, 16]);
+    // 4 KiB: one at a time until the budget covers more, up to 8.
+    assert_eq!(ramp(64), [1, 1, 1, 2, 4, 8, 8]);
+    // Every class gets at least one.
+    assert!((1..=FRONT_CLASSES).all(|k| fill_count(k, FRONT_CHUNK, 0, FrontCache::LIMITS[k]) >= 1));
+    // A grown class refills up to half its bound, within the budget.
+    assert_eq!(fill_count(1, FRONT_CHUNK, 6, 2048), 512);
+    assert_eq!(fill_count(64, FRONT_CHUNK, 6, 64), 8);
+    // 16-byte chunks: a KiB is 64 of them, up to half of 256.
+    assert_eq!(fill_count(1, TINY_CHUNK, 0, 256), 64);
+    assert_eq!(fill_count(1, TINY_CHUNK, 1, 256), 128);
+}
+
+#[test]
+fn classes() {
+    assert_eq!(front_class(0), Some(1));
+    assert_eq!(front_class(1), Some(1));
+    assert_eq!(front_class(64), Some(1));
+    assert_eq!(front_class(65), Some(2));
+    assert_eq!(front_class(4096), Some(64));
+    assert_eq!(front_class(4097), None);
+    assert_eq!(tiny_class(0), Some(1));
+    assert_eq!(tiny_class(16), Some(1));
+    assert_eq!(tiny_class(17), Some(2));
+    assert_eq!(tiny_class(48), Some(3));
+    assert_eq!(tiny_class(49), None);
+}
+
+#[test]
+fn links_round_trip_and_a_written_pointer_never_decodes_aligned() {
+    for secret in [0usize, 1, 0x1234_5678_9abc_def0, usize::MAX] {
+        let key = link_key(secret);
+        for e in [0x1000usize, 0x7f00_dead_be40, 0x40] {
+            let e = e as *mut Semi;
+            for next in [0usize, 0x2000, 0x7f00_dead_be80] {
+                let next = next as *mut Semi;
+                assert_eq!(
+                    link_decode(e, link_encode(next, key), key, FRONT_CHUNK),
+                    next
+                );
+            }
+            // Whatever aligned pointer (or zero) a use after free or an
+            // overflow writes into the link, it decodes misaligned.
+            for written in [0usize, 0x40, 0x5555_5555_5540, 0x4141_4141_4141_4141] {
+                let got = written ^ key;
+                assert_ne!(got & (FRONT_CHUNK - 1), 0, "{written:#x}");
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_bytes_are_an_empty_cache() {
+    // kmem-malloc keeps the cache in zero-initialised TLS.
+    // SAFETY: the type is pointers and integers, for which zero is valid.
+    let z: FrontCache = unsafe { core::mem::zeroed() };
+    assert_eq!(z.bytes(), 0);
+    assert!((1..=FRONT_CLASSES).all(|k| z.count(k) == 0 && z.heads[k].is_null()));
+}
+
+mod shuffle_tests {
+    extern crate std;
+
+    use std::collections::BTreeSet;
+    use std::vec;
+    use std::vec::Vec;
+
+    use kmem_core::Cpus;
+    use kmem_pages::FixedSource;
+
+    use super::{FrontCache, TinyCache};
+    use crate::{Config, Nta};
+
+    /// An nta of 64-byte chunks and 32 KiB nodes, one heap, over `b`.
+    fn nta_over(b: &mut [u64]) -> Nta<FixedSource<'_>, Cpus> {
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes =
+            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let cfg = Config {
+            chunk_size: 64,
+            node_size: 32 << 10,
+            heaps: 1,
+            reserve_nodes: 1,
+            steal: false,
+        };
+        Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap()
+    }
+
+    #[test]
+    fn shuffle_keeps_every_chunk_and_changes_the_order() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        let mut seed = 7u64;
+        // SAFETY: a cache filled from nta only; every chunk popped is given
+        // back once.
+        unsafe {
+            // Three refills: 16 + 32 + 64 one-chunk entries, less the three
+            // handed out.
+            let mut first = Vec::new();
+            for _ in 0..3 {
+                let p = front.refill(&nta, 1);
+                assert!(!p.is_null());
+                first.push(p);
+            }
+            let n = front.count(1);
+            assert_eq!(n, 109);
+            let order = |f: &mut FrontCache| {
+                let v: Vec<usize> = (0..n).map(|_| f.pop_checked(&nta, 1) as usize).collect();
+                for &p in v.iter().rev() {
+                    f.push(&nta, p as *mut u8, 1);
+                }
+                v
+            };
+            let before = order(&mut front);
+            front.shuffle(1, || {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                seed >> 11
+            });
+            assert_eq!(front.count(1), n);
+            let after = order(&mut front);
+            assert_ne!(before, after, "the order changed");
+            let a: BTreeSet<usize> = before.iter().copied().collect();
+            let b: BTreeSet<usize> = after.iter().copied().collect();
+            assert_eq!(a, b, "the same chunks");
+            assert_eq!(a.len(), n);
+            for p in first {
+                front.push(&nta, p, 1);
+            }
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
+    /// A batch of 1000 one-chunk blocks allocated and freed again and again:
+    /// the class grows until the batch fits, and from then on the cycle
+    /// never reaches nta; a thread that only frees never grows its class.
+    #[test]
+    fn a_class_that_cycles_grows_until_its_batch_fits() {
+        let mut b = vec![0u64; 513 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        let base = FrontCache::LIMITS[1] as usize;
+        // SAFETY: a cache over nta only; every chunk is given back once.
+        unsafe {
+            let mut v = Vec::with_capacity(1000);
+            let mut frees_seen = Vec::new();
+            for _ in 0..6 {
+                for _ in 0..1000 {
+                    let mut p = front.pop_checked(&nta, 1);
+                    if p.is_null() {
+                        p = front.refill(&nta, 1);
+                    }
+                    assert!(!p.is_null());
+                    v.push(p);
+                }
+                let before = nta.stats().frees;
+                for p in v.drain(..) {
+                    front.push(&nta, p, 1);
+                }
+                frees_seen.push(nta.stats().frees - before);
+                assert!(front.count(1) <= FrontCache::MAX_LIMITS[1] as usize);
+            }
+            // The first cycle flushed past the base bound; the last ones
+            // kept the whole batch.
+            assert!(frees_seen[0] > 0, "{frees_seen:?}");
+            assert_eq!(frees_seen[4..], [0, 0], "{frees_seen:?}");
+            assert!(front.count(1) >= 1000);
+            assert!(front.limit(1) as usize > base);
+            front.flush_all(&nta);
+            // Flushed whole, the class starts again from its base bound and
+            // its first refill's size.
+            assert_eq!(front.limit(1) as usize, base);
+            assert_eq!(front.fills[1], 0);
+
+            // Free-only: chunks of class 2 made by another cache, freed
+            // through this one, are handed back in batches of FREE_ONLY.
+            let mut other = FrontCache::new();
+            for _ in 0..1000 {
+                let mut p = other.pop_checked(&nta, 2);
+                if p.is_null() {
+                    p = other.refill(&nta, 2);
+                }
+                assert!(!p.is_null());
+                v.push(p);
+            }
+            other.flush_all(&nta);
+            for p in v.drain(..) {
+                front.push(&nta, p, 2);
+                assert!(front.count(2) <= super::FREE_ONLY as usize);
+            }
+            assert_eq!(front.limit(2), FrontCache::LIMITS[2]);
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
+    /// A tiny cache over an nta of 16-byte chunks: blocks of 16, 32 and 48
+    /// bytes at their size, recycled through the cache, all back at the end.
+    #[test]
+    fn a_tiny_cache_serves_16_byte_chunks_at_their_size() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        // SAFETY: viewing the u64 buffer as bytes.
+        let bytes =
+            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+        let src = FixedSource::new(bytes, 4096).unwrap();
+        let cfg = Config {
+            chunk_size: 16,
+            node_size: 16 << 10,
+            heaps: 1,
+            reserve_nodes: 1,
+            steal: false,
+        };
+        let nta = Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap();
+        let mut tiny = TinyCache::new();
+        let mut got: Vec<(usize, usize)> = Vec::new();
+        // SAFETY: a cache over nta only; every block is given back once.
+        unsafe {
+            for round in 0..3 {
+                for i in 0..600 {
+                    let k = i % 3 + 1;
+                    let mut p = tiny.pop(k);
+                    if p.is_null() {
+                        p = tiny.refill(&nta, k);
+                    }
+                    assert!(!p.is_null());
+                    assert_eq!(p as usize % 16, 0);
+                    p.write_bytes(round as u8, k * 16);
+                    got.push((p as usize, k));
+                }
+                // No two blocks overlap: 16 bytes per chunk, not 64.
+                got.sort_unstable();
+                assert!(got.windows(2).all(|w| w[0].0 + w[0].1 * 16 <= w[1].0));
+                let span = got.last().unwrap().0 - got[0].0;
+                assert!(span < 600 * 48, "{span}");
+                for (p, k) in got.drain(..) {
+                    tiny.push(&nta, p as *mut u8, k);
+                }
+            }
+            assert!(tiny.bytes() > 0 && tiny.bytes() <= TinyCache::BYTES);
+            // A cache of 64-byte chunks over this nta never caches.
+            let mut front = FrontCache::new();
+            assert!(front.refill(&nta, 1).is_null());
+            tiny.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
+    /// `try_push` does what `push` does while that needs only the list, and
+    /// refuses (changing nothing) where `push` would flush or look at the
+    /// clock.
+    #[test]
+    fn try_push_is_push_without_the_slow_cases() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        // SAFETY: a cache over nta only; every chunk is given back once.
+        unsafe {
+            let p = front.refill(&nta, 1);
+            let n = front.count(1);
+            assert!(front.try_push(&nta, p, 1));
+            assert_eq!(front.count(1), n + 1);
+            assert_eq!(front.pop(1), p);
+            // At the bound: refused, nothing changed; push flushes.
+            let mut v = Vec::new();
+            while front.count(1) < FrontCache::LIMITS[1] as usize {
+                let q = nta.alloc(core::alloc::Layout::from_size_align(64, 64).unwrap());
+                front.push(&nta, q.unwrap().as_ptr(), 1);
+            }
+            let c = front.count(1);
+            assert!(!front.try_push(&nta, p, 1));
+            assert_eq!(front.count(1), c);
+            front.push(&nta, p, 1);
+            assert!(front.count(1) < c || front.limit(1) > FrontCache::LIMITS[1]);
+            // The push that would look at nta's clock is refused too.
+            while front.count(1) > 0 {
+                v.push(front.pop(1));
+            }
+            front.pushes = 1;
+            assert!(!front.try_push(&nta, v[0], 1));
+            for q in v {
+                front.push(&nta, q, 1);
+            }
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+}
