@@ -37,19 +37,20 @@ pub(crate) fn free_fast(a: usize) -> bool {
         // SAFETY: a lies in nta's reservation, which stays mapped whole;
         // NTA is built from GLOBAL_CONFIG, whose shape the shifts are.
         match unsafe { NTA.lookup_unlocked_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
-            // SAFETY: a live block of k chunks of NTA's that the caller
-            // gives up; this thread's cache holds only NTA's chunks.
+            // SAFETY: a live block of k chunks of NTA's (just looked up)
+            // that the caller gives up; NTA's chunks are the front cache's
+            // 64 bytes; this thread's cache holds only NTA's chunks.
             Ok(k) if k <= FRONT_CLASSES => unsafe {
-                (*t.front.get()).try_push(&NTA, a as *mut u8, k)
+                (*t.front.get()).try_push_looked_up(&NTA, a as *mut u8, k)
             },
             _ => false,
         }
     } else if TINY_SPAN.known_to_contain(a) {
         // SAFETY: as above, for the tiny nta and TINY_CONFIG.
         match unsafe { TINY.lookup_unlocked_fixed::<TINY_CHUNK_SHIFT, TINY_NODE_SHIFT>(a) } {
-            // SAFETY: as above.
+            // SAFETY: as above, TINY's 16-byte chunks and the tiny cache.
             Ok(k) if k <= TINY_CLASSES => unsafe {
-                (*t.tiny.get()).try_push(&TINY, a as *mut u8, k)
+                (*t.tiny.get()).try_push_looked_up(&TINY, a as *mut u8, k)
             },
             _ => false,
         }

@@ -38,8 +38,9 @@
 //! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
 //! served by nta directly. Other threads wait for the one that initialises.
 //!
-//! **Threads.** The front cache lives in a 1 KiB block of nta's that the
-//! thread's first call takes, found through one pointer of initial-exec TLS
+//! **Threads.** The front and tiny caches live in a 1216-byte block of
+//! nta's that the thread's first call takes, found through one pointer of
+//! initial-exec TLS
 //! (8 bytes: the library also loads by `dlopen` after start-up, where glibc
 //! keeps little spare static TLS). No Rust destructor (registering one would
 //! call `__cxa_thread_atexit_impl`, which allocates): a pthread key's

@@ -448,9 +448,37 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         p: *mut u8,
         k: usize,
     ) -> bool {
+        if nta.geometry().chunk_shift != SHIFT {
+            return false;
+        }
+        let key = cache_key(p as usize, nta.secret());
+        // SAFETY: the chunk holds at least 16 bytes and is ours now.
+        if unsafe { (*p.cast::<Semi>()).chunks } == key {
+            bad_free(Error::DoubleFree { addr: p as u64 });
+        }
+        // SAFETY: forwarded contract; the chunk was checked above.
+        unsafe { self.try_push_looked_up(nta, p, k) }
+    }
+
+    /// [`try_push`](Self::try_push) for a chunk the caller has just found
+    /// live with [`Nta::lookup_unlocked`] (or `lookup_unlocked_fixed`),
+    /// which refuses a chunk that carries its cache key: the double-free
+    /// check and the chunk-size check are not repeated. kmem-malloc's
+    /// `free` uses it.
+    ///
+    /// # Safety
+    /// As [`push`](Self::push); `nta`'s chunks are `1 << SHIFT` bytes, and
+    /// `p` was found live by a lookup since it was last handed out.
+    #[inline(always)]
+    pub unsafe fn try_push_looked_up<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        p: *mut u8,
+        k: usize,
+    ) -> bool {
+        debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
         let c = self.counts[k];
-        if nta.geometry().chunk_shift != SHIFT
-            || c >= Self::WATCH[k] && (c >= self.limit(k) || self.only_frees(k))
+        if c >= Self::WATCH[k] && (c >= self.limit(k) || self.only_frees(k))
             || self.bytes >= Self::BYTES
             || self.link == 0
             || self.pushes == 1
@@ -460,10 +488,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let e: *mut Semi = p.cast();
         let key = cache_key(p as usize, nta.secret());
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        if unsafe { (*e).chunks } == key {
-            bad_free(Error::DoubleFree { addr: p as u64 });
-        }
-        // SAFETY: as above.
         unsafe {
             (*e).next = link_encode(self.heads[k], self.link);
             (*e).chunks = key;
