@@ -541,8 +541,9 @@ fn in_nta(a: usize) -> bool {
     NTA_SPAN.contains(&NTA, a)
 }
 
-/// True when `a` lies in the tiny nta's reservation. False at once while
-/// no tiny block was ever made (nothing to look up on every large free).
+/// True when `a` lies in the tiny nta's reservation. False at once when the
+/// tiny nta is not in use (a hardened mode), so that those modes' frees
+/// never ask its page supply for a range it never reserved.
 #[inline(always)]
 fn in_tiny(a: usize) -> bool {
     TINY_ON.load(Ordering::Relaxed) && TINY_SPAN.contains(&TINY, a)

@@ -127,11 +127,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // Validated allocations of our own heap that lie next to each other,
         // not yet released: `[lo, hi)` of `pend_node`, `pend_n` of them,
         // their bits untouched (so each next one validates as it would
-        // alone). Released as one run (`release_run`)
-        // when the chain moves elsewhere: blocks made one after another and
-        // freed together are coalesced and listed once. An entry extends the
-        // run only from outside it, so an entry twice in the chain is
-        // validated again after the run's release, and caught.
+        // alone). Released as one run (`release_run`) when the chain moves
+        // elsewhere: blocks made one after another and freed together are
+        // coalesced and listed once. An entry extends the run only from
+        // outside it, so an entry twice in the chain is validated again
+        // after the run's release, and caught.
         let mut pend_node: *mut Node = ptr::null_mut();
         let (mut lo, mut hi, mut pend_n) = (0usize, 0usize, 0u64);
         while !head.is_null() {

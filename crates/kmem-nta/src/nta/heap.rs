@@ -147,11 +147,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// Frees `allocs` allocations that together fill chunks `[idx, idx +
-    /// k)` of `node`: the run is coalesced
-    /// with its free neighbours and listed once, however many allocations
-    /// it held. `free_batch` gives adjacent allocations of a chain here
-    /// together (a batch of blocks made one after another and freed
-    /// together touches the size lists once, not once per block).
+    /// k)` of `node`: the run is coalesced with its free neighbours and
+    /// listed once, however many allocations it held. `free_batch` gives
+    /// adjacent allocations of a chain here together (a batch of blocks made
+    /// one after another and freed together touches the size lists once,
+    /// not once per block).
     ///
     /// # Safety
     /// The caller holds `heap`'s lock, `node` is one of its nodes, and the
