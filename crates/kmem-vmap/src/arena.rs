@@ -14,6 +14,7 @@ mod check;
 mod floors;
 mod merge;
 mod search;
+mod top;
 mod undo;
 
 pub use blocks::Blocks;
@@ -89,8 +90,12 @@ fn online_cpus() -> usize {
 /// Ranges of a `u64` space `[start, end)`: lowest-address first fit with
 /// alignment, merge on free, lazy release. See the crate documentation.
 pub struct VmapArena<P: PageSource> {
-    /// Free blocks by address, augmented with the largest size per subtree.
+    /// Free blocks by address, augmented with the largest size per subtree;
+    /// all but the highest one.
     free: Tree,
+    /// The highest free block, out of the tree (null: nothing is free); see
+    /// `top`.
+    top: NodePtr,
     /// Live areas by start.
     busy: Tree,
     /// Lazily freed areas by address, merged with each other.
@@ -289,6 +294,7 @@ impl<P: PageSource> VmapArena<P> {
         }
         let mut a = VmapArena {
             free: Tree::new(),
+            top: NodePtr::NULL,
             busy: Tree::new(),
             lazy: Tree::new(),
             start,
@@ -313,7 +319,7 @@ impl<P: PageSource> VmapArena<P> {
         a.pool.reserve(3)?;
         let n = a.pool.take();
         n.init(start, end);
-        a.free.link::<MaxAug>(n, NodePtr::NULL, false);
+        a.top = n;
         Ok(a)
     }
 
@@ -518,19 +524,19 @@ impl<P: PageSource> VmapArena<P> {
         let (busy, cut) = if x == s {
             if xe == e {
                 // FL: the block itself becomes the busy area.
-                self.free.erase::<MaxAug>(n);
+                self.erase_block(n);
                 self.free_blocks -= 1;
                 (n, Cut::Whole)
             } else {
                 // LE: cut the left edge.
                 n.set_start(xe);
-                MaxAug::propagate(n, NodePtr::NULL);
+                self.resized(n);
                 (self.pool.take(), Cut::Left(n))
             }
         } else if xe == e {
             // RE: cut the right edge.
             n.set_end(x);
-            MaxAug::propagate(n, NodePtr::NULL);
+            self.resized(n);
             (self.pool.take(), Cut::Right(n))
         } else {
             let l = self.take_middle(n, x, xe);
@@ -563,8 +569,12 @@ impl<P: PageSource> VmapArena<P> {
         let l = self.pool.take();
         l.init(n.start(), x);
         n.set_start(xe);
-        MaxAug::propagate(n, NodePtr::NULL);
-        self.free.insert_before::<MaxAug>(l, n);
+        if self.is_top(n) {
+            self.push_last(l);
+        } else {
+            MaxAug::propagate(n, NodePtr::NULL);
+            self.free.insert_before::<MaxAug>(l, n);
+        }
         self.free_blocks += 1;
         l
     }
@@ -659,7 +669,7 @@ impl<P: PageSource> VmapArena<P> {
     fn insert_free(&mut self, n: NodePtr) {
         self.hint.align = 0;
         self.free_bytes += n.size();
-        let (m, b) = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n);
+        let (m, b) = self.insert_block(n);
         match m {
             Merged::Inserted => self.free_blocks += 1,
             Merged::One => {}
@@ -739,13 +749,23 @@ impl<P: PageSource> VmapArena<P> {
     /// and rebuilds the free tree from the merged sequence.
     fn rebuild_free(&mut self, lazy: NodePtr) {
         self.hint.align = 0;
+        // The free blocks in order: the tree's, then the top block.
         let mut a = thread_in_order(&self.free);
+        let top = self.top;
+        if !top.is_null() {
+            top.set_max(0);
+            match self.free.last {
+                l if l.is_null() => a = top,
+                l => l.set_max(top.addr()),
+            }
+        }
         let mut b = lazy;
         self.free = Tree::new();
         // Merge by start, joining touching blocks; the output is threaded
         // through `max` too (each node's link is read before it is rewritten).
         let mut head = NodePtr::NULL;
         let mut last = NodePtr::NULL;
+        let mut before_last = NodePtr::NULL;
         let mut count = 0u64;
         loop {
             let take_a = match (a.is_null(), b.is_null()) {
@@ -770,6 +790,7 @@ impl<P: PageSource> VmapArena<P> {
                 } else {
                     last.set_max(n.addr());
                 }
+                before_last = last;
                 last = n;
                 count += 1;
             }
@@ -777,13 +798,19 @@ impl<P: PageSource> VmapArena<P> {
         last.set_max(0);
         self.free_bytes += self.lazy_bytes;
         self.free_blocks = count;
-        let h = 63 - count.leading_zeros();
-        let mut cur = head;
-        self.free.root = build_balanced(&mut cur, count, 0, if h == 0 { u32::MAX } else { h });
-        self.free.last = last;
-        self.free
-            .root
-            .set_parent_color(NodePtr::NULL, crate::node::BLACK);
+        // The highest block is the top one; the tree is built from the rest.
+        self.top = last;
+        let n = count.saturating_sub(1);
+        if n > 0 {
+            before_last.set_max(0);
+            let h = 63 - n.leading_zeros();
+            let mut cur = head;
+            self.free.root = build_balanced(&mut cur, n, 0, if h == 0 { u32::MAX } else { h });
+            self.free.last = before_last;
+            self.free
+                .root
+                .set_parent_color(NodePtr::NULL, crate::node::BLACK);
+        }
     }
 
     /// The live area that contains `addr`, if any: a descent of the busy
@@ -812,6 +839,7 @@ impl<P: PageSource> VmapArena<P> {
                 .free
                 .root
                 .max_or_0()
+                .max(self.top.size_or_0())
                 .max(self.parked_view().map_or(0, |(a, _)| a.size)),
             free_blocks: self.free_blocks,
             busy_blocks: self.busy_blocks,
@@ -842,10 +870,15 @@ impl<P: PageSource> VmapArena<P> {
     pub fn free_blocks(&self) -> Blocks<'_> {
         let mut b = Blocks::new(&self.free);
         if let Some((area, hide)) = self.parked_view() {
-            b.extra[0] = area;
-            b.hi = 1;
+            b.extra[b.hi] = area;
+            b.hi += 1;
             b.hide = hide;
         }
+        if !self.top.is_null() && !b.hide.contains(&self.top) {
+            b.extra[b.hi] = Blocks::area(self.top);
+            b.hi += 1;
+        }
+        b.extra[..b.hi].sort_unstable_by_key(|a| a.start);
         b
     }
 

@@ -123,6 +123,16 @@ impl NodePtr {
         self.end() - self.start()
     }
 
+    /// Size of a possibly null block (0 for none).
+    #[inline(always)]
+    pub(crate) fn size_or_0(self) -> u64 {
+        if self.is_null() {
+            0
+        } else {
+            self.size()
+        }
+    }
+
     /// `max` of a possibly null subtree (0 for none).
     #[inline(always)]
     pub(crate) fn max_or_0(self) -> u64 {

@@ -14,6 +14,14 @@ impl<P: PageSource> VmapArena<P> {
     /// every pool node is accounted for; no fit lies below a floor.
     pub fn check(&self) -> core::result::Result<(), &'static str> {
         let nf_tree = self.free.check_shape(true)?;
+        let top = self.top;
+        if top.is_null() && nf_tree != 0 {
+            return Err("free blocks in the tree but no top block");
+        }
+        if !top.is_null() && !self.free.last.is_null() && self.free.last.end() >= top.start() {
+            return Err("a tree block is not below the top block");
+        }
+        let nf_tree = nf_tree + usize::from(!top.is_null());
         let parked = self.parked_view();
         if let Some((_, hide)) = parked {
             let h = &self.hint;
@@ -21,7 +29,7 @@ impl<P: PageSource> VmapArena<P> {
                 return Err("the parked area is not the last allocation");
             }
             for n in hide.into_iter().filter(|n| !n.is_null()) {
-                if self.free.find_start(n.start()) != n {
+                if n != top && self.free.find_start(n.start()) != n {
                     return Err("a neighbour of the parked area is not a free block");
                 }
             }
@@ -113,7 +121,7 @@ impl<P: PageSource> VmapArena<P> {
         if it.iter_mut().any(|i| i.peek().is_some()) {
             return Err("blocks past the end");
         }
-        if self.free.root.max_or_0() > self.free_bytes {
+        if self.free.root.max_or_0().max(top.size_or_0()) > self.free_bytes {
             return Err("largest free block exceeds free bytes");
         }
         for (i, &y) in self.young.iter().enumerate() {

@@ -27,9 +27,9 @@ impl<P: PageSource> VmapArena<P> {
     }
 
     /// The lowest-address free block where the request fits, and the
-    /// address in it.
+    /// address in it: in the tree, else in the top block (see `top`).
     ///
-    /// First the plain descent guided by the augmentation: left while the
+    /// In the tree, first the plain descent guided by the augmentation: left while the
     /// left subtree holds a block of at least `size` (and can reach past
     /// `lo`), else this block, else right. Without alignment (or when blocks
     /// and sizes are multiples of it) the block it reaches always fits and is
@@ -46,10 +46,25 @@ impl<P: PageSource> VmapArena<P> {
         lo: u64,
         hi: u64,
     ) -> Option<(NodePtr, u64)> {
-        let mut n = self.free.root;
-        if n.is_null() || n.max() < size {
+        let r = self.free.root;
+        if !r.is_null() && r.max() >= size {
+            if let Some(f) = self.find_fit_tree(size, mask, lo, hi) {
+                return Some(f);
+            }
+        }
+        // No tree block serves: the top block, above them all, may.
+        let t = self.top;
+        if t.is_null() {
             return None;
         }
+        Self::fit(t, size, mask, lo, hi).map(|x| (t, x))
+    }
+
+    /// [`find_fit`](Self::find_fit) in the tree, whose root's `max` is at
+    /// least `size`.
+    #[inline]
+    fn find_fit_tree(&mut self, size: u64, mask: u64, lo: u64, hi: u64) -> Option<(NodePtr, u64)> {
+        let mut n = self.free.root;
         let lo_end = lo + size; // a block left of here ends too low
         let hi_start = hi - size; // a block right of here starts too high
         loop {

@@ -5,9 +5,9 @@
 use kmem_core::{PageSource, Result};
 
 use super::search::fit_in;
-use super::{merge_insert, Area, Cut, Merged, VmapArena};
+use super::{Area, Cut, Merged, VmapArena};
 use crate::node::NodePtr;
-use crate::rbtree::{Aug, MaxAug, Tree};
+use crate::rbtree::MaxAug;
 
 impl<P: PageSource> VmapArena<P> {
     /// An allocation for another request than the parked area's: the area
@@ -38,12 +38,12 @@ impl<P: PageSource> VmapArena<P> {
                 && x + size < n.end()
                 && fit_in(x, n.end(), size, align - 1, lo, hi) == Some(x)
             {
-                let before = Tree::prev(n);
+                let before = self.prev_block(n);
                 if before.is_null() || before.end() <= lo {
                     self.park = NodePtr::NULL;
                     p.init(x, x + size);
                     n.set_start(x + size);
-                    MaxAug::propagate(n, NodePtr::NULL);
+                    self.resized(n);
                     // The parked area counted free; now `size` of it is not.
                     self.free_bytes -= size;
                     self.make_busy(p);
@@ -60,7 +60,7 @@ impl<P: PageSource> VmapArena<P> {
         self.validate(size, align, lo, hi)?;
         self.pool.reserve(2)?;
         if let Cut::Left(n) = cut {
-            let before = Tree::prev(n);
+            let before = self.prev_block(n);
             if before.is_null() || before.end() <= lo {
                 if let Some(x) = Self::fit(n, size, align - 1, lo, hi) {
                     return Ok(self.take_hinted(n, x, size, align, lo, hi));
@@ -122,26 +122,26 @@ impl<P: PageSource> VmapArena<P> {
         self.hint.block = NodePtr::NULL;
         match self.hint.cut {
             Cut::Whole => {
-                let (m, _) = merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, p);
+                let (m, _) = self.insert_block(p);
                 debug_assert_eq!(m, Merged::Inserted, "a whole block touched a free block");
                 self.hint.block = p;
             }
             Cut::Left(n) => {
                 n.set_start(x);
-                MaxAug::propagate(n, NodePtr::NULL);
+                self.resized(n);
                 self.pool.put(p);
                 self.hint.block = n;
             }
             Cut::Right(n) => {
                 n.set_end(p.end());
-                MaxAug::propagate(n, NodePtr::NULL);
+                self.resized(n);
                 self.pool.put(p);
             }
             Cut::Middle(l, n) => {
                 let s = l.start();
                 self.free.erase::<MaxAug>(l);
                 n.set_start(s);
-                MaxAug::propagate(n, NodePtr::NULL);
+                self.resized(n);
                 self.pool.put(l);
                 self.pool.put(p);
             }
