@@ -13,6 +13,8 @@
 //!                    /                          \
 //!     [0x2000,0x3000) max 0x1000        [0xc000,0x12000) max 0x6000
 //!
+//!   top block              the highest free block, kept out of the free
+//!                          tree: cut and grown in O(1), tried last
 //!   busy tree (by start)   live areas; free(addr) needs only the address
 //!   nursery (16 slots)     the youngest live areas, out of the busy tree
 //!   lazy tree (by address) areas freed with free_lazy, merged with each
