@@ -29,9 +29,9 @@ impl<P: PageSource> VmapArena<P> {
     /// The lowest-address free block where the request fits, and the
     /// address in it: in the tree, else in the top block (see `top`).
     ///
-    /// In the tree, first the plain descent guided by the augmentation: left while the
-    /// left subtree holds a block of at least `size` (and can reach past
-    /// `lo`), else this block, else right. Without alignment (or when blocks
+    /// In the tree, first the plain descent guided by the augmentation:
+    /// left while the left subtree holds a block of at least `size` (and can
+    /// reach past `lo`), else this block, else right. Without alignment (or when blocks
     /// and sizes are multiples of it) the block it reaches always fits and is
     /// the answer: one descent, O(log n), no stack, no recursion. With
     /// alignment a block of at least `size` may still miss once its start is
