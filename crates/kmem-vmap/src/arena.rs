@@ -139,6 +139,13 @@ pub struct VmapArena<P: PageSource> {
     /// ([`unpark`](VmapArena::unpark)), which the cut makes O(1) too, but
     /// for a whole block (a descent).
     park: NodePtr,
+    /// A parked whole block stays parked through allocations it cannot
+    /// serve (see `alloc_beside_whole`). The hint keeps describing the
+    /// parked allocation; `beside` is set while the last of those others is
+    /// live and nothing changed since, and `last` is its record then, so
+    /// that its free is an undo too.
+    beside: bool,
+    last: Hint,
     pool: Pool<P>,
 }
 
@@ -314,6 +321,8 @@ impl<P: PageSource> VmapArena<P> {
             missed: false,
             near_misses: 0,
             park: NodePtr::NULL,
+            beside: false,
+            last: Hint::NONE,
             pool: Pool::new(source),
         };
         a.pool.reserve(3)?;
@@ -660,6 +669,10 @@ impl<P: PageSource> VmapArena<P> {
     #[inline(never)]
     fn free_merge(&mut self, n: NodePtr) {
         if !self.park.is_null() {
+            if self.keeps_park_through(n) {
+                self.undo_last(n);
+                return;
+            }
             self.unpark();
         }
         self.insert_free(n);

@@ -19,7 +19,9 @@
 //!   nursery (16 slots)     the youngest live areas, out of the busy tree
 //!   lazy tree (by address) areas freed with free_lazy, merged with each
 //!                          other, waiting for the purge
-//!   park                   the last allocation, freed right after it
+//!   park                   the last allocation, freed right after it (a
+//!                          whole block stays parked through allocations
+//!                          it cannot serve, each freed right after it)
 //!   node pool              every tree node, carved from PageSource pages
 //! ```
 //!

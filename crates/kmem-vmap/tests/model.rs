@@ -57,6 +57,13 @@ enum Op {
     Undo,
     /// The last request again (the undo cache answers it when it parked).
     Again,
+    /// An allocation freed at once, of another request, between an undo
+    /// and its repeat (`Again`): a parked whole block stays parked through
+    /// it when it cannot serve it.
+    Pair {
+        size: u64,
+        shift: u32,
+    },
     /// `count` areas of `size` in a row, then every other one freed: holes
     /// that aligned requests of their size pass as near misses.
     Holes {
@@ -78,6 +85,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u64..LEN + 64).prop_map(|at| Op::Find { at: START - 32 + at }),
         3 => Just(Op::Undo),
         3 => Just(Op::Again),
+        2 => (1u64..80, 0u32..9).prop_map(|(size, shift)| Op::Pair { size, shift }),
     ]
 }
 
@@ -103,6 +111,7 @@ fn churn_op() -> impl Strategy<Value = Op> {
 fn near_miss_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (1u64..5, 2u64..40).prop_map(|(size, count)| Op::Holes { size, count }),
+        3 => (1u64..8, 0u32..7).prop_map(|(size, shift)| Op::Pair { size, shift }),
         8 => (1u64..5, 0u32..7).prop_map(|(size, shift)| Op::Alloc { size, shift }),
         1 => (1u64..5, 0u32..7, 0u64..LEN, 1u64..LEN)
             .prop_map(|(size, shift, lo, len)| Op::AllocIn { size, shift, lo, len }),
@@ -211,6 +220,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     hi
                 );
                 last_x = got;
+            }
+            Op::Pair { size, shift } => {
+                let align = 1u64 << shift;
+                let want = m.alloc(size, align, START, END);
+                let got = a.alloc(size, align).ok();
+                prop_assert_eq!(got, want, "pair: alloc({}, {})", size, align);
+                if let Some(x) = got {
+                    m.busy.remove(&x);
+                    prop_assert_eq!(a.free(x), Ok(size));
+                }
             }
             Op::Undo => {
                 let Some(x) = last_x.take() else {

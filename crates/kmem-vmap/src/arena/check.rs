@@ -23,6 +23,9 @@ impl<P: PageSource> VmapArena<P> {
         }
         let nf_tree = nf_tree + usize::from(!top.is_null());
         let parked = self.parked_view();
+        if self.beside && (parked.is_none() || self.hint.cut != Cut::Whole) {
+            return Err("an allocation beside the park, but no whole block parked");
+        }
         if let Some((_, hide)) = parked {
             let h = &self.hint;
             if h.align == 0 || h.x != self.park.start() || h.floor != self.park.end() {

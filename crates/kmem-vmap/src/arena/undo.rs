@@ -5,7 +5,7 @@
 use kmem_core::{PageSource, Result};
 
 use super::search::fit_in;
-use super::{Area, Cut, Merged, VmapArena};
+use super::{Area, Cut, Hint, Merged, VmapArena};
 use crate::node::NodePtr;
 use crate::rbtree::MaxAug;
 
@@ -15,7 +15,8 @@ impl<P: PageSource> VmapArena<P> {
     /// of block `n` and no free block below `n` reaches into `[lo, hi)`, the
     /// lowest fit, if `n` (now starting at the parked address again) holds
     /// one, is in `n`: no search. Otherwise the usual path, from the hint
-    /// that the unpark leaves.
+    /// that the unpark leaves. A parked whole block may stay parked (see
+    /// [`alloc_beside_whole`](Self::alloc_beside_whole)).
     #[inline(never)]
     pub(super) fn alloc_unparking(
         &mut self,
@@ -24,6 +25,9 @@ impl<P: PageSource> VmapArena<P> {
         lo: u64,
         hi: u64,
     ) -> Result<u64> {
+        if matches!(self.hint.cut, Cut::Whole) {
+            return self.alloc_beside_whole(size, align, lo, hi);
+        }
         let cut = self.hint.cut;
         if let Cut::Left(n) = cut {
             // The area was cut from the left edge of `n`. When the new
@@ -70,11 +74,43 @@ impl<P: PageSource> VmapArena<P> {
         self.alloc_search(size, align, lo, hi)
     }
 
+    /// [`alloc_unparking`](Self::alloc_unparking) with a whole block
+    /// parked. When the block cannot serve this request, no fit of the
+    /// request touches it (whole: no free block touches it either), so the
+    /// search over the rest finds the lowest fit, and the block stays parked
+    /// for its own request: allocations only take space, so its address
+    /// stays that request's lowest fit, and the hint, which describes it,
+    /// stays true (no request it covers fits the block: they are at least
+    /// as large and as aligned as this one). The new allocation's record
+    /// goes to `last`, so that its free right after is an undo as well.
+    #[inline(never)]
+    fn alloc_beside_whole(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+        let p = self.park;
+        if fit_in(p.start(), p.end(), size, align.wrapping_sub(1), lo, hi).is_none() {
+            let parked = self.hint;
+            let r = self.alloc_search(size, align, lo, hi);
+            // A failed search may have purged, which unparks.
+            if !self.park.is_null() {
+                if r.is_ok() {
+                    self.last = self.hint;
+                    self.beside = true;
+                }
+                self.hint = parked;
+            }
+            return r;
+        }
+        self.unpark();
+        self.validate(size, align, lo, hi)?;
+        self.pool.reserve(2)?;
+        self.alloc_search(size, align, lo, hi)
+    }
+
     /// Hands the parked area back to the request that made it (the hint's).
     #[inline(always)]
     pub(super) fn reuse(&mut self) -> u64 {
         let n = self.park;
         self.park = NodePtr::NULL;
+        self.beside = false;
         self.free_bytes -= n.size();
         match self.hint.cut {
             Cut::Whole => self.free_blocks -= 1,
@@ -90,52 +126,96 @@ impl<P: PageSource> VmapArena<P> {
     #[inline(always)]
     pub(super) fn park(&mut self, n: NodePtr) {
         self.park = n;
+        let h = self.hint;
+        self.count_undone(n, &h);
+    }
+
+    /// Counts `n`, the last allocation (recorded as `h`), free again.
+    #[inline(always)]
+    fn count_undone(&mut self, n: NodePtr, h: &Hint) {
         self.free_bytes += n.size();
-        match self.hint.cut {
+        match h.cut {
             Cut::Whole => self.free_blocks += 1,
             Cut::Middle(..) => self.free_blocks -= 1,
             _ => {}
         }
         // The state is the one before the allocation again, where every
         // floor held but the one the allocation itself raised past `x`.
-        let h = &self.hint;
         if h.align > 1 && h.lo == self.start {
             self.floors.unprove(h.align.trailing_zeros(), h.size, h.x);
         }
+    }
+
+    /// Whether freeing `n` (already out of the busy set) leaves the parked
+    /// area parked: `n` is the last allocation made beside a parked whole
+    /// block (see `beside`), nothing changed since. The free gives back
+    /// exactly the space that allocation took: the free space is again a
+    /// part of the one before the parked allocation, where the parked
+    /// address was its request's lowest fit, so it still is.
+    #[inline(always)]
+    pub(super) fn keeps_park_through(&self, n: NodePtr) -> bool {
+        let h = &self.last;
+        self.beside && h.x == n.start() && h.floor == n.end()
+    }
+
+    /// Frees `n`, the last allocation, made beside the parked whole block,
+    /// by undoing its cut; the block stays parked (see
+    /// `keeps_park_through`).
+    #[inline(never)]
+    pub(super) fn undo_last(&mut self, n: NodePtr) {
+        let p = self.park;
+        debug_assert!(
+            n.end() != p.start() && n.start() != p.end(),
+            "the last allocation touches the parked whole block"
+        );
+        let h = self.last;
+        self.count_undone(n, &h);
+        self.merge_back(n, h.cut);
+        self.beside = false;
     }
 
     /// Merges the parked area into the free tree, where its cut says: the
     /// neighbours it touches are known, so only a whole block needs a
     /// descent. The counters already count it free.
     ///
-    /// The state is then the one before the parked allocation, where its
-    /// address `x` was the lowest fit for its request: so no fit for that
-    /// request lies below `x`, and the hint says so (floor `x`, and the free
-    /// block that starts at `x` when there is one). A larger request then
-    /// starts there, often without a search.
+    /// The state is then the one before the parked allocation (less what
+    /// allocations made since took), where its address `x` was the lowest
+    /// fit for its request: so no fit for that request lies below `x`, and
+    /// the hint says so (floor `x`, and the free block that starts at `x`
+    /// when there is one). A larger request then starts there, often
+    /// without a search.
     #[inline(never)]
     pub(super) fn unpark(&mut self) {
         let p = self.park;
         self.park = NodePtr::NULL;
-        let x = p.start();
-        self.hint.floor = x;
-        self.hint.block = NodePtr::NULL;
-        match self.hint.cut {
+        self.beside = false;
+        self.hint.floor = p.start();
+        self.hint.block = self.merge_back(p, self.hint.cut);
+    }
+
+    /// Merges the area `p`, cut from the free blocks as `cut` says and
+    /// counted free already, back into them. Returns the free block that
+    /// now starts at `p`'s start, or null when the merged block starts
+    /// lower.
+    #[inline(always)]
+    fn merge_back(&mut self, p: NodePtr, cut: Cut) -> NodePtr {
+        match cut {
             Cut::Whole => {
                 let (m, _) = self.insert_block(p);
                 debug_assert_eq!(m, Merged::Inserted, "a whole block touched a free block");
-                self.hint.block = p;
+                p
             }
             Cut::Left(n) => {
-                n.set_start(x);
+                n.set_start(p.start());
                 self.resized(n);
                 self.pool.put(p);
-                self.hint.block = n;
+                n
             }
             Cut::Right(n) => {
                 n.set_end(p.end());
                 self.resized(n);
                 self.pool.put(p);
+                NodePtr::NULL
             }
             Cut::Middle(l, n) => {
                 let s = l.start();
@@ -144,6 +224,7 @@ impl<P: PageSource> VmapArena<P> {
                 self.resized(n);
                 self.pool.put(l);
                 self.pool.put(p);
+                NodePtr::NULL
             }
         }
     }
