@@ -104,7 +104,8 @@ pub struct VmapArena<P: PageSource> {
     end: u64,
     free_bytes: u64,
     free_blocks: u64,
-    busy_bytes: u64,
+    /// Live areas (their bytes are what free and lazy leave: the three tile
+    /// the space).
     busy_blocks: u64,
     lazy_bytes: u64,
     lazy_nodes: u64,
@@ -308,7 +309,6 @@ impl<P: PageSource> VmapArena<P> {
             end,
             free_bytes: end - start,
             free_blocks: 1,
-            busy_bytes: 0,
             busy_blocks: 0,
             lazy_bytes: 0,
             lazy_nodes: 0,
@@ -567,7 +567,6 @@ impl<P: PageSource> VmapArena<P> {
         }
         self.young[slot] = busy;
         self.busy_blocks += 1;
-        self.busy_bytes += busy.size();
     }
 
     /// NE: `[x, xe)` from the middle of free block `n`. The block keeps the
@@ -609,7 +608,6 @@ impl<P: PageSource> VmapArena<P> {
             self.unbusy_old(addr)?
         };
         self.busy_blocks -= 1;
-        self.busy_bytes -= n.size();
         Ok(n)
     }
 
@@ -842,6 +840,12 @@ impl<P: PageSource> VmapArena<P> {
         Some(Blocks::area(hit))
     }
 
+    /// Units in live areas: what free and lazy ranges leave of the space.
+    #[inline]
+    fn busy_bytes(&self) -> u64 {
+        self.end - self.start - self.free_bytes - self.lazy_bytes
+    }
+
     /// The counters.
     pub fn stats(&self) -> VmapStats {
         let (nodes, pages) = self.pool.footprint();
@@ -856,7 +860,7 @@ impl<P: PageSource> VmapArena<P> {
                 .max(self.parked_view().map_or(0, |(a, _)| a.size)),
             free_blocks: self.free_blocks,
             busy_blocks: self.busy_blocks,
-            busy_bytes: self.busy_bytes,
+            busy_bytes: self.busy_bytes(),
             lazy_bytes: self.lazy_bytes,
             lazy_areas: self.lazy_areas,
             lazy_max: self.lazy_max,

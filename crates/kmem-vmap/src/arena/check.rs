@@ -88,7 +88,7 @@ impl<P: PageSource> VmapArena<P> {
             }
             let want = match what {
                 "free" => self.free_bytes,
-                "busy" => self.busy_bytes,
+                "busy" => self.busy_bytes(),
                 _ => self.lazy_bytes,
             };
             if sum != want {

@@ -5,7 +5,7 @@
 use kmem_core::{PageSource, Result};
 
 use super::search::fit_in;
-use super::{Area, Cut, Hint, Merged, VmapArena};
+use super::{Area, Cut, Merged, VmapArena};
 use crate::node::NodePtr;
 use crate::rbtree::MaxAug;
 
@@ -126,14 +126,15 @@ impl<P: PageSource> VmapArena<P> {
     #[inline(always)]
     pub(super) fn park(&mut self, n: NodePtr) {
         self.park = n;
-        let h = self.hint;
-        self.count_undone(n, &h);
+        self.count_undone(n, false);
     }
 
-    /// Counts `n`, the last allocation (recorded as `h`), free again.
+    /// Counts `n`, the last allocation, free again; its record is `last`
+    /// when it was made `beside` the park, else the hint.
     #[inline(always)]
-    fn count_undone(&mut self, n: NodePtr, h: &Hint) {
+    fn count_undone(&mut self, n: NodePtr, beside: bool) {
         self.free_bytes += n.size();
+        let h = if beside { &self.last } else { &self.hint };
         match h.cut {
             Cut::Whole => self.free_blocks += 1,
             Cut::Middle(..) => self.free_blocks -= 1,
@@ -141,8 +142,10 @@ impl<P: PageSource> VmapArena<P> {
         }
         // The state is the one before the allocation again, where every
         // floor held but the one the allocation itself raised past `x`.
+        let h = if beside { &self.last } else { &self.hint };
         if h.align > 1 && h.lo == self.start {
-            self.floors.unprove(h.align.trailing_zeros(), h.size, h.x);
+            let (align, size, x) = (h.align, h.size, h.x);
+            self.floors.unprove(align.trailing_zeros(), size, x);
         }
     }
 
@@ -168,9 +171,8 @@ impl<P: PageSource> VmapArena<P> {
             n.end() != p.start() && n.start() != p.end(),
             "the last allocation touches the parked whole block"
         );
-        let h = self.last;
-        self.count_undone(n, &h);
-        self.merge_back(n, h.cut);
+        self.count_undone(n, true);
+        self.merge_back(n, self.last.cut);
         self.beside = false;
     }
 
