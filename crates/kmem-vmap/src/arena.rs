@@ -403,19 +403,41 @@ impl<P: PageSource> VmapArena<P> {
         // The preload: a node for the busy area and one for an NE split's
         // left remainder, so nothing below can fail half way.
         self.pool.reserve(2)?;
-        let h = self.hint;
-        let mut from = if h.covers(size, align, lo, hi) {
-            // The free block that starts where the last allocation ended, if
-            // it is the next candidate: no search at all when it fits.
-            if !h.block.is_null() {
-                if let Some(x) = Self::fit(h.block, size, align - 1, lo, hi) {
-                    return Ok(self.take_hinted(h.block, x, size, align, lo, hi));
-                }
-            }
-            lo.max(h.floor)
+        let h = &self.hint;
+        let covered = h.covers(size, align, lo, hi);
+        // The free block that starts where the last allocation ended, if it
+        // is the next candidate; or the top block when no block of the tree
+        // is large enough (it is then the only candidate): no search at all
+        // when it fits.
+        let n = if covered && !h.block.is_null() {
+            h.block
+        } else if self.free.root.max_or_0() < size {
+            self.top
         } else {
-            lo
+            NodePtr::NULL
         };
+        if !n.is_null() {
+            if let Some(x) = Self::fit(n, size, align - 1, lo, hi) {
+                return Ok(self.take_hinted(n, x, size, align, lo, hi));
+            }
+        }
+        self.alloc_search_slow(size, align, lo, hi, covered)
+    }
+
+    /// [`alloc_search`](Self::alloc_search) past its first candidate: a
+    /// search of the tree and the top block, from the hint's floor when it
+    /// `covered` the request. Out of line, so that the first candidate's
+    /// cut needs few saved registers.
+    #[inline(never)]
+    fn alloc_search_slow(
+        &mut self,
+        size: u64,
+        align: u64,
+        lo: u64,
+        hi: u64,
+        covered: bool,
+    ) -> Result<u64> {
+        let mut from = if covered { lo.max(self.hint.floor) } else { lo };
         if align > 1 {
             if let Some(f) = self.floors.get(align.trailing_zeros(), size) {
                 from = from.max(f);

@@ -25,11 +25,7 @@ impl<P: PageSource> VmapArena<P> {
         lo: u64,
         hi: u64,
     ) -> Result<u64> {
-        if matches!(self.hint.cut, Cut::Whole) {
-            return self.alloc_beside_whole(size, align, lo, hi);
-        }
-        let cut = self.hint.cut;
-        if let Cut::Left(n) = cut {
+        if let Cut::Left(n) = self.hint.cut {
             // The area was cut from the left edge of `n`. When the new
             // request's lowest fit starts at the same address (no free block
             // below `n` reaches into `[lo, hi)`, and the address is aligned
@@ -37,10 +33,18 @@ impl<P: PageSource> VmapArena<P> {
             // moves to the new end, no node goes to the pool and back.
             let p = self.park;
             let x = p.start();
-            if self.validate(size, align, lo, hi).is_ok()
+            // `validate`, with the fit at `x` known: `x` is aligned, in
+            // `[lo, hi)`, and has room below `hi` and inside `n`.
+            if size != 0
+                && align.is_power_of_two()
+                && size.checked_add(align - 1).is_some()
+                && lo >= self.start
+                && hi <= self.end
+                && x >= lo
+                && x & (align - 1) == 0
+                && x.checked_add(size)
+                    .is_some_and(|xe| xe <= hi && xe < n.end())
                 && self.pool.available() + 1 >= 2
-                && x + size < n.end()
-                && fit_in(x, n.end(), size, align - 1, lo, hi) == Some(x)
             {
                 let before = self.prev_block(n);
                 if before.is_null() || before.end() <= lo {
@@ -55,6 +59,17 @@ impl<P: PageSource> VmapArena<P> {
                     return Ok(x);
                 }
             }
+        }
+        self.alloc_unparking_slow(size, align, lo, hi)
+    }
+
+    /// [`alloc_unparking`](Self::alloc_unparking) past its in-place cut:
+    /// out of line, so that the cut needs no saved registers.
+    #[inline(never)]
+    fn alloc_unparking_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+        let cut = self.hint.cut;
+        if matches!(cut, Cut::Whole) {
+            return self.alloc_beside_whole(size, align, lo, hi);
         }
         // First: the parked area's node goes back to the pool (unless the
         // area was a whole block) before the pool is asked for two. The
