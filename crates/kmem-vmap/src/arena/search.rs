@@ -47,7 +47,9 @@ impl<P: PageSource> VmapArena<P> {
         hi: u64,
     ) -> Option<(NodePtr, u64)> {
         let r = self.free.root;
-        if !r.is_null() && r.max() >= size {
+        // Only a tree block that is large enough and reaches `lo + size` can
+        // hold the fit (the last one reaches furthest).
+        if !r.is_null() && r.max() >= size && self.free.last.end() >= lo.saturating_add(size) {
             if let Some(f) = self.find_fit_tree(size, mask, lo, hi) {
                 return Some(f);
             }
