@@ -406,16 +406,24 @@ impl<P: PageSource> VmapNodes<P> {
 
     #[inline(always)]
     fn here(&self) -> usize {
-        self.cpus.current() % self.count
+        // A CPU number past the nodes is folded; the common case costs a
+        // compare, not a division.
+        let c = self.cpus.current();
+        if c < self.count {
+            c
+        } else {
+            c % self.count
+        }
     }
 
     /// The cache class of a size, if nodes cache it.
     #[inline(always)]
     fn class(&self, size: u64) -> Option<usize> {
-        if size % self.unit != 0 || size == 0 {
+        // `unit` is a power of two: masks and shifts, not divisions.
+        if size & (self.unit - 1) != 0 || size == 0 {
             return None;
         }
-        let c = size / self.unit;
+        let c = size >> self.unit.trailing_zeros();
         (c as usize <= CLASSES).then(|| c as usize - 1)
     }
 
@@ -594,7 +602,7 @@ impl<P: PageSource> VmapNodes<P> {
     #[inline(always)]
     fn release(&self, n: &mut LockGuard<'_, Node>, x: u64, size: u64) {
         match self.class(size) {
-            Some(c) if x % self.unit == 0 => {
+            Some(c) if x & (self.unit - 1) == 0 => {
                 if !n.cache[c].push(x) {
                     self.drain_class(n, c);
                     n.cache[c].push(x);
