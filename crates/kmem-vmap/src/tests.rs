@@ -500,3 +500,70 @@ fn near_misses_are_passed_once_per_alignment() {
     assert_eq!(a.alloc(2, 4).unwrap(), kept[10]);
     a.check().unwrap();
 }
+
+#[test]
+fn a_parked_hole_stays_parked_beside_other_requests() {
+    // Areas of 2 at 0, 2, ..., 18; every second one freed: holes of 2 at 2,
+    // 6, 10, 14, and the top block from 18.
+    let mut a = arena(0, 1000);
+    let made: Vec<u64> = (0..10).map(|_| a.alloc(2, 1).unwrap()).collect();
+    for &x in made.iter().skip(1).step_by(2) {
+        a.free(x).unwrap();
+    }
+    let holes = free_list(&a);
+    assert_eq!(holes[0], (2, 4));
+    // The lowest hole, freed right after: parked.
+    let h = a.alloc(2, 1).unwrap();
+    assert_eq!(h, 2);
+    a.free(h).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), holes);
+    for round in 0..3 {
+        // Requests the hole cannot serve come and go beside it.
+        let b = a.alloc(5, 1).unwrap();
+        assert_eq!(b, 18, "round {round}");
+        a.check().unwrap();
+        assert_eq!(a.free(b), Ok(5));
+        a.check().unwrap();
+        assert_eq!(free_list(&a), holes);
+        // Aligned: 32 is the lowest multiple of 16 with room for 3.
+        let c = a.alloc(3, 16).unwrap();
+        assert_eq!(c, 32);
+        a.free(c).unwrap();
+        a.check().unwrap();
+        assert_eq!(free_list(&a), holes);
+        // The hole's own request again: the same address.
+        let h = a.alloc(2, 1).unwrap();
+        assert_eq!(h, 2);
+        a.free(h).unwrap();
+        a.check().unwrap();
+    }
+    // Two beside it, the older freed first: the hole goes back to the tree.
+    let b = a.alloc(5, 1).unwrap();
+    let c = a.alloc(4, 1).unwrap();
+    assert_eq!((b, c), (18, 23));
+    a.check().unwrap();
+    a.free(b).unwrap();
+    a.check().unwrap();
+    a.free(c).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), holes);
+    // A request the hole can serve takes it (it is the lowest fit).
+    let h = a.alloc(2, 1).unwrap();
+    a.free(h).unwrap();
+    let one = a.alloc(1, 1).unwrap();
+    assert_eq!(one, 2);
+    a.check().unwrap();
+    a.free(one).unwrap();
+    // A lazy free beside the parked hole, then a purge: all merged.
+    let h = a.alloc(2, 1).unwrap();
+    a.free(h).unwrap();
+    let b = a.alloc(5, 1).unwrap();
+    a.free_lazy(b).unwrap();
+    a.check().unwrap();
+    a.purge();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), holes);
+    let s = a.stats();
+    assert_eq!((s.busy_blocks, s.busy_bytes), (5, 10));
+}
