@@ -107,6 +107,11 @@ impl<P: PageSource> VmapArena<P> {
             return (Merged::One, t);
         }
         debug_assert!(e < t.start(), "overlaps the top block");
+        if self.free.root.is_null() {
+            // The top block was the only one: `n` is the tree's first node.
+            self.free.link::<MaxAug>(n, NodePtr::NULL, false);
+            return (Merged::Inserted, n);
+        }
         merge_insert::<MaxAug, P>(&mut self.free, &mut self.pool, n)
     }
 }
