@@ -252,12 +252,6 @@ impl Tree {
 
     /// Unlinks `node` (a node of this tree) and rebalances.
     pub(crate) fn erase<A: Aug>(&mut self, node: NodePtr) {
-        if node == self.root && node.left().is_null() && node.right().is_null() {
-            // The only node.
-            self.root = NodePtr::NULL;
-            self.last = NodePtr::NULL;
-            return;
-        }
         if node == self.last {
             self.last = Tree::prev(node);
         }

@@ -96,7 +96,12 @@ impl<P: PageSource> VmapArena<P> {
             let l = self.free.last;
             if !l.is_null() && l.end() == s {
                 // Joins the tree's last block and the top block.
-                self.free.erase::<MaxAug>(l);
+                if l == self.free.root && l.left().is_null() && l.right().is_null() {
+                    // It was the tree's only node.
+                    self.free = Tree::new();
+                } else {
+                    self.free.erase::<MaxAug>(l);
+                }
                 t.set_start(l.start());
                 self.pool.put(l);
                 self.pool.put(n);
