@@ -114,9 +114,9 @@ impl<P: PageSource> VmapArena<P> {
             }
             return r;
         }
+        // It may serve: back to the tree, then the usual search (which
+        // validates the request and preloads its nodes itself).
         self.unpark();
-        self.validate(size, align, lo, hi)?;
-        self.pool.reserve(2)?;
         self.alloc_search(size, align, lo, hi)
     }
 
