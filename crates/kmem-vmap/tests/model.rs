@@ -64,6 +64,17 @@ enum Op {
         size: u64,
         shift: u32,
     },
+    /// Two allocations freed in the order they were made (the older one
+    /// while the newer, right after it, is live), the newer only when
+    /// `both`; the older's request is the last (`Again` repeats it) and the
+    /// newer the last allocation (`Undo` frees it).
+    Fifo {
+        size: u64,
+        shift: u32,
+        size2: u64,
+        shift2: u32,
+        both: bool,
+    },
     /// `count` areas of `size` in a row, then every other one freed: holes
     /// that aligned requests of their size pass as near misses.
     Holes {
@@ -86,6 +97,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Undo),
         3 => Just(Op::Again),
         2 => (1u64..80, 0u32..9).prop_map(|(size, shift)| Op::Pair { size, shift }),
+        2 => (1u64..80, 0u32..9, 1u64..80, 0u32..9, any::<bool>()).prop_map(
+            |(size, shift, size2, shift2, both)| Op::Fifo { size, shift, size2, shift2, both }
+        ),
     ]
 }
 
@@ -112,6 +126,9 @@ fn near_miss_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (1u64..5, 2u64..40).prop_map(|(size, count)| Op::Holes { size, count }),
         3 => (1u64..8, 0u32..7).prop_map(|(size, shift)| Op::Pair { size, shift }),
+        2 => (1u64..8, 0u32..7, 1u64..8, 0u32..7, any::<bool>()).prop_map(
+            |(size, shift, size2, shift2, both)| Op::Fifo { size, shift, size2, shift2, both }
+        ),
         8 => (1u64..5, 0u32..7).prop_map(|(size, shift)| Op::Alloc { size, shift }),
         1 => (1u64..5, 0u32..7, 0u64..LEN, 1u64..LEN)
             .prop_map(|(size, shift, lo, len)| Op::AllocIn { size, shift, lo, len }),
@@ -229,6 +246,33 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if let Some(x) = got {
                     m.busy.remove(&x);
                     prop_assert_eq!(a.free(x), Ok(size));
+                }
+            }
+            Op::Fifo {
+                size,
+                shift,
+                size2,
+                shift2,
+                both,
+            } => {
+                let (align, align2) = (1u64 << shift, 1u64 << shift2);
+                let want = m.alloc(size, align, START, END);
+                let got = a.alloc(size, align).ok();
+                prop_assert_eq!(got, want, "fifo: alloc({}, {})", size, align);
+                let want2 = m.alloc(size2, align2, START, END);
+                let got2 = a.alloc(size2, align2).ok();
+                prop_assert_eq!(got2, want2, "fifo: alloc({}, {})", size2, align2);
+                last = Some((size, align, START, END));
+                last_x = got2;
+                if let Some(x) = got {
+                    m.busy.remove(&x);
+                    prop_assert_eq!(a.free(x), Ok(size));
+                    a.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+                if let Some(x2) = got2.filter(|_| both) {
+                    m.busy.remove(&x2);
+                    prop_assert_eq!(a.free(x2), Ok(size2));
+                    last_x = None;
                 }
             }
             Op::Undo => {
