@@ -148,6 +148,8 @@ pub struct VmapArena<P: PageSource> {
     /// that its free is an undo too.
     beside: bool,
     last: Hint,
+    /// Why the last failed allocation failed (see `fail`).
+    error: Error,
     pool: Pool<P>,
 }
 
@@ -278,6 +280,7 @@ impl<P: PageSource> VmapArena<P> {
             park: NodePtr::NULL,
             beside: false,
             last: Hint::NONE,
+            error: Error::OutOfMemory { size: 0 },
             pool: Pool::new(source),
         };
         a.pool.reserve(3)?;
@@ -344,20 +347,36 @@ impl<P: PageSource> VmapArena<P> {
             {
                 return Ok(self.reuse());
             }
-            return self.alloc_unparking(size, align, lo, hi);
+            return self
+                .alloc_unparking(size, align, lo, hi)
+                .ok_or_else(|| self.error);
         }
         self.alloc_search(size, align, lo, hi)
+            .ok_or_else(|| self.error)
+    }
+
+    /// Fails an allocation: the internal paths return None and leave the
+    /// error here, so that an address comes back in registers.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn fail(&mut self, e: Error) -> Option<u64> {
+        self.error = e;
+        None
     }
 
     /// [`alloc_in`](Self::alloc_in) with nothing parked: out of line, so
     /// that the undo cache's hit above stays a few instructions inline in
     /// the caller.
     #[inline(never)]
-    pub(super) fn alloc_search(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
-        self.validate(size, align, lo, hi)?;
+    pub(super) fn alloc_search(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
+        if let Err(e) = self.validate(size, align, lo, hi) {
+            return self.fail(e);
+        }
         // The preload: a node for the busy area and one for an NE split's
         // left remainder, so nothing below can fail half way.
-        self.pool.reserve(2)?;
+        if let Err(e) = self.pool.reserve(2) {
+            return self.fail(e);
+        }
         let h = &self.hint;
         let covered = h.covers(size, align, lo, hi);
         // The free block that starts where the last allocation ended, if it
@@ -373,7 +392,7 @@ impl<P: PageSource> VmapArena<P> {
         };
         if !n.is_null() {
             if let Some(x) = Self::fit(n, size, align - 1, lo, hi) {
-                return Ok(self.take_hinted(n, x, size, align, lo, hi));
+                return Some(self.take_hinted(n, x, size, align, lo, hi));
             }
         }
         self.alloc_search_slow(size, align, lo, hi, covered)
@@ -391,7 +410,7 @@ impl<P: PageSource> VmapArena<P> {
         lo: u64,
         hi: u64,
         covered: bool,
-    ) -> Result<u64> {
+    ) -> Option<u64> {
         let mut from = if covered { lo.max(self.hint.floor) } else { lo };
         if align > 1 {
             if let Some(f) = self.floors.get(align.trailing_zeros(), size) {
@@ -404,7 +423,7 @@ impl<P: PageSource> VmapArena<P> {
             None
         };
         match found {
-            Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
+            Some((n, x)) => Some(self.take_hinted(n, x, size, align, lo, hi)),
             None => self.alloc_slow(size, align, lo, hi),
         }
     }
@@ -450,13 +469,13 @@ impl<P: PageSource> VmapArena<P> {
 
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+    fn alloc_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
         // No aligned address of [lo, hi) has room: a purge cannot help.
         let impossible = lo
             .checked_next_multiple_of(align)
             .is_none_or(|x| x > hi || hi - x < size);
         if impossible {
-            return Err(Error::OutOfMemory { size });
+            return self.fail(Error::OutOfMemory { size });
         }
         if self.lazy.root.is_null() {
             // Nothing to purge. The hinted search skipped only what cannot
@@ -464,16 +483,16 @@ impl<P: PageSource> VmapArena<P> {
             // that the answer never rests on the hint alone.
             self.hint.align = 0;
             return match self.find_fit(size, align - 1, lo, hi) {
-                Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
-                None => Err(Error::OutOfMemory { size }),
+                Some((n, x)) => Some(self.take_hinted(n, x, size, align, lo, hi)),
+                None => self.fail(Error::OutOfMemory { size }),
             };
         }
         // As Linux: a failing allocation purges the lazy areas and retries.
         // The purge drops the hint, so the retry searches all of [lo, hi).
         self.purge();
         match self.find_fit(size, align - 1, lo, hi) {
-            Some((n, x)) => Ok(self.take_hinted(n, x, size, align, lo, hi)),
-            None => Err(Error::OutOfMemory { size }),
+            Some((n, x)) => Some(self.take_hinted(n, x, size, align, lo, hi)),
+            None => self.fail(Error::OutOfMemory { size }),
         }
     }
 

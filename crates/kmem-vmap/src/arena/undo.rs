@@ -2,7 +2,7 @@
 //! (see `VmapArena::park`), handed back to the same request, or merged back
 //! where its cut says before anything else.
 
-use kmem_core::{PageSource, Result};
+use kmem_core::PageSource;
 
 use super::search::fit_in;
 use super::{Area, Cut, Merged, VmapArena};
@@ -24,7 +24,7 @@ impl<P: PageSource> VmapArena<P> {
         align: u64,
         lo: u64,
         hi: u64,
-    ) -> Result<u64> {
+    ) -> Option<u64> {
         if let Cut::Left(n) = self.hint.cut {
             // The area was cut from the left edge of `n`. When the new
             // request's lowest fit starts at the same address (no free block
@@ -56,7 +56,7 @@ impl<P: PageSource> VmapArena<P> {
                     self.free_bytes -= size;
                     self.make_busy(p);
                     self.record(x, size, align, lo, hi, Cut::Left(n));
-                    return Ok(x);
+                    return Some(x);
                 }
             }
         }
@@ -66,7 +66,7 @@ impl<P: PageSource> VmapArena<P> {
     /// [`alloc_unparking`](Self::alloc_unparking) past its in-place cut:
     /// out of line, so that the cut needs no saved registers.
     #[inline(never)]
-    fn alloc_unparking_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+    fn alloc_unparking_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
         let cut = self.hint.cut;
         if matches!(cut, Cut::Whole) {
             return self.alloc_beside_whole(size, align, lo, hi);
@@ -76,13 +76,17 @@ impl<P: PageSource> VmapArena<P> {
         // area counts as free either way, so an error after this leaves the
         // arena as it was.
         self.unpark();
-        self.validate(size, align, lo, hi)?;
-        self.pool.reserve(2)?;
+        if let Err(e) = self.validate(size, align, lo, hi) {
+            return self.fail(e);
+        }
+        if let Err(e) = self.pool.reserve(2) {
+            return self.fail(e);
+        }
         if let Cut::Left(n) = cut {
             let before = self.prev_block(n);
             if before.is_null() || before.end() <= lo {
                 if let Some(x) = Self::fit(n, size, align - 1, lo, hi) {
-                    return Ok(self.take_hinted(n, x, size, align, lo, hi));
+                    return Some(self.take_hinted(n, x, size, align, lo, hi));
                 }
             }
         }
@@ -99,14 +103,14 @@ impl<P: PageSource> VmapArena<P> {
     /// as large and as aligned as this one). The new allocation's record
     /// goes to `last`, so that its free right after is an undo as well.
     #[inline(never)]
-    fn alloc_beside_whole(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Result<u64> {
+    fn alloc_beside_whole(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
         let p = self.park;
         if fit_in(p.start(), p.end(), size, align.wrapping_sub(1), lo, hi).is_none() {
             let parked = self.hint;
             let r = self.alloc_search(size, align, lo, hi);
             // A failed search may have purged, which unparks.
             if !self.park.is_null() {
-                if r.is_ok() {
+                if r.is_some() {
                     self.last = self.hint;
                     self.beside = true;
                 }
