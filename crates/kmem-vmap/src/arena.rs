@@ -347,12 +347,20 @@ impl<P: PageSource> VmapArena<P> {
             {
                 return Ok(self.reuse());
             }
-            return self
-                .alloc_unparking(size, align, lo, hi)
-                .ok_or_else(|| self.error);
+            let r = self.alloc_unparking(size, align, lo, hi);
+            return self.result(r);
         }
-        self.alloc_search(size, align, lo, hi)
-            .ok_or_else(|| self.error)
+        let r = self.alloc_search(size, align, lo, hi);
+        self.result(r)
+    }
+
+    /// An internal path's answer as the API's: the error from `fail`.
+    #[inline(always)]
+    fn result(&self, r: Option<u64>) -> Result<u64> {
+        match r {
+            Some(x) => Ok(x),
+            None => Err(self.error),
+        }
     }
 
     /// Fails an allocation: the internal paths return None and leave the
