@@ -556,7 +556,7 @@ impl<P: PageSource> VmapArena<P> {
             (self.pool.take(), Cut::Middle(l, n))
         };
         self.free_bytes -= size;
-        busy.init(x, xe);
+        busy.set_range(x, xe);
         self.make_busy(busy);
         cut
     }

@@ -179,6 +179,16 @@ impl NodePtr {
         self.set_pc(self.pc() | BLACK);
     }
 
+    /// Sets the range of a busy area's node, `[start, end)`, and nothing
+    /// else: a busy area is read for its range only (in the nursery, or as
+    /// the undo cache's parked area), and every tree that takes the node
+    /// sets its links, colour and `max` as it links it.
+    #[inline(always)]
+    pub(crate) fn set_range(self, start: u64, end: u64) {
+        self.set_start(start);
+        self.set_end(end);
+    }
+
     /// Makes the node a detached red leaf over `[start, end)`.
     #[inline(always)]
     pub(crate) fn init(self, start: u64, end: u64) {

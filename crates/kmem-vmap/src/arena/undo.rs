@@ -49,7 +49,7 @@ impl<P: PageSource> VmapArena<P> {
                 let before = self.prev_block(n);
                 if before.is_null() || before.end() <= lo {
                     self.park = NodePtr::NULL;
-                    p.init(x, x + size);
+                    p.set_end(x + size);
                     n.set_start(x + size);
                     self.resized(n);
                     // The parked area counted free; now `size` of it is not.
