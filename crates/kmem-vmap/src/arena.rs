@@ -449,16 +449,7 @@ impl<P: PageSource> VmapArena<P> {
     /// its alignment where it keeps one.
     #[inline(always)]
     fn record(&mut self, x: u64, size: u64, align: u64, lo: u64, hi: u64, cut: Cut) {
-        if align > 1 {
-            let k = align.trailing_zeros();
-            if lo == self.start && (self.missed || self.floors.has(k)) {
-                // `x` is the lowest fit of `[start, hi)`: nothing of the
-                // arena fits below it, and `[x, x + size)` is busy from now
-                // on. Kept only for alignments that met near misses.
-                self.floors.prove(k, size, x + size);
-            }
-            self.missed = false;
-        }
+        self.record_floor(x, size, align, lo);
         let block = match cut {
             Cut::Left(n) | Cut::Middle(_, n) => n,
             _ => NodePtr::NULL,
@@ -473,6 +464,21 @@ impl<P: PageSource> VmapArena<P> {
             x,
             cut,
         };
+    }
+
+    /// The floor part of [`record`](Self::record).
+    #[inline(always)]
+    fn record_floor(&mut self, x: u64, size: u64, align: u64, lo: u64) {
+        if align > 1 {
+            let k = align.trailing_zeros();
+            if lo == self.start && (self.missed || self.floors.has(k)) {
+                // `x` is the lowest fit of `[start, hi)`: nothing of the
+                // arena fits below it, and `[x, x + size)` is busy from now
+                // on. Kept only for alignments that met near misses.
+                self.floors.prove(k, size, x + size);
+            }
+            self.missed = false;
+        }
     }
 
     #[cold]

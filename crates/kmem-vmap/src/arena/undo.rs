@@ -5,7 +5,7 @@
 use kmem_core::PageSource;
 
 use super::search::fit_in;
-use super::{Area, Cut, Merged, VmapArena};
+use super::{young_slot, Area, Cut, Merged, VmapArena};
 use crate::node::NodePtr;
 use crate::rbtree::MaxAug;
 
@@ -34,17 +34,20 @@ impl<P: PageSource> VmapArena<P> {
             let p = self.park;
             let x = p.start();
             // `validate`, with the fit at `x` known: `x` is aligned, in
-            // `[lo, hi)`, and has room below `hi` and inside `n`.
-            if size != 0
-                && align.is_power_of_two()
-                && size.checked_add(align - 1).is_some()
+            // `[lo, hi)`, and has room below `hi` and inside `n` (`n` ends
+            // above `x`). Together these imply the rest: `lo < hi`, no
+            // overflow of `x + size`, `size <= hi - lo`.
+            let mask = align.wrapping_sub(1);
+            if align.is_power_of_two()
+                && x & mask == 0
+                && size <= !mask
+                && size.wrapping_sub(1) < n.end() - x - 1
                 && lo >= self.start
+                && lo <= x
                 && hi <= self.end
-                && x >= lo
-                && x & (align - 1) == 0
-                && x.checked_add(size)
-                    .is_some_and(|xe| xe <= hi && xe < n.end())
-                && self.pool.available() + 1 >= 2
+                && hi >= x
+                && size <= hi - x
+                && self.pool.available() >= 1
             {
                 let before = self.prev_block(n);
                 if before.is_null() || before.end() <= lo {
@@ -54,8 +57,26 @@ impl<P: PageSource> VmapArena<P> {
                     self.resized(n);
                     // The parked area counted free; now `size` of it is not.
                     self.free_bytes -= size;
-                    self.make_busy(p);
-                    self.record(x, size, align, lo, hi, Cut::Left(n));
+                    // The parked area was the last allocation, freed from
+                    // its nursery slot, and nothing was allocated since: the
+                    // slot is still free.
+                    let slot = young_slot(x);
+                    debug_assert!(
+                        self.young[slot].is_null(),
+                        "the parked area's slot is taken"
+                    );
+                    self.young[slot] = p;
+                    self.busy_blocks += 1;
+                    // The hint is the parked allocation's record: its
+                    // address, cut and block stay; the request is the new one.
+                    debug_assert!(self.hint.block == n && self.hint.x == x);
+                    self.record_floor(x, size, align, lo);
+                    let h = &mut self.hint;
+                    h.floor = x + size;
+                    h.size = size;
+                    h.align = align;
+                    h.lo = lo;
+                    h.hi = hi;
                     return Some(x);
                 }
             }
