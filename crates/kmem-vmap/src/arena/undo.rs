@@ -17,7 +17,12 @@ impl<P: PageSource> VmapArena<P> {
     /// one, is in `n`: no search. Otherwise the usual path, from the hint
     /// that the unpark leaves. A parked whole block may stay parked (see
     /// [`alloc_beside_whole`](Self::alloc_beside_whole)).
-    #[inline(never)]
+    ///
+    /// Inline in the caller, as the undo cache's hit is: the in-place cut
+    /// is a few dozen instructions without a call, and a call would add a
+    /// third to them (saved registers, the answer through the stack);
+    /// everything else is out of line.
+    #[inline(always)]
     pub(super) fn alloc_unparking(
         &mut self,
         size: u64,
@@ -85,7 +90,7 @@ impl<P: PageSource> VmapArena<P> {
     }
 
     /// [`alloc_unparking`](Self::alloc_unparking) past its in-place cut:
-    /// out of line, so that the cut needs no saved registers.
+    /// out of line, so that the inline cut stays small.
     #[inline(never)]
     fn alloc_unparking_slow(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
         let cut = self.hint.cut;
