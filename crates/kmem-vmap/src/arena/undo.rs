@@ -128,7 +128,7 @@ impl<P: PageSource> VmapArena<P> {
     /// stays true (no request it covers fits the block: they are at least
     /// as large and as aligned as this one). The new allocation's record
     /// goes to `last`, so that its free right after is an undo as well.
-    #[inline(never)]
+    #[inline(always)]
     fn alloc_beside_whole(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
         let p = self.park;
         if fit_in(p.start(), p.end(), size, align.wrapping_sub(1), lo, hi).is_none() {
