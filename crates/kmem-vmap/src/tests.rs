@@ -501,6 +501,47 @@ fn near_misses_are_passed_once_per_alignment() {
     a.check().unwrap();
 }
 
+/// A floor proved for one alignment serves every larger one (an address
+/// aligned to 8 is aligned to 4): after a 4-aligned request walked past the
+/// holes, 8- and 64-aligned requests of at least its size start above them
+/// and pass none; a smaller size is not covered and walks.
+#[test]
+fn a_floor_covers_larger_alignments() {
+    const HOLES: u64 = 1000;
+    let mut a = VmapArena::with_lazy_max(source(1024), 0, 1 << 20, 1 << 20).unwrap();
+    // kept, hole, kept, hole...: holes of 2 units at 2 mod 4.
+    let mut holes = Vec::new();
+    for _ in 0..HOLES {
+        a.alloc(2, 1).unwrap();
+        holes.push(a.alloc(2, 1).unwrap());
+    }
+    for h in holes {
+        a.free(h).unwrap();
+    }
+    let top = 4 * HOLES;
+    let x = a.alloc(2, 4).unwrap();
+    assert_eq!(x, top);
+    let walked = a.stats().near_misses;
+    assert!(walked >= HOLES - 1, "{walked} near misses");
+    let y = a.alloc(3, 8).unwrap();
+    assert_eq!(y, top + 8);
+    let z = a.alloc(2, 64).unwrap();
+    assert_eq!(z, top + 32);
+    // At most the gap between `x` and `y` missed (no 64-aligned start).
+    let again = a.stats().near_misses - walked;
+    assert!(
+        again <= 1,
+        "a larger alignment walked the holes again: {again}"
+    );
+    a.check().unwrap();
+    // One unit at 4 fits no hole either (they start at 2 mod 4 and end at
+    // 0 mod 4), but the floor of size 2 does not cover size 1: it walks.
+    let w = a.alloc(1, 4).unwrap();
+    assert_eq!(w, top + 4);
+    assert!(a.stats().near_misses - walked >= HOLES - 1);
+    a.check().unwrap();
+}
+
 #[test]
 fn a_parked_hole_stays_parked_beside_other_requests() {
     // Areas of 2 at 0, 2, ..., 18; every second one freed: holes of 2 at 2,

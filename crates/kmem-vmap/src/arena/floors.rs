@@ -27,7 +27,8 @@
 //! Only alignments whose searches met a near miss keep floors (the others
 //! never pass a block that cannot serve them), so a free checks only those.
 //! A class keeps the proof of its smallest size: that one covers every
-//! size of the class.
+//! size of the class, and every larger alignment's requests of at least
+//! that size (see `get`), so one walk past the near misses serves them all.
 
 use super::search::fit_in;
 
@@ -53,10 +54,27 @@ impl Floors {
     }
 
     /// Where the search for `size` at `2^k` may start: no fit lies below.
-    #[inline(always)]
+    ///
+    /// A proof for a smaller alignment covers it too: an address aligned
+    /// to `2^k` with room for `size` is aligned to every `2^i`, `i <= k`,
+    /// with room for every smaller size, so no fit for (`size`, `2^k`)
+    /// lies below the floor of any class `i <= k` whose size is at most
+    /// `size`. The highest of those floors is where the search starts:
+    /// an alignment seen for the first time among near misses starts
+    /// above them when a smaller one has already walked past them.
+    #[inline]
     pub(super) fn get(&self, k: u32, size: u64) -> Option<u64> {
-        let k = k as usize;
-        (self.live >> k & 1 != 0 && size >= self.size[k]).then(|| self.floor[k])
+        // Classes 0..=k.
+        let mut live = self.live & (u64::MAX >> (63 - k));
+        let mut best = None;
+        while live != 0 {
+            let i = live.trailing_zeros() as usize;
+            live &= live - 1;
+            if size >= self.size[i] {
+                best = best.max(Some(self.floor[i]));
+            }
+        }
+        best
     }
 
     /// Records that no start below `floor` fits `size` at `2^k` in the
