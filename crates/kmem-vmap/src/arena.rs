@@ -97,6 +97,13 @@ pub struct VmapArena<P: PageSource> {
     /// The highest free block, out of the tree (null: nothing is free); see
     /// `top`.
     top: NodePtr,
+    /// The left remainder of the last allocation when it was cut from the
+    /// middle of the top block, kept out of the tree too (null: none), so
+    /// that the allocation's undo merges it back without a tree erase, as
+    /// it was cut without a tree insert. It lies above every tree block and
+    /// below the top block, touching neither. Every path but the undo
+    /// cache's links it into the tree first (`flush_aside`).
+    aside: NodePtr,
     /// Live areas by start.
     busy: Tree,
     /// Lazily freed areas by address, merged with each other.
@@ -260,6 +267,7 @@ impl<P: PageSource> VmapArena<P> {
         let mut a = VmapArena {
             free: Tree::new(),
             top: NodePtr::NULL,
+            aside: NodePtr::NULL,
             busy: Tree::new(),
             lazy: Tree::new(),
             start,
@@ -377,6 +385,9 @@ impl<P: PageSource> VmapArena<P> {
     /// the caller.
     #[inline(never)]
     pub(super) fn alloc_search(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
+        if !self.aside.is_null() {
+            return self.alloc_search_flushed(size, align, lo, hi);
+        }
         if let Err(e) = self.validate(size, align, lo, hi) {
             return self.fail(e);
         }
@@ -404,6 +415,16 @@ impl<P: PageSource> VmapArena<P> {
             }
         }
         self.alloc_search_slow(size, align, lo, hi, covered)
+    }
+
+    /// [`alloc_search`](Self::alloc_search) with a block aside: it joins
+    /// the tree first. Out of line (a tail call), so that the common path
+    /// keeps its registers.
+    #[cold]
+    #[inline(never)]
+    fn alloc_search_flushed(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
+        self.flush_aside();
+        self.alloc_search(size, align, lo, hi)
     }
 
     /// [`alloc_search`](Self::alloc_search) past its first candidate: a
@@ -588,7 +609,8 @@ impl<P: PageSource> VmapArena<P> {
         l.init(n.start(), x);
         n.set_start(xe);
         if self.is_top(n) {
-            self.push_last(l);
+            debug_assert!(self.aside.is_null(), "a block aside while cutting");
+            self.aside = l;
         } else {
             MaxAug::propagate(n, NodePtr::NULL);
             self.free.insert_before::<MaxAug>(l, n);
@@ -683,6 +705,18 @@ impl<P: PageSource> VmapArena<P> {
             }
             self.unpark();
         }
+        if !self.aside.is_null() {
+            return self.insert_free_flushed(n);
+        }
+        self.insert_free(n);
+    }
+
+    /// [`insert_free`](Self::insert_free) with a block aside: it joins the
+    /// tree first (out of line, as `alloc_search_flushed`).
+    #[cold]
+    #[inline(never)]
+    fn insert_free_flushed(&mut self, n: NodePtr) {
+        self.flush_aside();
         self.insert_free(n);
     }
 
@@ -761,6 +795,7 @@ impl<P: PageSource> VmapArena<P> {
                 .root
                 .max_or_0()
                 .max(self.top.size_or_0())
+                .max(self.aside.size_or_0())
                 .max(self.parked_view().map_or(0, |(a, _)| a.size)),
             free_blocks: self.free_blocks,
             busy_blocks: self.busy_blocks,
@@ -795,9 +830,11 @@ impl<P: PageSource> VmapArena<P> {
             b.hi += 1;
             b.hide = hide;
         }
-        if !self.top.is_null() && !b.hide.contains(&self.top) {
-            b.extra[b.hi] = Blocks::area(self.top);
-            b.hi += 1;
+        for n in [self.aside, self.top] {
+            if !n.is_null() && !b.hide.contains(&n) {
+                b.extra[b.hi] = Blocks::area(n);
+                b.hi += 1;
+            }
         }
         b.extra[..b.hi].sort_unstable_by_key(|a| a.start);
         b

@@ -21,7 +21,21 @@ impl<P: PageSource> VmapArena<P> {
         if !top.is_null() && !self.free.last.is_null() && self.free.last.end() >= top.start() {
             return Err("a tree block is not below the top block");
         }
-        let nf_tree = nf_tree + usize::from(!top.is_null());
+        let aside = self.aside;
+        if !aside.is_null() {
+            if top.is_null() || aside.end() >= top.start() {
+                return Err("the block aside is not below the top block");
+            }
+            let last = self.free.last;
+            if !last.is_null() && last.end() >= aside.start() {
+                return Err("a tree block is not below the block aside");
+            }
+            if self.free.find_start(aside.start()) == aside {
+                return Err("the block aside is in the tree");
+            }
+        }
+        // Free blocks out of the tree: the top block and the one aside.
+        let nf_tree = nf_tree + usize::from(!top.is_null()) + usize::from(!aside.is_null());
         let parked = self.parked_view();
         if self.beside && (parked.is_none() || self.hint.cut != Cut::Whole) {
             return Err("an allocation beside the park, but no whole block parked");
@@ -32,7 +46,7 @@ impl<P: PageSource> VmapArena<P> {
                 return Err("the parked area is not the last allocation");
             }
             for n in hide.into_iter().filter(|n| !n.is_null()) {
-                if n != top && self.free.find_start(n.start()) != n {
+                if n != top && n != aside && self.free.find_start(n.start()) != n {
                     return Err("a neighbour of the parked area is not a free block");
                 }
             }

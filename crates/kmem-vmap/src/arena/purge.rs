@@ -68,6 +68,7 @@ impl<P: PageSource> VmapArena<P> {
         if !self.park.is_null() {
             self.unpark();
         }
+        self.flush_aside();
         self.floors.clear();
         let released = self.lazy_bytes;
         if self.lazy.root.is_null() {

@@ -10,9 +10,16 @@
 //! Lowest first fit is kept: every tree block lies below the top block, so
 //! the search tries the tree first and the top block last.
 //!
+//! An aligned request served from the top block's middle leaves a left
+//! remainder below it; that block stays out of the tree too (`aside`), so
+//! that the allocation and its undo (the common alloc/free pair) touch no
+//! tree: the undo merges it back as it was cut. Anything else links it
+//! into the tree first (`flush_aside`).
+//!
 //! Invariant: `top` is null exactly when no block is free; otherwise every
 //! block of the free tree ends below `top.start()` (not at it: blocks never
-//! touch). The top node's `max` and links are not used.
+//! touch), and the block aside, when there is one, lies between them,
+//! touching neither. The top node's `max` and links are not used.
 
 use kmem_core::PageSource;
 
@@ -28,9 +35,22 @@ impl<P: PageSource> VmapArena<P> {
         n == self.top
     }
 
-    /// The free block before free block `n` (null: none).
+    /// The left remainder kept aside (see `aside`) joins the tree, as its
+    /// last block.
+    #[inline(always)]
+    pub(super) fn flush_aside(&mut self) {
+        let l = self.aside;
+        if !l.is_null() {
+            self.aside = NodePtr::NULL;
+            self.push_last(l);
+        }
+    }
+
+    /// The free block before free block `n` (null: none). Nothing is
+    /// aside.
     #[inline(always)]
     pub(super) fn prev_block(&self, n: NodePtr) -> NodePtr {
+        debug_assert!(self.aside.is_null(), "prev_block with a block aside");
         if self.is_top(n) {
             self.free.last
         } else {
@@ -51,6 +71,7 @@ impl<P: PageSource> VmapArena<P> {
     /// making the highest tree block the top.
     #[inline(always)]
     pub(super) fn erase_block(&mut self, n: NodePtr) {
+        debug_assert!(self.aside.is_null(), "erase_block with a block aside");
         if self.is_top(n) {
             let l = self.free.last;
             if !l.is_null() {

@@ -102,6 +102,7 @@ impl<P: PageSource> VmapArena<P> {
         // area counts as free either way, so an error after this leaves the
         // arena as it was.
         self.unpark();
+        self.flush_aside();
         if let Err(e) = self.validate(size, align, lo, hi) {
             return self.fail(e);
         }
@@ -266,7 +267,12 @@ impl<P: PageSource> VmapArena<P> {
             }
             Cut::Middle(l, n) => {
                 let s = l.start();
-                self.free.erase::<MaxAug>(l);
+                if l == self.aside {
+                    // Cut from the top block and kept aside: not in the tree.
+                    self.aside = NodePtr::NULL;
+                } else {
+                    self.free.erase::<MaxAug>(l);
+                }
                 n.set_start(s);
                 self.resized(n);
                 self.pool.put(l);
