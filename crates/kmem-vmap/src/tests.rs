@@ -542,6 +542,58 @@ fn a_floor_covers_larger_alignments() {
     a.check().unwrap();
 }
 
+/// An aligned area cut from the middle of the top block leaves its left
+/// remainder aside, out of the tree: the free blocks, stats and `check()`
+/// see it, its undo merges it back, and every other path links it into the
+/// tree first, with the same answers as before.
+#[test]
+fn the_remainder_of_an_aligned_top_cut_stays_aside() {
+    let mut a = arena(0, 256);
+    let low = a.alloc(3, 1).unwrap();
+    assert_eq!(low, 0);
+    // 8 at 16 from the top block [3, 256): [16, 24), remainder [3, 16).
+    let x = a.alloc(8, 16).unwrap();
+    assert_eq!(x, 16);
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(3, 16), (24, 256)]);
+    assert_eq!(a.stats().free_blocks, 2);
+    // Undo, and the same request again: no tree involved.
+    a.free(x).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(3, 256)]);
+    assert_eq!(a.alloc(8, 16).unwrap(), 16);
+    a.check().unwrap();
+    // Another request while the remainder is aside: it fits there.
+    assert_eq!(a.alloc(5, 1).unwrap(), 3);
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(8, 16), (24, 256)]);
+    // A free that touches the block aside merges with it.
+    a.free(3).unwrap();
+    a.free(16).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(3, 256)]);
+    // Aside again, then a free of another area (not an undo).
+    let y = a.alloc(8, 32).unwrap();
+    assert_eq!(y, 32);
+    a.free(low).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(0, 32), (40, 256)]);
+    // Aside again, then a lazy free and a purge.
+    a.free(y).unwrap();
+    assert_eq!(a.alloc(3, 1).unwrap(), 0);
+    let z = a.alloc(4, 64).unwrap();
+    assert_eq!(z, 64);
+    assert_eq!(a.stats().largest_free, 188);
+    let w = a.alloc(2, 1).unwrap();
+    assert_eq!(w, 3);
+    a.free_lazy(w).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(5, 64), (68, 256)]);
+    a.purge();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(3, 64), (68, 256)]);
+}
+
 #[test]
 fn a_parked_hole_stays_parked_beside_other_requests() {
     // Areas of 2 at 0, 2, ..., 18; every second one freed: holes of 2 at 2,
