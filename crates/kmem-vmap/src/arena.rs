@@ -741,7 +741,9 @@ impl<P: PageSource> VmapArena<P> {
             self.park(n);
             return Ok(size);
         }
-        self.free_merge(n);
+        if !self.free_first(n) {
+            self.free_merge(n);
+        }
         Ok(size)
     }
 

@@ -105,6 +105,19 @@ impl Tree {
         self.change_child(old, new, parent);
     }
 
+    /// Makes the detached node `n` the only node of the empty tree: the
+    /// root, black, its own subtree's maximum.
+    #[inline(always)]
+    pub(crate) fn link_only(&mut self, n: NodePtr) {
+        debug_assert!(self.root.is_null(), "link_only into a tree with nodes");
+        n.set_max(n.size());
+        n.set_left(NodePtr::NULL);
+        n.set_right(NodePtr::NULL);
+        n.set_parent_color(NodePtr::NULL, BLACK);
+        self.root = n;
+        self.last = n;
+    }
+
     /// Links the detached node `n` as the `left` (or right) child of `parent`
     /// (null: as the root), then propagates the augmentation from `n` up and
     /// rebalances. The caller chose the place so that order is kept.
