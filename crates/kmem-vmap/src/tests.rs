@@ -594,6 +594,36 @@ fn the_remainder_of_an_aligned_top_cut_stays_aside() {
     assert_eq!(free_list(&a), vec![(3, 64), (68, 256)]);
 }
 
+/// Frees near the top block that take the inline path: a block that
+/// becomes the tree's only one, one that joins the top block alone, one
+/// that joins the top block and the tree's only block; exact free lists
+/// and `check()` after each.
+#[test]
+fn frees_near_the_top_block() {
+    let mut a = arena(0, 256);
+    let c = a.alloc(4, 1).unwrap();
+    let d = a.alloc(4, 1).unwrap();
+    let e = a.alloc(4, 1).unwrap();
+    assert_eq!((c, d, e), (0, 4, 8));
+    // Not the last allocation: below the top block, touching nothing.
+    a.free(c).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(0, 4), (12, 256)]);
+    // The last allocation, but a free came between: no undo; it joins the
+    // top block only.
+    a.free(e).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(0, 4), (8, 256)]);
+    // Joins the top block and the tree's only block.
+    a.free(d).unwrap();
+    a.check().unwrap();
+    assert_eq!(free_list(&a), vec![(0, 256)]);
+    let s = a.stats();
+    assert_eq!((s.free_blocks, s.free_bytes, s.busy_blocks), (1, 256, 0));
+    assert_eq!(a.alloc(256, 1).unwrap(), 0);
+    a.check().unwrap();
+}
+
 #[test]
 fn a_parked_hole_stays_parked_beside_other_requests() {
     // Areas of 2 at 0, 2, ..., 18; every second one freed: holes of 2 at 2,
