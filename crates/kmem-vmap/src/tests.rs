@@ -450,6 +450,29 @@ fn fork_prepare_holds_the_lock_until_release() {
     a.check().unwrap();
 }
 
+/// `holes` pairs of 2-unit areas from 0, the second of each freed: holes
+/// of 2 units at 2 mod 4, below the top block at `4 * holes`. Then a
+/// 2-unit request at 4, which no hole serves, walks past them (checked):
+/// its alignment keeps a floor. Returns the arena, the kept areas, and the
+/// near misses so far.
+fn holes_walked(holes: u64) -> (VmapArena<FixedSource<'static>>, Vec<u64>, u64) {
+    let mut a = VmapArena::with_lazy_max(source(1024), 0, 1 << 20, 1 << 20).unwrap();
+    let mut freed = Vec::new();
+    let mut kept = Vec::new();
+    for _ in 0..holes {
+        kept.push(a.alloc(2, 1).unwrap());
+        freed.push(a.alloc(2, 1).unwrap());
+    }
+    for h in freed {
+        a.free(h).unwrap();
+    }
+    // The lowest fit is the top block.
+    assert_eq!(a.alloc(2, 4).unwrap(), 4 * holes);
+    let walked = a.stats().near_misses;
+    assert!(walked >= holes - 1, "{walked} near misses");
+    (a, kept, walked)
+}
+
 /// An aligned request among holes that cannot serve it (each hole its size,
 /// none at its alignment) passes them once: its alignment keeps a floor, and
 /// the same class asks again after other requests and frees (the holes
@@ -458,24 +481,9 @@ fn fork_prepare_holds_the_lock_until_release() {
 #[test]
 fn near_misses_are_passed_once_per_alignment() {
     const HOLES: u64 = 2000;
-    let mut a = VmapArena::with_lazy_max(source(1024), 0, 1 << 20, 1 << 20).unwrap();
-    // kept, hole, kept, hole...: holes of 2 units at 2 mod 4.
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for _ in 0..HOLES {
-        kept.push(a.alloc(2, 1).unwrap());
-        holes.push(a.alloc(2, 1).unwrap());
-    }
-    for &h in &holes {
-        a.free(h).unwrap();
-    }
+    let (mut a, kept, walked) = holes_walked(HOLES);
     let top = 4 * HOLES;
-    // 2 units at 4: no hole serves it; the lowest fit is the top block.
-    let x = a.alloc(2, 4).unwrap();
-    assert_eq!(x, top);
-    let walked = a.stats().near_misses;
-    assert!(walked >= HOLES - 1, "{walked} near misses");
-    a.free(x).unwrap();
+    a.free(top).unwrap();
     a.check().unwrap();
     for round in 0..50 {
         // Other requests between: a hole taken and freed, a larger area.
@@ -508,21 +516,8 @@ fn near_misses_are_passed_once_per_alignment() {
 #[test]
 fn a_floor_covers_larger_alignments() {
     const HOLES: u64 = 1000;
-    let mut a = VmapArena::with_lazy_max(source(1024), 0, 1 << 20, 1 << 20).unwrap();
-    // kept, hole, kept, hole...: holes of 2 units at 2 mod 4.
-    let mut holes = Vec::new();
-    for _ in 0..HOLES {
-        a.alloc(2, 1).unwrap();
-        holes.push(a.alloc(2, 1).unwrap());
-    }
-    for h in holes {
-        a.free(h).unwrap();
-    }
+    let (mut a, _, walked) = holes_walked(HOLES);
     let top = 4 * HOLES;
-    let x = a.alloc(2, 4).unwrap();
-    assert_eq!(x, top);
-    let walked = a.stats().near_misses;
-    assert!(walked >= HOLES - 1, "{walked} near misses");
     let y = a.alloc(3, 8).unwrap();
     assert_eq!(y, top + 8);
     let z = a.alloc(2, 64).unwrap();
