@@ -11,6 +11,7 @@ use merge::{merge_insert, Merged};
 
 mod blocks;
 mod check;
+mod fast;
 mod floors;
 mod merge;
 mod purge;
@@ -363,55 +364,6 @@ impl<P: PageSource> VmapArena<P> {
         }
         let r = self.alloc_search(size, align, lo, hi);
         self.result(r)
-    }
-
-    /// The commonest allocation with nothing parked, inline in the caller:
-    /// the request's lowest fit is the left edge of the first candidate
-    /// block (the one the hint names, or the top block when no tree block
-    /// is large enough), nothing is aside, a node is spare and the nursery
-    /// slot free. None: not that case, nothing changed;
-    /// [`alloc_search`](Self::alloc_search) starts over.
-    #[inline(always)]
-    fn alloc_first(&mut self, size: u64, align: u64, lo: u64, hi: u64) -> Option<u64> {
-        let mask = align.wrapping_sub(1);
-        // `validate`, every check of it (an error is alloc_search's to name).
-        let valid = align.is_power_of_two()
-            & (size <= !mask)
-            & (lo >= self.start)
-            & (hi <= self.end)
-            & (lo < hi)
-            & (size.wrapping_sub(1) < hi.wrapping_sub(lo))
-            & (self.pool.available() >= 2)
-            & self.aside.is_null();
-        if !valid {
-            return None;
-        }
-        let h = &self.hint;
-        let n = if h.covers(size, align, lo, hi) && !h.block.is_null() {
-            h.block
-        } else if self.free.root.max_or_0() < size {
-            self.top
-        } else {
-            return None;
-        };
-        if n.is_null() {
-            return None;
-        }
-        let x = Self::fit(n, size, mask, lo, hi)?;
-        let xe = x + size;
-        let slot = young_slot(x);
-        if x != n.start() || xe >= n.end() || !self.young[slot].is_null() {
-            return None;
-        }
-        n.set_start(xe);
-        self.resized(n);
-        let busy = self.pool.take();
-        busy.set_range(x, xe);
-        self.young[slot] = busy;
-        self.busy_blocks += 1;
-        self.free_bytes -= size;
-        self.record(x, size, align, lo, hi, Cut::Left(n));
-        Some(x)
     }
 
     /// An internal path's answer as the API's: the error from `fail`.

@@ -91,49 +91,6 @@ impl<P: PageSource> VmapArena<P> {
         self.free.link::<MaxAug>(n, last, false);
     }
 
-    /// The commonest frees near the top block, inline in the caller when
-    /// nothing is parked or aside and no floor is kept: `n` joins the top
-    /// block (and the tree's only block, right below it, when it touches
-    /// that too), or becomes the only tree block below the top block.
-    /// False: none of those; nothing changed.
-    #[inline(always)]
-    pub(super) fn free_first(&mut self, n: NodePtr) -> bool {
-        let t = self.top;
-        if !self.park.is_null() || !self.aside.is_null() || t.is_null() || self.floors.any() {
-            return false;
-        }
-        let (s, e) = (n.start(), n.end());
-        let size = e - s;
-        let r = self.free.root;
-        if e == t.start() {
-            let l = self.free.last;
-            if l.is_null() || l.end() < s {
-                // Joins the top block only.
-                t.set_start(s);
-                self.pool.put(n);
-            } else if l == r && r.left().is_null() && r.right().is_null() {
-                // (`l` ends at `s`: blocks never overlap.)
-                // Joins the top block and the tree's only block.
-                self.free = Tree::new();
-                t.set_start(r.start());
-                self.pool.put(r);
-                self.pool.put(n);
-                self.free_blocks -= 1;
-            } else {
-                return false;
-            }
-        } else if r.is_null() && e < t.start() {
-            // Below the top block, touching nothing: the tree's only block.
-            self.free.link_only(n);
-            self.free_blocks += 1;
-        } else {
-            return false;
-        }
-        self.hint.align = 0;
-        self.free_bytes += size;
-        true
-    }
-
     /// Inserts the detached range `n` into the free blocks, merging it with
     /// the blocks it touches: the top block's cases in O(1), the others by
     /// [`merge_insert`]. Returns how, and the block that holds `n`'s range.
