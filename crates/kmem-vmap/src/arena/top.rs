@@ -92,7 +92,8 @@ impl<P: PageSource> VmapArena<P> {
     }
 
     /// Inserts the detached range `n` into the free blocks, merging it with
-    /// the blocks it touches: the top block's cases in O(1), the others by
+    /// the blocks it touches: the top block's cases in O(1) (`free_first`
+    /// repeats those below it inline; keep the two in step), the others by
     /// [`merge_insert`]. Returns how, and the block that holds `n`'s range.
     #[inline(always)]
     pub(super) fn insert_block(&mut self, n: NodePtr) -> (Merged, NodePtr) {
