@@ -226,6 +226,10 @@ struct State {
     /// Bytes in live ranges.
     busy: usize,
     decay: Decay,
+    /// The largest range freed since the policy's last tick: the top pad
+    /// covers twice it, so that a program replacing blocks of that size at
+    /// the top of the arena does not fault them in each time.
+    recent_max: usize,
     /// Purges, and pages given back by them, over all time.
     purges: u64,
     purged_pages: u64,
@@ -279,6 +283,7 @@ impl Large {
                 dirty_pages: 0,
                 busy: 0,
                 decay: Decay::new(policy),
+                recent_max: 0,
                 purges: 0,
                 purged_pages: 0,
             }),
@@ -429,6 +434,7 @@ impl Large {
         let d = g.view(Map::Dirty).count_range(first, n / self.page);
         s.dirty_pages += d;
         s.busy -= n;
+        s.recent_max = s.recent_max.max(n);
         self.trim_top(&mut s, i);
         self.settle(&mut s);
         Ok(())
@@ -438,7 +444,9 @@ impl Large {
     /// policy's top pad above its highest busy range.
     fn trim_top(&self, s: &mut State, i: usize) {
         let ps = self.page;
-        let pad = s.decay.policy().top_pad(s.busy) / ps;
+        let policy = s.decay.policy();
+        let recent = s.recent_max.saturating_mul(2).min(policy.limit(s.busy));
+        let pad = policy.top_pad(s.busy).max(recent) / ps;
         let Some(g) = s.segs[i].as_mut() else {
             return;
         };
@@ -482,6 +490,7 @@ impl Large {
             Due::Nothing => {}
             Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
             Due::Tick { keep } => {
+                s.recent_max = 0;
                 self.purge_down_to(s, keep / ps, Map::Old);
                 Self::age(s, ps);
             }

@@ -1202,7 +1202,7 @@ mod tests {
     }
 
     /// Free pages above the highest run in use go back at once beyond the
-    /// top pad (a quarter of what is in use, or retain / 16), as glibc trims
+    /// top pad (a quarter of what is in use, or retain), as glibc trims
     /// the top of its heap: a working set whose top moves up and down does
     /// not keep its highest reach resident.
     #[cfg(feature = "std")]
@@ -1218,20 +1218,20 @@ mod tests {
             },
         )
         .unwrap();
-        let low = src.alloc_pages(64, 1).unwrap();
-        let high = src.alloc_pages(40, 1).unwrap();
+        let low = src.alloc_pages(192, 1).unwrap();
+        let high = src.alloc_pages(80, 1).unwrap();
         // SAFETY: live runs of ours, freed once.
         unsafe {
-            low.as_ptr().write_bytes(1, 64 * page);
-            high.as_ptr().write_bytes(2, 40 * page);
-            src.free_pages(high, 40).unwrap();
+            low.as_ptr().write_bytes(1, 192 * page);
+            high.as_ptr().write_bytes(2, 80 * page);
+            src.free_pages(high, 80).unwrap();
         }
-        // Pad: max(32 / 16, 64 / 4) = 16 pages stay, the 24 above go.
-        assert_eq!(src.dirty_bytes(), 16 * page);
+        // Pad: max(32, 192 / 4) = 48 pages stay, the 32 above go.
+        assert_eq!(src.dirty_bytes(), 48 * page);
         // SAFETY: the region stays mapped: reading freed pages is fine.
         unsafe {
-            assert_eq!(*high.as_ptr().add(15 * page), 2);
-            assert_eq!(*high.as_ptr().add(16 * page), 0);
+            assert_eq!(*high.as_ptr().add(47 * page), 2);
+            assert_eq!(*high.as_ptr().add(48 * page), 0);
         }
         src.check().unwrap();
         // A hole below the top is not the top: it stays (under retain).
