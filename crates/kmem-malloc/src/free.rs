@@ -22,11 +22,14 @@ const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
 const TINY_CHUNK_SHIFT: u32 = TINY_CONFIG.chunk_size.trailing_zeros();
 const TINY_NODE_SHIFT: u32 = TINY_CONFIG.node_size.trailing_zeros();
 
-/// `free`'s common case, with no call in it, so that it needs no stack
-/// frame: a live block of [`NTA`]'s or [`TINY`]'s, on a thread in `T_FAST`,
-/// pushed on its cache when that needs no flush and no look at the clock.
-/// False for anything else (null included), with nothing changed: the
-/// caller then takes [`free_in`], which checks and does it all.
+/// `free`'s common case, with no call in it but a last jump, so that it
+/// needs no stack frame: a live block of [`NTA`]'s or [`TINY`]'s, on a
+/// thread in `T_FAST`, pushed on its cache, inline when that needs only the
+/// class's list, else by a jump to the cache's out-of-line push (a flush, a
+/// look at the clock, a class this thread only frees), which does not look
+/// the block up again. False for anything else (null included), with
+/// nothing changed: the caller then takes [`free_in`], which checks and
+/// does it all.
 #[inline(always)]
 pub(crate) fn free_fast(a: usize) -> bool {
     let t = thread();
@@ -41,7 +44,11 @@ pub(crate) fn free_fast(a: usize) -> bool {
             // that the caller gives up; NTA's chunks are the front cache's
             // 64 bytes; this thread's cache holds only NTA's chunks.
             Ok(k) if k <= FRONT_CLASSES => unsafe {
-                (*t.front.get()).try_push_looked_up(&NTA, a as *mut u8, k)
+                let f = &mut *t.front.get();
+                if !f.try_push_looked_up(&NTA, a as *mut u8, k) {
+                    f.push_looked_up(&NTA, a as *mut u8, k);
+                }
+                true
             },
             _ => false,
         }
@@ -50,7 +57,11 @@ pub(crate) fn free_fast(a: usize) -> bool {
         match unsafe { TINY.lookup_unlocked_fixed::<TINY_CHUNK_SHIFT, TINY_NODE_SHIFT>(a) } {
             // SAFETY: as above, TINY's 16-byte chunks and the tiny cache.
             Ok(k) if k <= TINY_CLASSES => unsafe {
-                (*t.tiny.get()).try_push_looked_up(&TINY, a as *mut u8, k)
+                let f = &mut *t.tiny.get();
+                if !f.try_push_looked_up(&TINY, a as *mut u8, k) {
+                    f.push_looked_up(&TINY, a as *mut u8, k);
+                }
+                true
             },
             _ => false,
         }

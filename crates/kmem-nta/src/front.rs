@@ -6,7 +6,8 @@
 //!   refill(k)     one heap lock: LIMIT[k]/2 chunks carved from one free run,
 //!                 and the heap's queued remote frees of any size with room
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
-//!                 (all of it, at 32 entries, if this thread never refilled k)
+//!                 (a class this thread never refilled: onto its hand-back
+//!                 list, which pop never sees, handed back whole at 32)
 //!   every 64th refill (or free-only hand-back): classes with no refill or
 //!                 flush in the last 64 go back
 //!   flush_all     everything back, every class at its base bound again
@@ -26,7 +27,13 @@
 //! keeps at most [`FREE_ONLY`] entries and hands them back all at once: a
 //! thread that frees what others allocate (the consumer of a queue) gets
 //! its frees batched under one lock without holding a stock it would never
-//! allocate from. Cached chunks stay allocated in their node's bitmap, so
+//! allocate from. Those entries sit on the class's hand-back list, apart
+//! from its stock, so that the thread's own first allocations of the class
+//! never take them: a block another thread made sits beside that thread's
+//! blocks, and reusing it here shares their cache lines between two CPUs
+//! (Hoard's passive false sharing, `cache_scratch`: 1.8x mimalloc's time
+//! when the block a worker was given and freed became its working block).
+//! The class's first refill hands the list back. Cached chunks stay allocated in their node's bitmap, so
 //! they neither coalesce nor count as free: the bound is what keeps the
 //! seed's packing.
 //!
@@ -134,23 +141,6 @@ const fn max_limits<const N: usize>(chunk: usize, bytes: usize) -> [u32; N] {
     t
 }
 
-/// The count at which a push looks closer: the class's bound, or
-/// [`FREE_ONLY`] if that is lower.
-const fn watch<const N: usize>(chunk: usize) -> [u32; N] {
-    let base = limits::<N>(chunk);
-    let mut t = [0u32; N];
-    let mut k = 1;
-    while k < N {
-        t[k] = if base[k] < FREE_ONLY {
-            base[k]
-        } else {
-            FREE_ONLY
-        };
-        k += 1;
-    }
-    t
-}
-
 /// Entries a class keeps while this thread only frees it (it never refilled
 /// the class): a batch to hand back under one lock, not a stock to allocate
 /// from.
@@ -194,7 +184,14 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The key of the encoded links (see the module documentation); 0 until
     /// the first chunk arrives.
     link: usize,
+    /// Each class's stock, what `pop` takes (only of classes this thread
+    /// has refilled).
     heads: [*mut Semi; N],
+    /// Each class's hand-back list, while this thread has never refilled
+    /// the class: frees of blocks others made, handed back whole (see
+    /// "Bounds"). A class's chunks are on one of the two lists, never both.
+    back: [*mut Semi; N],
+    /// Chunks on each class's list (its stock or its hand-back list).
     counts: [u32; N],
     bytes: usize,
     /// Bit `k - 1` set once this thread has refilled class `k`: a class it
@@ -302,7 +299,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     pub const LIMITS: [u32; N] = limits::<N>(1 << SHIFT);
     /// Most entries each class may grow to.
     pub const MAX_LIMITS: [u32; N] = max_limits::<N>(1 << SHIFT, Self::BYTES);
-    const WATCH: [u32; N] = watch::<N>(1 << SHIFT);
     /// Chunks of 16 to 64 bytes (two words fit, class arithmetic by
     /// shifts), at most 64 classes (the bit sets are u64).
     const SHAPE: () = assert!(SHIFT >= 4 && SHIFT <= 6 && N >= 2 && N <= 65);
@@ -313,6 +309,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         FrontCacheOf {
             link: 0,
             heads: [ptr::null_mut(); N],
+            back: [ptr::null_mut(); N],
             counts: [0; N],
             bytes: 0,
             fills: [0; N],
@@ -478,7 +475,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     ) -> bool {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
         let c = self.counts[k];
-        if c >= Self::WATCH[k] && (c >= self.limit(k) || self.only_frees(k))
+        if self.only_frees(k)
+            || c >= Self::LIMITS[k] && c >= self.limit(k)
             || self.bytes >= Self::BYTES
             || self.link == 0
             || self.pushes == 1
@@ -517,34 +515,89 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: forwarded contract.
             return unsafe { free_now(nta, p) };
         }
-        let e: *mut Semi = p.cast();
         let key = cache_key(p as usize, nta.secret());
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        if unsafe { (*e).chunks } == key {
+        if unsafe { (*p.cast::<Semi>()).chunks } == key {
             bad_free(Error::DoubleFree { addr: p as u64 });
         }
+        // SAFETY: forwarded contract; the chunk was checked above.
+        unsafe { self.push_unchecked(nta, p, k, key) }
+    }
+
+    /// [`push`](Self::push) of a chunk the caller has just found live with
+    /// [`Nta::lookup_unlocked`] (or `lookup_unlocked_fixed`), when
+    /// [`try_push_looked_up`](Self::try_push_looked_up) said no: out of
+    /// line, so that a caller's fast path can end in a jump here instead of
+    /// looking the chunk up again on its slow path.
+    ///
+    /// # Safety
+    /// As [`try_push_looked_up`](Self::try_push_looked_up).
+    #[inline(never)]
+    pub unsafe fn push_looked_up<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        p: *mut u8,
+        k: usize,
+    ) {
+        debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
+        let key = cache_key(p as usize, nta.secret());
+        // SAFETY: forwarded contract.
+        unsafe { self.push_unchecked(nta, p, k, key) }
+    }
+
+    /// The body of the pushes, past their checks: onto the stock of class
+    /// `k`, or onto its hand-back list while this thread has never
+    /// refilled it, making room first when the class is at its bound.
+    ///
+    /// # Safety
+    /// As [`push`](Self::push), the chunk checked; `key` is its cache key.
+    #[inline(always)]
+    unsafe fn push_unchecked<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        p: *mut u8,
+        k: usize,
+        key: usize,
+    ) {
+        let e: *mut Semi = p.cast();
         let c = self.counts[k];
-        if c >= Self::WATCH[k] && (c >= self.limit(k) || self.only_frees(k))
-            || self.bytes >= Self::BYTES
-        {
+        let full = if self.only_frees(k) {
+            c >= FREE_ONLY
+        } else {
+            c >= Self::LIMITS[k] && c >= self.limit(k)
+        };
+        if full || self.bytes >= Self::BYTES {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
             unsafe { self.overflow(nta, k) };
         }
         if self.link == 0 {
             self.link = link_key(nta.secret());
         }
-        // SAFETY: as above.
+        let link = self.link;
+        let list = self.list(k);
+        // SAFETY: the chunk holds at least 16 bytes and is ours now.
         unsafe {
-            (*e).next = link_encode(self.heads[k], self.link);
+            (*e).next = link_encode(*list, link);
             (*e).chunks = key;
         }
-        self.heads[k] = e;
+        *list = e;
         self.counts[k] += 1;
         self.bytes += k << SHIFT;
         let t = self.pushes.wrapping_sub(1);
         self.pushes = t;
         if t == 0 {
             nta.tick();
+        }
+    }
+
+    /// The list that holds class `k`'s chunks: its hand-back list while
+    /// this thread has never refilled it, its stock after.
+    #[inline(always)]
+    fn list(&mut self, k: usize) -> &mut *mut Semi {
+        if self.only_frees(k) {
+            &mut self.back[k]
+        } else {
+            &mut self.heads[k]
         }
     }
 
@@ -575,6 +628,15 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         // SAFETY: every chunk in the cache belongs to `nta` (this function's
         // contract).
         unsafe { self.tick(nta, k) };
+        if self.only_frees(k) && !self.back[k].is_null() {
+            // The class's first refill: what this thread freed of it so far
+            // (others' blocks) goes back, and its stock starts empty.
+            let head = core::mem::replace(&mut self.back[k], ptr::null_mut());
+            self.bytes -= (self.counts[k] as usize * k) << SHIFT;
+            self.counts[k] = 0;
+            // SAFETY: the whole hand-back chain of class k, nta's chunks.
+            unsafe { nta.free_batch(head, k, self.link) };
+        }
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
         let want = fill_count(k, Self::CHUNK, self.fills[k], self.limit(k));
@@ -586,12 +648,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let mut got: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
-        let (heads, counts, bytes, link, grow) = (
+        let (heads, counts, bytes, link, grow, refilled) = (
             &mut self.heads,
             &mut self.counts,
             &mut self.bytes,
             &mut self.link,
             &self.grow,
+            self.refilled,
         );
         let mut secret = nta.secret();
         if *link == 0 && secret != 0 {
@@ -617,8 +680,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 n += 1;
                 return true;
             }
-            // A remote free of another size: keep it if its class has room.
+            // A remote free of another size: keep it if its class has room
+            // and a stock (not a hand-back list).
             if kk > Self::CLASSES
+                || refilled & (1 << (kk - 1)) == 0
                 || counts[kk] >= Self::class_limit(kk, grow[kk])
                 || *bytes >= Self::BYTES
             {
@@ -710,15 +775,17 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if n == 0 {
             return;
         }
-        let head = self.heads[k];
+        let link = self.link;
+        let list = self.list(k);
+        let head = *list;
         let mut tail = head;
         // SAFETY: the class holds counts[k] >= n entries.
         unsafe {
             for _ in 1..n {
-                tail = link_decode(tail, (*tail).next, self.link, Self::CHUNK);
+                tail = link_decode(tail, (*tail).next, link, Self::CHUNK);
             }
-            self.heads[k] = link_decode(tail, (*tail).next, self.link, Self::CHUNK);
-            (*tail).next = link_encode(ptr::null_mut(), self.link);
+            *list = link_decode(tail, (*tail).next, link, Self::CHUNK);
+            (*tail).next = link_encode(ptr::null_mut(), link);
             // SAFETY: a chain of n cached chunks of k chunks each.
             nta.free_batch(head, k, self.link);
         }
@@ -751,11 +818,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     #[inline(never)]
     unsafe fn return_idle<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
         for k in 1..=Self::CLASSES {
-            let head = self.heads[k];
+            let head = *self.list(k);
             if head.is_null() || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
                 continue;
             }
-            self.heads[k] = ptr::null_mut();
+            *self.list(k) = ptr::null_mut();
             self.bytes -= (self.counts[k] as usize * k) << SHIFT;
             self.counts[k] = 0;
             self.fills[k] = 0;
@@ -774,9 +841,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// Every chunk in the cache belongs to `nta`.
     pub unsafe fn flush_all<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
         for k in 1..=Self::CLASSES {
-            let head = self.heads[k];
+            let head = *self.list(k);
             if !head.is_null() {
-                self.heads[k] = ptr::null_mut();
+                *self.list(k) = ptr::null_mut();
                 self.counts[k] = 0;
                 // SAFETY: the whole class chain, nta's chunks.
                 unsafe { nta.free_batch(head, k, self.link) };

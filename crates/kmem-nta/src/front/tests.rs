@@ -238,6 +238,49 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
+    /// Blocks another cache made, freed through this one into a class it
+    /// never refilled, are not its stock: its first allocation of the class
+    /// does not get one of them (it would share their cache lines with the
+    /// thread that made their neighbours), and its first refill hands them
+    /// back, so nothing stays parked.
+    #[test]
+    fn frees_of_others_blocks_are_not_handed_out_again() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        let mut other = FrontCache::new();
+        // SAFETY: caches over nta only; every chunk is given back once.
+        unsafe {
+            let theirs: Vec<*mut u8> = (0..8).map(|_| other.refill(&nta, 1)).collect();
+            assert!(theirs.iter().all(|p| !p.is_null()));
+            other.flush_all(&nta);
+            for &p in &theirs {
+                front.push(&nta, p, 1);
+            }
+            assert_eq!(front.count(1), 8);
+            // Not the stock: nothing to pop.
+            assert!(front.pop_checked(&nta, 1).is_null());
+            let before = nta.stats().frees;
+            let mine = front.refill(&nta, 1);
+            assert!(!mine.is_null());
+            // The eight went back to nta in the refill.
+            assert!(
+                nta.stats().frees >= before + 8,
+                "{} {}",
+                nta.stats().frees,
+                before
+            );
+            nta.check().unwrap();
+            // The class is the thread's own now: its frees are its stock.
+            front.push(&nta, mine, 1);
+            assert_eq!(front.pop_checked(&nta, 1), mine);
+            front.push(&nta, mine, 1);
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
     /// A tiny cache over an nta of 16-byte chunks: blocks of 16, 32 and 48
     /// bytes at their size, recycled through the cache, all back at the end.
     #[test]
