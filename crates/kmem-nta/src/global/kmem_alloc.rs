@@ -106,70 +106,118 @@ fn front_class(layout: &Layout) -> Option<usize> {
     }
 }
 
-/// A block of class `k` from this thread's cache that `which` picks (of
-/// `nta`'s chunks), refilled from `nta` when empty; null when the cache is
-/// gone (thread exit) or `nta` is out of memory.
-///
-/// # Safety
-/// The picked cache holds only `nta`'s chunks.
+/// A block of class `k` from this thread's cache that `which` picks, or
+/// null when it is empty or gone (thread exit). No call in it, so that
+/// `alloc`'s hit needs no stack frame.
 #[inline(always)]
-unsafe fn cached<const S: u32, const N: usize>(
+fn pop<const S: u32, const N: usize>(
     which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
-    nta: &Nta<GlobalSource, Cpus>,
     k: usize,
 ) -> *mut u8 {
     FRONT
         .try_with(|f| {
             // SAFETY: this thread's caches; the allocator never re-enters
             // itself, so this is the only borrow.
-            let f = which(unsafe { &mut *f.get() });
-            let p = f.pop(k);
-            if p.is_null() {
-                // SAFETY: the caller's contract.
-                unsafe { f.refill(nta, k) }
-            } else {
-                p
-            }
+            which(unsafe { &mut *f.get() }).pop(k)
         })
         .unwrap_or(ptr::null_mut())
+}
+
+/// `alloc` past an empty cache: a refill of class `k` (if the layout has
+/// one) from the cache that `which` picks, else `nta` itself.
+///
+/// # Safety
+/// The picked cache holds only `nta`'s chunks; `layout` is non-zero, of
+/// class `k` of that cache when `k` is some.
+#[cold]
+#[inline(never)]
+unsafe fn alloc_slow<const S: u32, const N: usize>(
+    which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
+    nta: &Nta<GlobalSource, Cpus>,
+    k: Option<usize>,
+    layout: Layout,
+) -> *mut u8 {
+    if let Some(k) = k {
+        let p = FRONT
+            .try_with(|f| {
+                // SAFETY: as in `pop`; the caller's contract.
+                unsafe { which(&mut *f.get()).refill(nta, k) }
+            })
+            .unwrap_or(ptr::null_mut());
+        if !p.is_null() {
+            return p;
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { GlobalAlloc::alloc(nta, layout) }
+}
+
+/// `dealloc` when the inline push said no (a flush, a look at the clock, a
+/// class this thread only frees) or the caches are gone: the cache's full
+/// push, or `nta` itself.
+///
+/// # Safety
+/// As `dealloc`; the picked cache holds only `nta`'s chunks and `ptr` is of
+/// its class `k`.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_slow<const S: u32, const N: usize>(
+    which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
+    nta: &Nta<GlobalSource, Cpus>,
+    ptr: *mut u8,
+    k: usize,
+    layout: Layout,
+) {
+    let r = FRONT.try_with(|f| {
+        // SAFETY: as in `pop`; the caller's contract.
+        unsafe { which(&mut *f.get()).push(nta, ptr, k) }
+    });
+    if r.is_err() {
+        // SAFETY: forwarded contract.
+        unsafe { GlobalAlloc::dealloc(nta, ptr, layout) }
+    }
 }
 
 // SAFETY: each cache holds only allocations of exactly class k made by its
 // nta (a tiny layout's by TINY, others by NTA), handed out once; everything
 // else is that nta's GlobalAlloc.
 unsafe impl GlobalAlloc for KmemNta {
-    #[inline]
+    /// A hit on the thread's cache inline, with no call and no stack frame;
+    /// the rest out of line.
+    #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if let Some(k) = tiny_class(&layout) {
-            // SAFETY: the tiny cache holds only TINY's chunks.
-            let p = unsafe { cached(|f| &mut f.1, &TINY, k) };
+            let p = pop(|f| &mut f.1, k);
             if !p.is_null() {
                 return p;
             }
-            // SAFETY: forwarded.
-            return unsafe { GlobalAlloc::alloc(&TINY, layout) };
+            // SAFETY: the tiny cache holds only TINY's chunks; a tiny
+            // layout of class k.
+            return unsafe { alloc_slow(|f| &mut f.1, &TINY, Some(k), layout) };
         }
-        if let Some(k) = front_class(&layout) {
-            // SAFETY: the front cache holds only NTA's chunks.
-            let p = unsafe { cached(|f| &mut f.0, &NTA, k) };
+        let k = front_class(&layout);
+        if let Some(k) = k {
+            let p = pop(|f| &mut f.0, k);
             if !p.is_null() {
                 return p;
             }
         }
-        // SAFETY: forwarded.
-        unsafe { GlobalAlloc::alloc(&NTA, layout) }
+        // SAFETY: the front cache holds only NTA's chunks; class k if any.
+        unsafe { alloc_slow(|f| &mut f.0, &NTA, k, layout) }
     }
 
-    #[inline]
+    /// A push on the thread's cache inline when it needs only the class's
+    /// list, with no call and no stack frame; the rest out of line.
+    #[inline(always)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if let Some(k) = tiny_class(&layout) {
             let r = FRONT.try_with(|f| {
                 // SAFETY: as below: a tiny layout's block is TINY's.
-                unsafe { (*f.get()).1.push(&TINY, ptr, k) }
+                unsafe { (*f.get()).1.try_push(&TINY, ptr, k) }
             });
-            if r.is_err() {
-                // SAFETY: forwarded contract.
-                unsafe { GlobalAlloc::dealloc(&TINY, ptr, layout) }
+            if r != Ok(true) {
+                // SAFETY: forwarded contract; the tiny cache holds TINY's.
+                unsafe { dealloc_slow(|f| &mut f.1, &TINY, ptr, k, layout) }
             }
             return;
         }
@@ -177,11 +225,13 @@ unsafe impl GlobalAlloc for KmemNta {
             let r = FRONT.try_with(|f| {
                 // SAFETY: as in alloc; ptr is a live allocation of class k
                 // (GlobalAlloc's contract), NTA's like every cached chunk.
-                unsafe { (*f.get()).0.push(&NTA, ptr, k) }
+                unsafe { (*f.get()).0.try_push(&NTA, ptr, k) }
             });
-            if r.is_ok() {
-                return;
+            if r != Ok(true) {
+                // SAFETY: forwarded contract; the front cache holds NTA's.
+                unsafe { dealloc_slow(|f| &mut f.0, &NTA, ptr, k, layout) }
             }
+            return;
         }
         // SAFETY: forwarded contract.
         unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
