@@ -38,7 +38,7 @@
 //! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
 //! served by nta directly. Other threads wait for the one that initialises.
 //!
-//! **Threads.** The front and tiny caches live in a 1216-byte block of
+//! **Threads.** The front and tiny caches live in a 2032-byte block of
 //! nta's that the thread's first call takes, found through one pointer of
 //! initial-exec TLS
 //! (8 bytes: the library also loads by `dlopen` after start-up, where glibc

@@ -40,7 +40,7 @@ pub(crate) fn cached(mode: u8) -> bool {
     mode == T_FAST || mode == T_HARD || mode == T_SECURE
 }
 
-// A thread's `Thread` is a block of nta's (19 chunks), and the thread finds it
+// A thread's `Thread` is a block of nta's (32 chunks), and the thread finds it
 // through one pointer in the library's own TLS, initial-exec model: a GOT
 // load and one `%fs`-relative load, where `thread_local!` in a shared object
 // calls `__tls_get_addr` on every malloc (and needs std). The pointer is

@@ -179,37 +179,64 @@ unsafe fn free_now<P: PageSource, C: CpuSource>(nta: &Nta<P, C>, p: *mut u8) {
 /// One thread's cache of recently freed chunks of `1 << SHIFT` bytes, by
 /// size in chunks: classes 1 to `N - 1` (index 0 unused). See the module
 /// documentation; [`FrontCache`] and [`TinyCache`] are the two in use.
+///
+/// **Layout.** What a hit reads and writes sits together: the fields of
+/// the whole cache that every pop and push looks at (the link key, the
+/// bytes held, the push clock) in the first line, and each class's head,
+/// count and current bound in one 16-byte record. With a field per array
+/// (heads, counts, bounds, doublings), a push touched five lines of the
+/// cache and a pop three; under a program whose own data keeps evicting
+/// them (larson's 2.5 MB of live blocks), they were the free's misses.
 #[repr(C)]
 pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The key of the encoded links (see the module documentation); 0 until
     /// the first chunk arrives.
     link: usize,
-    /// Each class's stock, what `pop` takes (only of classes this thread
-    /// has refilled).
-    heads: [*mut Semi; N],
-    /// Each class's hand-back list, while this thread has never refilled
-    /// the class: frees of blocks others made, handed back whole (see
-    /// "Bounds"). A class's chunks are on one of the two lists, never both.
-    back: [*mut Semi; N],
-    /// Chunks on each class's list (its stock or its hand-back list).
-    counts: [u32; N],
     bytes: usize,
-    /// Bit `k - 1` set once this thread has refilled class `k`: a class it
-    /// never refilled, it only frees.
-    refilled: u64,
-    /// Refills of each class so far (saturating at [`FILL_STEPS`]).
-    fills: [u8; N],
+    /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
+    pushes: u8,
     /// Refills of the whole cache and hand-backs of free-only classes
     /// (wrapping): the clock of idleness.
     refills: u16,
+    /// Bit `k - 1` set once this thread has refilled class `k`: a class it
+    /// never refilled, it only frees.
+    refilled: u64,
+    /// Bit `k - 1` set when class `k` was refilled since it last overflowed.
+    cycled: u64,
+    /// Each class's stock (what `pop` takes), its count and the bound below
+    /// which a push takes the inline path.
+    cls: [Class; N],
+    /// Each class's hand-back list, while this thread has never refilled
+    /// the class: frees of blocks others made, handed back whole (see
+    /// "Bounds"); `cls[k].count` counts it then. A class's chunks are on
+    /// one of the two lists, never both.
+    back: [*mut Semi; N],
+    /// Refills of each class so far (saturating at [`FILL_STEPS`]).
+    fills: [u8; N],
     /// `refills` at each class's last refill or flush.
     active: [u16; N],
     /// Doublings of each class's bound (see "Classes grow"); 0: the base.
     grow: [u8; N],
-    /// Bit `k - 1` set when class `k` was refilled since it last overflowed.
-    cycled: u64,
-    /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
-    pushes: u8,
+}
+
+/// One class of a front cache: its stock, how many chunks its list holds,
+/// and `lim`, the class's bound while this thread has refilled it and the
+/// cache has its link key, else 0 (every push then takes the out-of-line
+/// path, which keeps the hand-back list and sets the key).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Class {
+    head: *mut Semi,
+    count: u32,
+    lim: u32,
+}
+
+impl Class {
+    const EMPTY: Class = Class {
+        head: ptr::null_mut(),
+        count: 0,
+        lim: 0,
+    };
 }
 
 /// The cache over nta's 64-byte chunks: classes of 1 to 64 chunks (up to
@@ -308,17 +335,16 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let () = Self::SHAPE;
         FrontCacheOf {
             link: 0,
-            heads: [ptr::null_mut(); N],
-            back: [ptr::null_mut(); N],
-            counts: [0; N],
             bytes: 0,
-            fills: [0; N],
-            refilled: 0,
+            pushes: 0,
             refills: 0,
+            refilled: 0,
+            cycled: 0,
+            cls: [Class::EMPTY; N],
+            back: [ptr::null_mut(); N],
+            fills: [0; N],
             active: [0; N],
             grow: [0; N],
-            cycled: 0,
-            pushes: 0,
         }
     }
 
@@ -340,6 +366,26 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         Self::class_limit(k, self.grow[k])
     }
 
+    /// [`set_lim`](Self::set_lim) of every class (the link key was set).
+    #[cold]
+    fn set_lims(&mut self) {
+        for k in 1..N {
+            self.set_lim(k);
+        }
+    }
+
+    /// Sets class `k`'s inline bound (`Class::lim`) from its state: its
+    /// bound once this thread has refilled it and the link key is set, else
+    /// 0. Called wherever either changes.
+    #[inline]
+    fn set_lim(&mut self, k: usize) {
+        self.cls[k].lim = if self.only_frees(k) || self.link == 0 {
+            0
+        } else {
+            self.limit(k)
+        };
+    }
+
     /// Bytes of chunks the cache holds.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -347,25 +393,26 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
 
     /// Chunks held in class `k` (0 for a class out of range).
     pub fn count(&self, k: usize) -> usize {
-        self.counts.get(k).map_or(0, |&c| c as usize)
+        self.cls.get(k).map_or(0, |c| c.count as usize)
     }
 
     /// Takes a chunk of class `k` (1..`N`), or null when the
     /// class is empty or out of range.
     #[inline(always)]
     pub fn pop(&mut self, k: usize) -> *mut u8 {
-        let Some(&p) = self.heads.get(k) else {
+        let link = self.link;
+        let Some(c) = self.cls.get_mut(k) else {
             return ptr::null_mut();
         };
+        let p = c.head;
         if !p.is_null() {
             // SAFETY: cached chunks are allocated chunks this cache owns.
             unsafe {
-                let next = link_decode(p, (*p).next, self.link, Self::CHUNK);
-                self.heads[k] = next;
+                c.head = link_decode(p, (*p).next, link, Self::CHUNK);
                 (*p).next = ptr::null_mut();
                 (*p).chunks = 0;
             }
-            self.counts[k] -= 1;
+            c.count -= 1;
             self.bytes -= k << SHIFT;
         }
         p.cast()
@@ -385,7 +432,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         nta: &Nta<P, C>,
         k: usize,
     ) -> *mut u8 {
-        let Some(&p) = self.heads.get(k) else {
+        let Some(p) = self.cls.get(k).map(|c| c.head) else {
             return ptr::null_mut();
         };
         // SAFETY: a cached chunk of ours holds at least 16 bytes.
@@ -402,12 +449,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// allocator's answer to heap feng shui. Off the default paths: it costs
     /// a walk of the class.
     pub fn shuffle(&mut self, k: usize, mut rand: impl FnMut() -> u64) {
-        let Some(&head) = self.heads.get(k) else {
+        let Some(head) = self.cls.get(k).map(|c| c.head) else {
             return;
         };
         // The first 256 (a class holds more only right after a refill of
         // a class that was not empty); the rest follow them.
-        let n = (self.counts[k] as usize).min(256);
+        let n = (self.cls[k].count as usize).min(256);
         if n < 2 {
             return;
         }
@@ -427,7 +474,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: as above; each chunk is linked once.
             unsafe { (*v[i]).next = link_encode(next, self.link) };
         }
-        self.heads[k] = v[0];
+        self.cls[k].head = v[0];
     }
 
     /// [`push`](Self::push) when it needs nothing but the class's list: no
@@ -474,24 +521,25 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) -> bool {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
-        let c = self.counts[k];
-        if self.only_frees(k)
-            || c >= Self::LIMITS[k] && c >= self.limit(k)
-            || self.bytes >= Self::BYTES
-            || self.link == 0
-            || self.pushes == 1
-        {
+        let link = self.link;
+        if self.bytes >= Self::BYTES || self.pushes == 1 {
+            return false;
+        }
+        let c = &mut self.cls[k];
+        // `lim` is 0 for a class this thread only frees and before the link
+        // key is set: those pushes are the out-of-line path's.
+        if c.count >= c.lim {
             return false;
         }
         let e: *mut Semi = p.cast();
         let key = cache_key(p as usize, nta.secret());
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
         unsafe {
-            (*e).next = link_encode(self.heads[k], self.link);
+            (*e).next = link_encode(c.head, link);
             (*e).chunks = key;
         }
-        self.heads[k] = e;
-        self.counts[k] = c + 1;
+        c.head = e;
+        c.count += 1;
         self.bytes += k << SHIFT;
         self.pushes = self.pushes.wrapping_sub(1);
         true
@@ -560,11 +608,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         key: usize,
     ) {
         let e: *mut Semi = p.cast();
-        let c = self.counts[k];
+        let c = self.cls[k].count;
         let full = if self.only_frees(k) {
             c >= FREE_ONLY
         } else {
-            c >= Self::LIMITS[k] && c >= self.limit(k)
+            c >= self.limit(k)
         };
         if full || self.bytes >= Self::BYTES {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
@@ -572,6 +620,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
         if self.link == 0 {
             self.link = link_key(nta.secret());
+            self.set_lims();
         }
         let link = self.link;
         let list = self.list(k);
@@ -581,7 +630,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             (*e).chunks = key;
         }
         *list = e;
-        self.counts[k] += 1;
+        self.cls[k].count += 1;
         self.bytes += k << SHIFT;
         let t = self.pushes.wrapping_sub(1);
         self.pushes = t;
@@ -597,7 +646,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if self.only_frees(k) {
             &mut self.back[k]
         } else {
-            &mut self.heads[k]
+            &mut self.cls[k].head
         }
     }
 
@@ -632,8 +681,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // The class's first refill: what this thread freed of it so far
             // (others' blocks) goes back, and its stock starts empty.
             let head = core::mem::replace(&mut self.back[k], ptr::null_mut());
-            self.bytes -= (self.counts[k] as usize * k) << SHIFT;
-            self.counts[k] = 0;
+            self.bytes -= (self.cls[k].count as usize * k) << SHIFT;
+            self.cls[k].count = 0;
             // SAFETY: the whole hand-back chain of class k, nta's chunks.
             unsafe { nta.free_batch(head, k, self.link) };
         }
@@ -648,9 +697,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let mut got: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
-        let (heads, counts, bytes, link, grow, refilled) = (
-            &mut self.heads,
-            &mut self.counts,
+        let link_before = self.link;
+        let (cls, bytes, link, grow, refilled) = (
+            &mut self.cls,
             &mut self.bytes,
             &mut self.link,
             &self.grow,
@@ -684,21 +733,26 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // and a stock (not a hand-back list).
             if kk > Self::CLASSES
                 || refilled & (1 << (kk - 1)) == 0
-                || counts[kk] >= Self::class_limit(kk, grow[kk])
+                || cls[kk].count >= Self::class_limit(kk, grow[kk])
                 || *bytes >= Self::BYTES
             {
                 return false;
             }
             // SAFETY: an allocation of kk chunks handed to us.
             unsafe {
-                (*e).next = link_encode(heads[kk], *link);
+                (*e).next = link_encode(cls[kk].head, *link);
                 (*e).chunks = cache_key(p as usize, secret);
             }
-            heads[kk] = e;
-            counts[kk] += 1;
+            cls[kk].head = e;
+            cls[kk].count += 1;
             *bytes += kk << SHIFT;
             true
         });
+        if link_before == 0 {
+            self.set_lims();
+        } else {
+            self.set_lim(k);
+        }
         if got.is_null() {
             return ptr::null_mut();
         }
@@ -707,9 +761,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         unsafe {
             let rest = link_decode(got, (*got).next, self.link, Self::CHUNK);
             if !rest.is_null() {
-                (*tail).next = link_encode(self.heads[k], self.link);
-                self.heads[k] = rest;
-                self.counts[k] += n - 1;
+                (*tail).next = link_encode(self.cls[k].head, self.link);
+                self.cls[k].head = rest;
+                self.cls[k].count += n - 1;
                 self.bytes += ((n - 1) as usize * k) << SHIFT;
             }
             (*got).next = ptr::null_mut();
@@ -742,9 +796,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             && self.bytes < Self::BYTES
             && !self.only_frees(k)
             && self.limit(k) < Self::MAX_LIMITS[k]
-            && self.counts[k] >= self.limit(k)
+            && self.cls[k].count >= self.limit(k)
         {
             self.grow[k] += 1;
+            self.set_lim(k);
             self.active[k] = self.refills;
             return;
         }
@@ -767,10 +822,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // it parked go back once idle.
             // SAFETY: forwarded contract.
             unsafe { self.tick(nta, k) };
-            self.counts[k]
+            self.cls[k].count
         } else {
             self.active[k] = self.refills;
-            (self.counts[k] / 2).max(1).min(self.counts[k])
+            let c = self.cls[k].count;
+            (c / 2).max(1).min(c)
         };
         if n == 0 {
             return;
@@ -779,7 +835,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let list = self.list(k);
         let head = *list;
         let mut tail = head;
-        // SAFETY: the class holds counts[k] >= n entries.
+        // SAFETY: the class holds count >= n entries.
         unsafe {
             for _ in 1..n {
                 tail = link_decode(tail, (*tail).next, link, Self::CHUNK);
@@ -789,7 +845,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: a chain of n cached chunks of k chunks each.
             nta.free_batch(head, k, self.link);
         }
-        self.counts[k] -= n;
+        self.cls[k].count -= n;
         self.bytes -= (n as usize * k) << SHIFT;
     }
 
@@ -823,10 +879,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 continue;
             }
             *self.list(k) = ptr::null_mut();
-            self.bytes -= (self.counts[k] as usize * k) << SHIFT;
-            self.counts[k] = 0;
+            self.bytes -= (self.cls[k].count as usize * k) << SHIFT;
+            self.cls[k].count = 0;
             self.fills[k] = 0;
             self.grow[k] = 0;
+            self.set_lim(k);
             self.cycled &= !(1 << (k - 1));
             // SAFETY: the whole class chain, nta's chunks.
             unsafe { nta.free_batch(head, k, self.link) };
@@ -844,12 +901,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             let head = *self.list(k);
             if !head.is_null() {
                 *self.list(k) = ptr::null_mut();
-                self.counts[k] = 0;
+                self.cls[k].count = 0;
                 // SAFETY: the whole class chain, nta's chunks.
                 unsafe { nta.free_batch(head, k, self.link) };
             }
             self.fills[k] = 0;
             self.grow[k] = 0;
+            self.set_lim(k);
         }
         self.cycled = 0;
         self.bytes = 0;

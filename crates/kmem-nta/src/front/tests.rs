@@ -93,7 +93,7 @@ fn zero_bytes_are_an_empty_cache() {
     // SAFETY: the type is pointers and integers, for which zero is valid.
     let z: FrontCache = unsafe { core::mem::zeroed() };
     assert_eq!(z.bytes(), 0);
-    assert!((1..=FRONT_CLASSES).all(|k| z.count(k) == 0 && z.heads[k].is_null()));
+    assert!((1..=FRONT_CLASSES).all(|k| z.count(k) == 0 && z.cls[k].head.is_null()));
 }
 
 mod shuffle_tests {
