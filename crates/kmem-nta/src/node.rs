@@ -134,16 +134,24 @@ pub(crate) fn mix(x: usize) -> usize {
 }
 
 /// The live seal of a header at `addr` for an allocator with `secret`.
+///
+/// Telling it needs the secret, whatever it is made of; a mix (a multiply
+/// and a shift) hides the secret no better than a rotation, since it can be
+/// inverted too, and it sat on every `free`'s path, so the seal is the
+/// rotation of `addr ^ secret` with a salt.
 #[inline(always)]
 pub(crate) fn seal(addr: usize, secret: usize) -> usize {
-    mix(addr ^ secret)
+    (addr ^ secret).rotate_left(29) ^ SEAL_SALT
 }
 
-/// The seal written when a header's run goes back to the source.
+/// The seal written when a header's run goes back to the source: the live
+/// seal with other bits set, never equal to it.
 #[inline(always)]
 pub(crate) fn seal_freed(addr: usize, secret: usize) -> usize {
-    mix(addr ^ secret ^ 0x0f0f_f0f0_dead_beef)
+    seal(addr, secret) ^ 0x0f0f_f0f0_dead_beef
 }
+
+const SEAL_SALT: usize = 0x3c6e_f372_fe94_f82b_u64 as usize;
 
 /// Raw bitmap operations on a node's maps. All indexes are in range (the
 /// callers derive them from a node's geometry); nothing here checks.

@@ -181,7 +181,6 @@ pub(crate) struct Semi {
 }
 
 const SEMI_SALT: usize = 0x5e31_f4ee_c0a1_e5ce_u64 as usize;
-const CACHE_SALT: usize = 0x6b6d_656d_6e74_6121_u64 as usize;
 
 /// The second word of a chunk of `k` chunks waiting on a semi-free list.
 #[inline(always)]
@@ -260,17 +259,21 @@ pub(crate) fn link_decode(e: *mut Semi, stored: *mut Semi, link: usize, align: u
     next as *mut Semi
 }
 
-/// The second word of a chunk parked in a front cache.
+/// The second word of a chunk parked in a front cache: the semi-free mark
+/// of a length of 0 chunks, which no queued chunk carries, so that
+/// [`parked`] tells both marks with one compare.
 #[inline(always)]
 pub(crate) fn cache_key(addr: usize, secret: usize) -> usize {
-    addr.rotate_left(17) ^ secret ^ CACHE_SALT
+    semi_tag(addr, 0, secret)
 }
 
 /// True when the allocation of `k` chunks at `addr` carries the mark of a
 /// chunk that waits, freed already: parked in a front cache
-/// ([`cache_key`]) or queued on a semi-free list ([`semi_tag`]). Every path
-/// that hands a chunk out clears the word, so a live allocation carries
-/// neither mark unless its owner writes one (it would need the secret).
+/// ([`cache_key`], the mark of length 0) or queued on a semi-free list
+/// ([`semi_tag`], of length `k`). Every path that hands a chunk out clears
+/// the word, so a live allocation carries no mark unless its owner writes
+/// one (it would need the secret); one compare (`<= k`) covers both, and
+/// the lengths between, which no waiting chunk of `k` chunks carries.
 ///
 /// # Safety
 /// `addr` is the start of an allocation of `k` chunks of a live node (16
@@ -283,7 +286,7 @@ pub(crate) unsafe fn parked(addr: usize, k: usize, secret: usize) -> bool {
         (*(addr as *const core::sync::atomic::AtomicUsize).add(1))
             .load(core::sync::atomic::Ordering::Relaxed)
     };
-    w == cache_key(addr, secret) || semi_len(addr, w, secret) == k
+    semi_len(addr, w, secret) <= k
 }
 
 /// One CPU's heap. Guarded by its slot's lock.
