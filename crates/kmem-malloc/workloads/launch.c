@@ -1,4 +1,4 @@
-/* Runs a program and reports the program's own peak RSS.
+/* Runs a program and reports the program's own peak RSS and CPU time.
  *
  * Linux keeps a process's peak RSS across exec, and at exec it records the
  * peak of the memory image being replaced: a program started straight from
@@ -10,7 +10,9 @@
  * usage: launch PROGRAM [ARGS...]
  * The child gets LD_PRELOAD from KMEM_LAUNCH_PRELOAD (unset: no preload), so
  * that the launcher itself runs without the allocator under test. After the
- * program's own output, the last line on stdout is "launch: maxrss_kb N".
+ * program's own output, the last lines on stdout are "launch: cpu_us N"
+ * (user and system time of the program, all its threads) and
+ * "launch: maxrss_kb N".
  * The launcher exits as the program did (same status, or same signal). */
 #include <errno.h>
 #include <signal.h>
@@ -52,6 +54,9 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  printf("launch: cpu_us %lld\n",
+         (long long)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000LL +
+             ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
   printf("launch: maxrss_kb %ld\n", ru.ru_maxrss);
   fflush(stdout);
   if (WIFSIGNALED(status)) {

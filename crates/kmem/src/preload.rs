@@ -65,6 +65,17 @@ pub fn launched_max_rss(stdout: &[u8]) -> Option<u64> {
         .map(|kb| kb * 1024)
 }
 
+/// The CPU time (user and system, all threads) that `workloads/launch.c`
+/// reports for the program it ran, in seconds.
+pub fn launched_cpu_s(stdout: &[u8]) -> Option<f64> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("launch: cpu_us "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|us| us as f64 / 1e6)
+}
+
 /// The peers Debian packages, where they install, and the package to ask for.
 pub const PEERS: &[(&str, &str, &str)] = &[
     ("jemalloc", "libjemalloc.so.2", "libjemalloc2"),
@@ -300,6 +311,8 @@ mod tests {
         let m = kmem_sys::process::run_measured(&mut via).unwrap();
         assert!(m.success());
         let peak = launched_max_rss(&m.stdout).expect("the launcher's line");
+        let cpu = launched_cpu_s(&m.stdout).expect("the launcher's CPU line");
+        assert!((0.0..1.0).contains(&cpu), "true's CPU time: {cpu} s");
         // Started straight from here, `true` reports 256 MiB or more on
         // Linux (the peak of the image its exec replaced).
         assert!(peak > 0 && peak < 64 << 20, "true's peak: {peak} bytes");
@@ -338,5 +351,8 @@ mod tests {
             Some(12 << 10)
         );
         assert_eq!(launched_max_rss(b"checksum 1\n"), None);
+        let out = b"checksum 1\nlaunch: cpu_us 1250000\nlaunch: maxrss_kb 12\n";
+        assert_eq!(launched_cpu_s(out), Some(1.25));
+        assert_eq!(launched_cpu_s(b"checksum 1\n"), None);
     }
 }

@@ -28,7 +28,7 @@ use super::{Ctx, Suite};
 use crate::harness::{geomean, median};
 use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
 use crate::preload::{
-    compile_workload, find_kmem_malloc, installed_peers, launched_max_rss, Preload,
+    compile_workload, find_kmem_malloc, installed_peers, launched_cpu_s, launched_max_rss, Preload,
 };
 
 /// See the module documentation.
@@ -220,14 +220,15 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
 
     let mut time_ratio_glibc: Vec<f64> = Vec::new();
     let mut rss_ratio_glibc: Vec<f64> = Vec::new();
+    let mut cpu_ratio_mi: Vec<f64> = Vec::new();
     // kmem's ratios to each peer, per workload: (peer, time, RSS).
     let mut kmem_to_peer: Vec<(&'static str, Vec<f64>, Vec<f64>)> = crate::preload::PEERS
         .iter()
         .map(|&(p, _, _)| (p, Vec::new(), Vec::new()))
         .collect();
     let mut t = Table::new(
-            format!("Whole programs, median of {runs} interleaved runs (time in s, peak RSS in MiB; ratios < 1 are better)"),
-            &["workload", "allocator", "time", "RSS", "time/glibc", "RSS/glibc", "time/mimalloc", "RSS/mimalloc", "time/jemalloc", "RSS/jemalloc"],
+            format!("Whole programs, median of {runs} interleaved runs (time and CPU time in s, peak RSS in MiB; ratios < 1 are better)"),
+            &["workload", "allocator", "time", "CPU", "RSS", "time/glibc", "RSS/glibc", "time/mimalloc", "RSS/mimalloc", "time/jemalloc", "RSS/jemalloc"],
         );
     // Each program runs under a small launcher that reports its own peak
     // RSS (see `launched_max_rss`).
@@ -257,6 +258,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         };
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut rss: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut sums: Vec<Option<String>> = vec![None; allocs.len()];
         let mut failed: Vec<Option<String>> = vec![None; allocs.len()];
         for r in 0..runs {
@@ -274,6 +276,9 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                         times[i].push(m.wall.as_secs_f64());
                         let peak = launched_max_rss(&m.stdout).unwrap_or(m.max_rss);
                         rss[i].push(peak as f64 / (1 << 20) as f64);
+                        if let Some(c) = launched_cpu_s(&m.stdout) {
+                            cpu[i].push(c);
+                        }
                         sums[i] = checksum(&m.stdout);
                     }
                     Ok(m) => {
@@ -293,6 +298,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         }
         let med_t: Vec<f64> = times.iter().map(|v| median(v)).collect();
         let med_r: Vec<f64> = rss.iter().map(|v| median(v)).collect();
+        let med_c: Vec<f64> = cpu.iter().map(|v| median(v)).collect();
         let g = 0;
         let peer = |name: &str| {
             allocs
@@ -325,6 +331,22 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             let rj = je.map_or(f64::NAN, |j| med_r[i] / med_r[j]);
             out.measure(case, a.name.as_str(), "wall_s", med_t[i], "s");
             out.measure(case, a.name.as_str(), "peak_rss_mib", med_r[i], "MiB");
+            // CPU time, user and system over all threads: where threads wait
+            // or spin, it tells what wall time alone does not.
+            if !cpu[i].is_empty() {
+                out.measure(case, a.name.as_str(), "cpu_s", med_c[i], "s");
+                if !cpu[g].is_empty() {
+                    let cg = med_c[i] / med_c[g];
+                    out.measure(case, a.name.as_str(), "cpu_ratio_to_glibc", cg, "x");
+                }
+                if let Some(m) = mi.filter(|&m| !cpu[m].is_empty()) {
+                    let cm = med_c[i] / med_c[m];
+                    out.measure(case, a.name.as_str(), "cpu_ratio_to_mimalloc", cm, "x");
+                    if a.name == "kmem" && !sweep {
+                        cpu_ratio_mi.push(cm);
+                    }
+                }
+            }
             out.measure(case, a.name.as_str(), "time_ratio_to_glibc", tg, "x");
             out.measure(case, a.name.as_str(), "rss_ratio_to_glibc", rg, "x");
             for (metric, v) in [
@@ -351,6 +373,11 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 case.into(),
                 a.name.clone(),
                 format!("{:.3}", med_t[i]),
+                if cpu[i].is_empty() {
+                    "-".into()
+                } else {
+                    format!("{:.3}", med_c[i])
+                },
                 fmt_num(med_r[i]),
                 fmt_ratio(tg),
                 fmt_ratio(rg),
@@ -381,6 +408,15 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             }
         }
         out.tables.push(s);
+    }
+    if !cpu_ratio_mi.is_empty() && cpu_ratio_mi.len() == time_ratio_glibc.len() {
+        out.measure(
+            "geomean",
+            "kmem",
+            "cpu_ratio_to_mimalloc",
+            geomean(&cpu_ratio_mi),
+            "x",
+        );
     }
 }
 
@@ -443,6 +479,16 @@ mod tests {
                 "{} did not run: {:?}",
                 case,
                 out.notes
+            );
+            // The launcher's CPU time: present, and no more than the threads
+            // could spend in the wall time (with a margin for clock ticks).
+            let (cpu, wall) = (
+                out.value(&case, "glibc", "cpu_s").expect("cpu_s"),
+                out.value(&case, "glibc", "wall_s").unwrap(),
+            );
+            assert!(
+                cpu >= 0.0 && cpu <= wall * 256.0 + 0.05,
+                "{case}: {cpu} s of CPU in {wall} s"
             );
         }
         assert!(
