@@ -86,37 +86,15 @@ pub(crate) fn free_in(what: &str, p: *mut u8) {
         // SAFETY: a lies in nta's reservation, which stays mapped whole, so
         // the node header below it and the chunk's words are readable.
         match unsafe { NTA.lookup_unlocked(a) } {
-            Ok(k) => {
-                let t = thread();
-                let mode = t.mode.get();
-                if mode == T_FAST && k <= FRONT_CLASSES {
-                    // SAFETY: a live allocation of k chunks that the caller
-                    // gives up; this thread's cache holds only NTA's chunks.
-                    unsafe { (*t.front.get()).push(&NTA, p, k) };
-                } else if mode == T_SECURE && k <= FRONT_CLASSES {
-                    // SAFETY: as above.
-                    unsafe { (*t.front.get()).push(&NTA, p, k) };
-                } else {
-                    // SAFETY: as above.
-                    unsafe { free_uncached(t, p, k) };
-                }
-            }
+            // SAFETY: found live, k chunks; the caller gives it up.
+            Ok(k) => unsafe { free_nta_block(p, k) },
             Err(e) => free_checked(what, &NTA, p, e),
         }
     } else if in_tiny(a) {
         // SAFETY: as above, for the tiny nta's reservation.
         match unsafe { TINY.lookup_unlocked(a) } {
-            Ok(k) => {
-                let t = thread();
-                if t.mode.get() == T_FAST && k <= TINY_CLASSES {
-                    // SAFETY: a live allocation of k chunks of TINY's that
-                    // the caller gives up; the tiny cache holds only TINY's.
-                    unsafe { (*t.tiny.get()).push(&TINY, p, k) };
-                } else {
-                    // SAFETY: as above.
-                    unsafe { free_tiny_uncached(t, p, k) };
-                }
-            }
+            // SAFETY: found live, k chunks; the caller gives it up.
+            Ok(k) => unsafe { free_tiny_block(p, k) },
             Err(e) => free_checked(what, &TINY, p, e),
         }
     } else if let Some(l) = large_of(a) {
@@ -132,6 +110,44 @@ pub(crate) fn free_in(what: &str, p: *mut u8) {
         }
     } else {
         die(what, p, &"not allocated by kmem")
+    }
+}
+
+/// Frees [`NTA`]'s block `p` of `k` chunks, found live by a lookup: onto
+/// this thread's cache when it has one, else the heap.
+///
+/// # Safety
+/// `p` is a live allocation of exactly `k` chunks of `NTA`, looked up since
+/// it was handed out, that the caller gives up.
+#[inline(always)]
+pub(crate) unsafe fn free_nta_block(p: *mut u8, k: usize) {
+    let t = thread();
+    let mode = t.mode.get();
+    if (mode == T_FAST || mode == T_SECURE) && k <= FRONT_CLASSES {
+        // SAFETY: a live allocation of k chunks that the caller gives up;
+        // this thread's cache holds only NTA's chunks.
+        unsafe { (*t.front.get()).push(&NTA, p, k) };
+    } else {
+        // SAFETY: as above.
+        unsafe { free_uncached(t, p, k) };
+    }
+}
+
+/// Frees [`TINY`]'s block `p` of `k` chunks, found live by a lookup, as
+/// [`free_nta_block`].
+///
+/// # Safety
+/// As [`free_nta_block`], for `TINY`.
+#[inline(always)]
+pub(crate) unsafe fn free_tiny_block(p: *mut u8, k: usize) {
+    let t = thread();
+    if t.mode.get() == T_FAST && k <= TINY_CLASSES {
+        // SAFETY: a live allocation of k chunks of TINY's that the caller
+        // gives up; the tiny cache holds only TINY's.
+        unsafe { (*t.tiny.get()).push(&TINY, p, k) };
+    } else {
+        // SAFETY: as above.
+        unsafe { free_tiny_uncached(t, p, k) };
     }
 }
 

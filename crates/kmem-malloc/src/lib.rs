@@ -99,7 +99,7 @@ pub use abi::{
     aligned_alloc, calloc, free, malloc, malloc_stats, malloc_trim, malloc_usable_size, memalign,
     posix_memalign, pvalloc, realloc, reallocarray, valloc,
 };
-use free::{free_fast, free_in, free_slow};
+use free::{free_fast, free_in, free_nta_block, free_slow, free_tiny_block};
 use large::Large;
 use out::{die, say};
 use thread::{
@@ -754,7 +754,8 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
                     return p;
                 }
             }
-            return move_to(p, ko * chunk, size);
+            // SAFETY: p is NTA's live block of ko chunks, just looked up.
+            return move_to_known(p, ko * chunk, size, |q| unsafe { free_nta_block(q, ko) });
         }
     } else if in_tiny(a) {
         // SAFETY: as in free_in.
@@ -767,7 +768,8 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
                     return p;
                 }
             }
-            return move_to(p, ko * tchunk, size);
+            // SAFETY: p is TINY's live block of ko chunks, just looked up.
+            return move_to_known(p, ko * tchunk, size, |q| unsafe { free_tiny_block(q, ko) });
         }
     } else if let Some(l) = large_of(a) {
         let n = match l.usable_size(a) {
@@ -790,6 +792,19 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
         return p;
     }
     move_to(p, n, size)
+}
+
+/// [`move_to`] of a block whose owner and length the caller has just looked
+/// up: `free` gives it back without looking it up again.
+fn move_to_known(p: *mut u8, old: usize, size: usize, free: impl FnOnce(*mut u8)) -> *mut u8 {
+    let q = alloc_slow(size, MIN_ALIGN, false);
+    if q.is_null() {
+        return q;
+    }
+    // SAFETY: as in move_to.
+    unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
+    free(p);
+    q
 }
 
 fn move_to(p: *mut u8, old: usize, size: usize) -> *mut u8 {

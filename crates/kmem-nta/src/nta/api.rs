@@ -410,6 +410,25 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         if kn == 0 || kn > self.geo.max {
             return false;
         }
+        if kn > ko {
+            // Growth needs the chunks after the block free: look before
+            // taking the owner's lock (a realloc that doubles a vector
+            // usually finds its neighbour in use, and then moves it). The
+            // maps are read without the lock, so this is a hint: a yes is
+            // checked again under the lock, and a no only means moving the
+            // block, which is always correct.
+            let (node, idx) = self.node_of(addr);
+            let (e, end) = (idx + ko, idx + kn);
+            if end > self.geo.nchunks {
+                return false;
+            }
+            // SAFETY: a live allocation (the caller's contract): its node
+            // is live and its maps hold nchunks >= end bits.
+            let used = unsafe { bits::next_set(used_map(node), e, end) };
+            if used != end {
+                return false;
+            }
+        }
         // SAFETY: forwarded contract.
         unsafe { self.resize_in_place(addr, ko, kn) }
     }
