@@ -59,6 +59,10 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
 }
 
+/// Bytes at the start of a chunk that a cache's pop leaves zero (its link
+/// and key words).
+const CLEARED: usize = 2 * core::mem::size_of::<usize>();
+
 /// `calloc(3)`: `n * size` overflowing gives NULL and `ENOMEM`.
 ///
 /// # Safety
@@ -66,7 +70,32 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
-        Some(b) => alloc_slow(b, MIN_ALIGN, true).cast(),
+        Some(b) => {
+            // A cache hit, as in malloc: a popped chunk has its first two
+            // words cleared (the link and the key), so only bytes past them
+            // need zeroing.
+            let t = thread();
+            let mode = t.mode.get();
+            let p = if mode == T_FAST && b <= TINY_MAX {
+                let k = if b == 0 { 1 } else { (b + 15) >> 4 };
+                // SAFETY: this thread's tiny cache; no other borrow is live.
+                unsafe { (*t.tiny.get()).pop(k) }
+            } else if mode == T_FAST && b <= FRONT_MAX {
+                let k = if b == 0 { 1 } else { (b + 63) >> 6 };
+                // SAFETY: this thread's cache; no other borrow is live.
+                unsafe { (*t.front.get()).pop(k) }
+            } else {
+                ptr::null_mut()
+            };
+            if p.is_null() {
+                return alloc_slow(b, MIN_ALIGN, true).cast();
+            }
+            if b > CLEARED {
+                // SAFETY: the chunk holds at least b bytes.
+                unsafe { ptr::write_bytes(p.add(CLEARED), 0, b - CLEARED) };
+            }
+            p.cast()
+        }
         None => {
             set_errno(libc::ENOMEM);
             ptr::null_mut()
