@@ -57,23 +57,26 @@ impl Preload {
 /// driver reports at least the driver's own peak (hundreds of MiB after
 /// the other suites); the launcher's child replaces only the launcher.
 pub fn launched_max_rss(stdout: &[u8]) -> Option<u64> {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("launch: maxrss_kb "))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    launch_line(stdout, "maxrss_kb").map(|kb| kb * 1024)
 }
 
 /// The CPU time (user and system, all threads) that `workloads/launch.c`
 /// reports for the program it ran, in seconds.
 pub fn launched_cpu_s(stdout: &[u8]) -> Option<f64> {
+    launch_line(stdout, "cpu_us").map(|us| us as f64 / 1e6)
+}
+
+/// The number on the launcher's last `launch: NAME N` line.
+fn launch_line(stdout: &[u8], name: &str) -> Option<u64> {
     String::from_utf8_lossy(stdout)
         .lines()
         .rev()
-        .find_map(|l| l.strip_prefix("launch: cpu_us "))
+        .find_map(|l| {
+            l.strip_prefix("launch: ")?
+                .strip_prefix(name)?
+                .strip_prefix(' ')
+        })
         .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|us| us as f64 / 1e6)
 }
 
 /// The peers Debian packages, where they install, and the package to ask for.
