@@ -33,9 +33,9 @@
 //! blocks, and reusing it here shares their cache lines between two CPUs
 //! (Hoard's passive false sharing, `cache_scratch`: 1.8x mimalloc's time
 //! when the block a worker was given and freed became its working block).
-//! The class's first refill hands the list back. Cached chunks stay allocated in their node's bitmap, so
-//! they neither coalesce nor count as free: the bound is what keeps the
-//! seed's packing.
+//! The class's first refill hands the list back. Cached chunks stay
+//! allocated in their node's bitmap, so they neither coalesce nor count as
+//! free: the bound is what keeps the seed's packing.
 //!
 //! **Classes grow.** A class that overflows (its bound reached by a push)
 //! after this thread refilled it since its last overflow doubles its bound
