@@ -333,6 +333,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let Some(head) = self.cls.get(k).map(|c| c.head) else {
             return;
         };
+        if k == 0 || self.only_frees(k) {
+            // Class 0 is unused; a free-only class's chunks are on its
+            // hand-back list (its count counts them), not a stock that
+            // anything pops.
+            return;
+        }
         // The first 256 (a class holds more only right after a refill of
         // a class that was not empty); the rest follow them.
         let n = (self.cls[k].count as usize).min(256);

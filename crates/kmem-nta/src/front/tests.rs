@@ -258,7 +258,10 @@ mod shuffle_tests {
                 front.push(&nta, p, 1);
             }
             assert_eq!(front.count(1), 8);
-            // Not the stock: nothing to pop.
+            // Not the stock: nothing to pop, nothing to shuffle (found by
+            // the nta fuzz target: the shuffle walked a stock of 8 from a
+            // null head).
+            front.shuffle(1, || 7);
             assert!(front.pop_checked(&nta, 1).is_null());
             let before = nta.stats().frees;
             let mine = front.refill(&nta, 1);
