@@ -7,6 +7,7 @@ use core::ptr;
 use kmem_nta::{FRONT_MAX, TINY_MAX};
 
 use crate::out::say;
+use crate::thread::Thread;
 use crate::{
     aligned, alloc_slow, flush_thread_cache, free_fast, free_in, free_slow, realloc_in, set_errno,
     started, thread, usable, LARGE, MIN_ALIGN, NTA, POW2, TINY, T_FAST, T_SECURE,
@@ -20,18 +21,8 @@ use crate::{
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let t = thread();
     let mode = t.mode.get();
-    if mode == T_FAST && size <= TINY_MAX {
-        // The tiny nta's 16-byte chunks (T_FAST is never hardened).
-        let k = if size == 0 { 1 } else { (size + 15) >> 4 };
-        // SAFETY: this thread's tiny cache; no other borrow is live.
-        let p = unsafe { (*t.tiny.get()).pop(k) };
-        if !p.is_null() {
-            return p.cast();
-        }
-    } else if mode == T_FAST && size <= FRONT_MAX {
-        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
-        // SAFETY: this thread's cache; no other borrow is live.
-        let p = unsafe { (*t.front.get()).pop(k) };
+    if mode == T_FAST {
+        let p = pop_fast(t, size);
         if !p.is_null() {
             return p.cast();
         }
@@ -59,6 +50,25 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
 }
 
+/// A block of `size` bytes from a `T_FAST` thread's caches (the tiny nta's
+/// 16-byte chunks up to `TINY_MAX`, nta's 64-byte ones up to `FRONT_MAX`),
+/// or null: a miss, or a size the caches do not serve. `malloc`'s and
+/// `calloc`'s hit.
+#[inline(always)]
+fn pop_fast(t: &Thread, size: usize) -> *mut u8 {
+    if size <= TINY_MAX {
+        let k = if size == 0 { 1 } else { (size + 15) >> 4 };
+        // SAFETY: this thread's tiny cache; no other borrow is live.
+        unsafe { (*t.tiny.get()).pop(k) }
+    } else if size <= FRONT_MAX {
+        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
+        // SAFETY: this thread's cache; no other borrow is live.
+        unsafe { (*t.front.get()).pop(k) }
+    } else {
+        ptr::null_mut()
+    }
+}
+
 /// Bytes at the start of a chunk that a cache's pop leaves zero (its link
 /// and key words).
 const CLEARED: usize = 2 * core::mem::size_of::<usize>();
@@ -75,15 +85,8 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
             // words cleared (the link and the key), so only bytes past them
             // need zeroing.
             let t = thread();
-            let mode = t.mode.get();
-            let p = if mode == T_FAST && b <= TINY_MAX {
-                let k = if b == 0 { 1 } else { (b + 15) >> 4 };
-                // SAFETY: this thread's tiny cache; no other borrow is live.
-                unsafe { (*t.tiny.get()).pop(k) }
-            } else if mode == T_FAST && b <= FRONT_MAX {
-                let k = if b == 0 { 1 } else { (b + 63) >> 6 };
-                // SAFETY: this thread's cache; no other borrow is live.
-                unsafe { (*t.front.get()).pop(k) }
+            let p = if t.mode.get() == T_FAST {
+                pop_fast(t, b)
             } else {
                 ptr::null_mut()
             };

@@ -801,22 +801,17 @@ fn move_to_known(p: *mut u8, old: usize, size: usize, free: impl FnOnce(*mut u8)
     if q.is_null() {
         return q;
     }
-    // SAFETY: as in move_to.
+    // SAFETY: both hold at least min(old, size) bytes and do not overlap
+    // (q is a fresh allocation, p still live).
     unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
     free(p);
     q
 }
 
+/// `realloc` by moving: a new block, the old one's first `min(old, size)`
+/// bytes, and `p` freed (checked, as `free` checks it).
 fn move_to(p: *mut u8, old: usize, size: usize) -> *mut u8 {
-    let q = alloc_slow(size, MIN_ALIGN, false);
-    if q.is_null() {
-        return q;
-    }
-    // SAFETY: both hold at least min(old, size) bytes and do not overlap
-    // (q is a fresh allocation, p still live).
-    unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
-    free_in("realloc", p);
-    q
+    move_to_known(p, old, size, |q| free_in("realloc", q))
 }
 
 fn aligned(align: usize, size: usize) -> *mut u8 {
