@@ -14,7 +14,7 @@ fn a_threads_cache_goes_back_when_it_exits() {
     let before = kmem_malloc::nta_stats().bytes_held;
     std::thread::spawn(move || {
         // Every class of the cache, 16 blocks each: about 2 MiB freed into
-        // a cache that keeps up to 1 MiB.
+        // the cache (16 is within every class's base bound).
         for k in 1..=64usize {
             let v: Vec<*mut c_void> = (0..16)
                 // SAFETY: plain C calls. black_box: LLVM knows `malloc` by

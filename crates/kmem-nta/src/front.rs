@@ -23,7 +23,7 @@
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
 //! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first, a
-//! cache at most [`FRONT_BYTES`] in all. A class the thread has never refilled
+//! cache at most [`FRONT_BYTES`] (8 MiB) in all. A class the thread has never refilled
 //! keeps at most [`FREE_ONLY`] entries and hands them back all at once: a
 //! thread that frees what others allocate (the consumer of a queue) gets
 //! its frees batched under one lock without holding a stock it would never

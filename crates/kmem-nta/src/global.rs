@@ -25,8 +25,9 @@
 //! is memory parked per thread, bounded here by a count per class and
 //! [`FRONT_BYTES`] in all, and chunks that are allocated in their node's
 //! bitmap while parked, so they neither coalesce nor count as free. That bound
-//! is what keeps the seed's coalescing: at most 1 MiB per thread (32 KiB per
-//! class) sits outside it.
+//! is what keeps the seed's coalescing: 32 KiB per class sits outside it at
+//! first, and a class grows (to at most half of 8 MiB) only while its
+//! thread allocates and frees batches that large.
 //!
 //! **Remote frees recycled.** A thread that refills its cache first takes the
 //! frees other CPUs queued on its heap: those of the size it wants, and of any
