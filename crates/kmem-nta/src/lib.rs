@@ -87,6 +87,7 @@
 
 pub mod front;
 pub mod node;
+pub mod slab;
 mod nta;
 mod remote;
 

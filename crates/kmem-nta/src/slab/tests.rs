@@ -1,0 +1,352 @@
+//! Tests of the tiny slabs: over a reserved region (which keeps its span
+//! mapped, as the arena needs), one thread and several.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::vec::Vec;
+
+use kmem_core::Error;
+use kmem_pages::RegionSource;
+use proptest::prelude::*;
+
+use super::*;
+
+fn arena() -> SlabArena<RegionSource> {
+    SlabArena::new(RegionSource::new(256 << 20).unwrap())
+}
+
+/// A block of class `c` from `cache`, through the slow path when needed.
+fn alloc(cache: &mut SlabCache, a: &SlabArena<RegionSource>, c: usize) -> *mut u8 {
+    // SAFETY: the cache's slabs are a's; c is 1 to 3.
+    unsafe {
+        let p = cache.pop(a, c);
+        if p.is_null() {
+            cache.alloc_slow(a, c)
+        } else {
+            p
+        }
+    }
+}
+
+#[test]
+fn classes() {
+    assert_eq!(slab_class(0), Some(1));
+    assert_eq!(slab_class(1), Some(1));
+    assert_eq!(slab_class(16), Some(1));
+    assert_eq!(slab_class(17), Some(2));
+    assert_eq!(slab_class(33), Some(3));
+    assert_eq!(slab_class(48), Some(3));
+    assert_eq!(slab_class(49), None);
+}
+
+#[test]
+fn blocks_are_distinct_aligned_and_kept() {
+    let a = arena();
+    let mut t = SlabCache::new();
+    let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
+    for i in 0..30_000usize {
+        let c = 1 + i % 3;
+        let p = alloc(&mut t, &a, c);
+        assert!(!p.is_null());
+        assert_eq!(p as usize % 16, 0);
+        // SAFETY: p is a live block of c * 16 bytes.
+        unsafe { core::ptr::write_bytes(p, i as u8, c * 16) };
+        // SAFETY: p lies in a's span.
+        assert_eq!(unsafe { a.usable_size(p) }, Ok(c * 16));
+        live.push((p, c, i as u8));
+    }
+    let mut seen: Vec<usize> = live.iter().map(|x| x.0 as usize).collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), live.len());
+    // SAFETY: the cache's slabs are a's.
+    unsafe { t.check(&a) }.unwrap();
+    for (p, c, v) in &live {
+        for j in 0..c * 16 {
+            // SAFETY: live blocks.
+            assert_eq!(unsafe { *p.add(j) }, *v);
+        }
+        // SAFETY: live blocks of a's, given up.
+        unsafe { t.free(&a, *p) };
+    }
+    // SAFETY: as above.
+    unsafe { t.check(&a) }.unwrap();
+    // Every slab went back but one spare per class (and the current ones).
+    assert!(a.stats().slabs <= 6, "{:?}", a.stats());
+    // SAFETY: as above.
+    unsafe { t.trim(&a) };
+    // SAFETY: as above.
+    unsafe { t.abandon(&a) };
+    assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
+    a.check().unwrap();
+}
+
+#[test]
+fn bad_frees_are_typed_errors_and_change_nothing() {
+    let a = arena();
+    let mut t = SlabCache::new();
+    let p = alloc(&mut t, &a, 2);
+    let q = alloc(&mut t, &a, 2);
+    // SAFETY: p lies in a's span.
+    unsafe {
+        // Inside a block, past the carved blocks, in the header.
+        assert!(matches!(t.try_free(&a, p.add(16)), Err(Error::NotAllocated { .. })));
+        assert!(matches!(t.try_free(&a, p.add(8)), Err(Error::NotAllocated { .. })));
+        let s = slab_of(p as usize) as *mut u8;
+        assert!(matches!(t.try_free(&a, s), Err(Error::NotAllocated { .. })));
+        assert!(matches!(
+            t.try_free(&a, s.add(SLAB_SIZE - 32)),
+            Err(Error::NotAllocated { .. })
+        ));
+        // A block that sits on the free list (carved, never handed out).
+        let r = q.add(32);
+        assert_eq!(a.usable_size(r), Err(Error::DoubleFree { addr: r as u64 }));
+        assert_eq!(t.try_free(&a, r), Err(Error::DoubleFree { addr: r as u64 }));
+        t.check(&a).unwrap();
+        t.try_free(&a, p).unwrap();
+        assert_eq!(t.try_free(&a, p), Err(Error::DoubleFree { addr: p as u64 }));
+        t.check(&a).unwrap();
+        t.try_free(&a, q).unwrap();
+        t.check(&a).unwrap();
+        t.abandon(&a);
+    }
+    assert_eq!(a.stats().slabs, 0);
+}
+
+#[test]
+fn remote_frees_come_back_to_the_owner() {
+    let a = arena();
+    let mut owner = SlabCache::new();
+    let mut other = SlabCache::new();
+    let ps: Vec<*mut u8> = (0..10_000).map(|_| alloc(&mut owner, &a, 1)).collect();
+    let slabs = a.stats().slabs;
+    for &p in &ps {
+        // SAFETY: live blocks of a's; `other` owns none of their slabs.
+        unsafe { other.free(&a, p) };
+    }
+    // SAFETY: the caches' slabs are a's.
+    unsafe {
+        owner.check(&a).unwrap();
+        other.check(&a).unwrap();
+    }
+    // The owner gets them back without a new slab.
+    let again: Vec<*mut u8> = (0..10_000).map(|_| alloc(&mut owner, &a, 1)).collect();
+    assert_eq!(a.stats().slabs, slabs);
+    // All but the current slab's blocks never handed out (it is used up
+    // before the next slab) are the blocks the other cache freed.
+    let old: std::collections::HashSet<usize> = ps.iter().map(|&p| p as usize).collect();
+    let reused = again.iter().filter(|&&p| old.contains(&(p as usize))).count();
+    assert!(reused >= ps.len() - (SLAB_SIZE - HDR) / 16, "{reused}");
+    for &p in &again {
+        // SAFETY: live blocks of a's.
+        unsafe { owner.free(&a, p) };
+    }
+    // SAFETY: as above.
+    unsafe {
+        owner.check(&a).unwrap();
+        owner.abandon(&a);
+        other.abandon(&a);
+    }
+    assert_eq!(a.stats().slabs, 0);
+}
+
+#[test]
+fn an_exited_threads_slabs_are_adopted_or_given_back() {
+    let a = arena();
+    let mut gone = SlabCache::new();
+    let ps: Vec<*mut u8> = (0..6000).map(|i| alloc(&mut gone, &a, 1 + i % 2)).collect();
+    // SAFETY: the cache's slabs are a's.
+    unsafe { gone.abandon(&a) };
+    let s = a.stats();
+    assert!(s.orphans >= 2 && s.orphans == s.slabs, "{s:?}");
+    a.check().unwrap();
+    // Its blocks are freed by others (onto the orphans' remote lists).
+    let mut t = SlabCache::new();
+    for &p in &ps[..3000] {
+        // SAFETY: live blocks of a's.
+        unsafe { t.free(&a, p) };
+    }
+    // A new thread's allocations adopt an orphan with room.
+    let q = alloc(&mut t, &a, 1);
+    assert!(a.stats().orphans < s.orphans);
+    // SAFETY: as above.
+    unsafe { t.check(&a) }.unwrap();
+    a.check().unwrap();
+    for &p in &ps[3000..] {
+        // SAFETY: live blocks of a's.
+        unsafe { t.free(&a, p) };
+    }
+    // SAFETY: as above.
+    unsafe {
+        t.free(&a, q);
+        t.trim(&a);
+        t.check(&a).unwrap();
+        t.abandon(&a);
+    }
+    a.trim_orphans();
+    a.check().unwrap();
+    assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
+}
+
+#[test]
+fn threads_exchange_blocks() {
+    let a: &'static SlabArena<RegionSource> = Box::leak(Box::new(arena()));
+    const T: usize = 4;
+    const N: usize = 20_000;
+    let mut txs = Vec::new();
+    let mut rxs = Vec::new();
+    for _ in 0..T {
+        let (tx, rx) = mpsc::channel::<Vec<usize>>();
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    let hs: Vec<_> = rxs
+        .into_iter()
+        .enumerate()
+        .map(|(i, rx)| {
+            let txs = txs.clone();
+            std::thread::spawn(move || {
+                let mut t = SlabCache::new();
+                let mut rng = 0x9e37_79b9u64 ^ i as u64;
+                for round in 0..N / 100 {
+                    let batch: Vec<usize> = (0..100)
+                        .map(|j| {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            let c = 1 + (rng % 3) as usize;
+                            let p = alloc(&mut t, a, c);
+                            // SAFETY: a live block of c * 16 bytes.
+                            unsafe { p.cast::<u64>().write(j as u64) };
+                            p as usize
+                        })
+                        .collect();
+                    txs[(i + 1 + round) % T].send(batch).unwrap();
+                    while let Ok(b) = rx.try_recv() {
+                        for (j, p) in b.into_iter().enumerate() {
+                            // SAFETY: live blocks another thread gave us.
+                            unsafe {
+                                assert_eq!((p as *mut u64).read(), j as u64);
+                                t.free(a, p as *mut u8);
+                            }
+                        }
+                    }
+                }
+                drop(txs);
+                // SAFETY: the cache's slabs are a's.
+                unsafe { t.check(a) }.unwrap();
+                (t, rx)
+            })
+        })
+        .collect();
+    drop(txs);
+    let mut left = Vec::new();
+    for h in hs {
+        left.push(h.join().unwrap());
+    }
+    // Everything still in flight, freed by the main thread.
+    let mut main = SlabCache::new();
+    for (_, rx) in &left {
+        while let Ok(b) = rx.try_recv() {
+            for p in b {
+                // SAFETY: live blocks of a's.
+                unsafe { main.free(a, p as *mut u8) };
+            }
+        }
+    }
+    for (mut t, _) in left {
+        // SAFETY: each cache's slabs are a's; its thread is done.
+        unsafe { t.abandon(a) };
+    }
+    a.trim_orphans();
+    a.check().unwrap();
+    assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(usize, usize),
+    Free(usize, usize),
+    Bad(usize, usize),
+    Trim(usize),
+    Exit(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..2usize, 1..=3usize).prop_map(|(t, c)| Op::Alloc(t, c)),
+        5 => (0..2usize, any::<usize>()).prop_map(|(t, i)| Op::Free(t, i)),
+        1 => (0..2usize, any::<usize>()).prop_map(|(t, i)| Op::Bad(t, i)),
+        1 => (0..2usize).prop_map(Op::Trim),
+        1 => (0..2usize).prop_map(Op::Exit),
+    ]
+}
+
+proptest! {
+    /// Two caches (two threads' worth, on one thread) against a model of
+    /// the live blocks: no two overlap, contents stay, frees in either cache,
+    /// bad frees refused with nothing changed, every check passes.
+    #[test]
+    fn model(ops in proptest::collection::vec(op(), 1..400)) {
+        let a = arena();
+        let mut ts = [SlabCache::new(), SlabCache::new()];
+        let mut live: HashMap<usize, (usize, u8)> = HashMap::new();
+        let mut order: Vec<usize> = Vec::new();
+        let mut tag = 0u8;
+        for o in ops {
+            match o {
+                Op::Alloc(t, c) => {
+                    let p = alloc(&mut ts[t], &a, c) as usize;
+                    prop_assert!(p != 0);
+                    for (&q, &(cq, _)) in &live {
+                        prop_assert!(p + c * 16 <= q || q + cq * 16 <= p);
+                    }
+                    tag = tag.wrapping_add(1);
+                    // SAFETY: a live block of c * 16 bytes.
+                    unsafe { core::ptr::write_bytes(p as *mut u8, tag, c * 16) };
+                    live.insert(p, (c, tag));
+                    order.push(p);
+                }
+                Op::Free(t, i) if !order.is_empty() => {
+                    let p = order.swap_remove(i % order.len());
+                    let (c, v) = live.remove(&p).unwrap();
+                    for j in 0..c * 16 {
+                        // SAFETY: a live block.
+                        prop_assert_eq!(unsafe { *(p as *const u8).add(j) }, v);
+                    }
+                    // SAFETY: a live block of a's.
+                    prop_assert_eq!(unsafe { ts[t].try_free(&a, p as *mut u8) }, Ok(()));
+                    // SAFETY: freed just now.
+                    let again = unsafe { ts[t].try_free(&a, p as *mut u8) };
+                    prop_assert!(again.is_err());
+                }
+                Op::Bad(t, i) if !order.is_empty() => {
+                    let p = order[i % order.len()];
+                    // SAFETY: p lies in a's span.
+                    let r = unsafe { ts[t].try_free(&a, (p + 8) as *mut u8) };
+                    prop_assert!(r.is_err());
+                }
+                // SAFETY: the caches' slabs are a's.
+                Op::Trim(t) => unsafe { ts[t].trim(&a) },
+                // SAFETY: as above.
+                Op::Exit(t) => unsafe { ts[t].abandon(&a) },
+                _ => {}
+            }
+            for t in &ts {
+                // SAFETY: as above.
+                prop_assert_eq!(unsafe { t.check(&a) }, Ok(()));
+            }
+            prop_assert_eq!(a.check(), Ok(()));
+        }
+        for p in order {
+            // SAFETY: live blocks of a's.
+            prop_assert_eq!(unsafe { ts[0].try_free(&a, p as *mut u8) }, Ok(()));
+        }
+        for t in &mut ts {
+            // SAFETY: as above.
+            unsafe { t.abandon(&a) };
+        }
+        a.trim_orphans();
+        prop_assert_eq!(a.stats().slabs, 0);
+    }
+}
