@@ -4,13 +4,14 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use kmem_nta::{FRONT_MAX, TINY_MAX};
+use kmem_nta::slab::SLAB_MAX;
+use kmem_nta::FRONT_MAX;
 
 use crate::out::say;
 use crate::thread::Thread;
 use crate::{
     aligned, alloc_slow, flush_thread_cache, free_fast, free_in, free_slow, realloc_in, set_errno,
-    started, thread, usable, LARGE, MIN_ALIGN, NTA, POW2, TINY, T_FAST, T_SECURE,
+    started, thread, usable, LARGE, MIN_ALIGN, NTA, POW2, SLABS, T_FAST, T_SECURE,
 };
 
 /// `malloc(3)`.
@@ -50,16 +51,17 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
 }
 
-/// A block of `size` bytes from a `T_FAST` thread's caches (the tiny nta's
-/// 16-byte chunks up to `TINY_MAX`, nta's 64-byte ones up to `FRONT_MAX`),
-/// or null: a miss, or a size the caches do not serve. `malloc`'s and
+/// A block of `size` bytes from a `T_FAST` thread's caches (its tiny
+/// slabs up to `SLAB_MAX`, nta's 64-byte chunks up to `FRONT_MAX`), or
+/// null: a miss, or a size the caches do not serve. `malloc`'s and
 /// `calloc`'s hit.
 #[inline(always)]
 fn pop_fast(t: &Thread, size: usize) -> *mut u8 {
-    if size <= TINY_MAX {
-        let k = if size == 0 { 1 } else { (size + 15) >> 4 };
-        // SAFETY: this thread's tiny cache; no other borrow is live.
-        unsafe { (*t.tiny.get()).pop(k) }
+    if size <= SLAB_MAX {
+        let c = if size == 0 { 1 } else { (size + 15) >> 4 };
+        // SAFETY: this thread's slabs, SLABS'; no other borrow is live; c
+        // is 1 to 3.
+        unsafe { (*t.slabs.get()).pop(&SLABS, c) }
     } else if size <= FRONT_MAX {
         let k = if size == 0 { 1 } else { (size + 63) >> 6 };
         // SAFETY: this thread's cache; no other borrow is live.
@@ -244,7 +246,6 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
     flush_thread_cache();
     NTA.trim();
-    TINY.trim();
     if let Some(l) = LARGE.get() {
         l.trim();
     }
@@ -263,7 +264,7 @@ pub unsafe extern "C" fn malloc_stats() {
 /// Prints the statistics (`malloc_stats`, and at exit with `KMEM_OPTIONS=stats`).
 pub(crate) extern "C" fn print_stats() {
     let s = NTA.stats();
-    let ts = TINY.stats();
+    let ts = SLABS.stats();
     say!(
         "kmem: nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs, {} large runs ({} pages)",
         s.allocations,
@@ -279,28 +280,23 @@ pub(crate) extern "C" fn print_stats() {
         s.large_pages
     );
     say!(
-        "kmem: tiny nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs",
-        ts.allocations,
-        ts.frees,
-        ts.remote_frees,
-        ts.bytes_held >> 10,
-        ts.nodes,
-        ts.empty_nodes,
-        ts.pooled_nodes,
-        ts.free_bytes >> 10,
-        ts.free_chunks
+        "kmem: tiny slabs: {} held ({} KiB), {} orphaned; {} made, {} given back",
+        ts.slabs,
+        SLABS.bytes_held() >> 10,
+        ts.orphans,
+        ts.made,
+        ts.released
     );
-    let locks = s.locks + ts.locks;
     say!(
         "kmem: nta heap locks: {} taken, {} contended, {} busy heaps passed by",
-        locks.acquisitions,
-        locks.contended,
-        s.lock_misses + ts.lock_misses
+        s.locks.acquisitions,
+        s.locks.contended,
+        s.lock_misses
     );
     say!(
         "kmem: pages: {} KiB freed and still backed, {} KiB of frames joined",
-        (NTA.source().0.dirty_bytes() + TINY.source().0.dirty_bytes()) >> 10,
-        (NTA.source().0.grown_bytes() + TINY.source().0.grown_bytes()) >> 10
+        (NTA.source().0.dirty_bytes() + SLABS.source().0.dirty_bytes()) >> 10,
+        (NTA.source().0.grown_bytes() + SLABS.source().0.grown_bytes()) >> 10
     );
     if let Some(l) = LARGE.get() {
         let st = l.stats();

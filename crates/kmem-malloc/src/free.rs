@@ -1,35 +1,35 @@
 //! `free`: the common case with no call in it ([`free_fast`]), and the
 //! rest, checked ([`free_in`]): which reservation holds the pointer, its
-//! length from the owning nta's bitmaps, this thread's cache or the heap.
+//! length from the owning nta's bitmaps (or its slab's class), this
+//! thread's cache or slab, or the heap.
 
 use core::ptr::NonNull;
 
 use kmem_core::{Cpus, Error};
-use kmem_nta::global::{GLOBAL_CONFIG, TINY_CONFIG};
-use kmem_nta::{Nta, FRONT_CLASSES, TINY_CLASSES};
+use kmem_nta::global::GLOBAL_CONFIG;
+use kmem_nta::{Nta, FRONT_CLASSES};
 
 use crate::out::die;
 use crate::thread::{thread, Thread, T_FAST, T_NEW, T_SECURE};
 use crate::{
-    harden, in_nta, in_tiny, large_of, pow2_of, thread_start, MallocSource, NTA, NTA_SPAN, TINY,
+    harden, in_nta, in_tiny, large_of, pow2_of, thread_start, MallocSource, NTA, NTA_SPAN, SLABS,
     TINY_SPAN,
 };
 
-/// [`NTA`]'s and [`TINY`]'s shapes as constants, from the configurations
-/// they are built from (for `Nta::lookup_unlocked_fixed`).
+/// [`NTA`]'s shape as constants, from the configuration it is built from
+/// (for `Nta::lookup_unlocked_fixed`).
 const NTA_CHUNK_SHIFT: u32 = GLOBAL_CONFIG.chunk_size.trailing_zeros();
 const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
-const TINY_CHUNK_SHIFT: u32 = TINY_CONFIG.chunk_size.trailing_zeros();
-const TINY_NODE_SHIFT: u32 = TINY_CONFIG.node_size.trailing_zeros();
 
 /// `free`'s common case, with no call in it but a last jump, so that it
-/// needs no stack frame: a live block of [`NTA`]'s or [`TINY`]'s, on a
-/// thread in `T_FAST`, pushed on its cache, inline when that needs only the
-/// class's list, else by a jump to the cache's out-of-line push (a flush, a
-/// look at the clock, a class this thread only frees), which does not look
-/// the block up again. False for anything else (null included), with
-/// nothing changed: the caller then takes [`free_in`], which checks and
-/// does it all.
+/// needs no stack frame: on a thread in `T_FAST`, a live block of
+/// [`NTA`]'s pushed on its cache, inline when that needs only the class's
+/// list, else by a jump to the cache's out-of-line push (a flush, a look at
+/// the clock, a class this thread only frees), which does not look the
+/// block up again; or a tiny block onto its slab's list (this thread's
+/// slab) or remote list (another's). False for anything else (null
+/// included), with nothing changed: the caller then takes [`free_in`],
+/// which checks and does it all.
 #[inline(always)]
 pub(crate) fn free_fast(a: usize) -> bool {
     let t = thread();
@@ -53,18 +53,11 @@ pub(crate) fn free_fast(a: usize) -> bool {
             _ => false,
         }
     } else if TINY_SPAN.known_to_contain(a) {
-        // SAFETY: as above, for the tiny nta and TINY_CONFIG.
-        match unsafe { TINY.lookup_unlocked_fixed::<TINY_CHUNK_SHIFT, TINY_NODE_SHIFT>(a) } {
-            // SAFETY: as above, TINY's 16-byte chunks and the tiny cache.
-            Ok(k) if k <= TINY_CLASSES => unsafe {
-                let f = &mut *t.tiny.get();
-                if !f.try_push_looked_up(&TINY, a as *mut u8, k) {
-                    f.push_looked_up(&TINY, a as *mut u8, k);
-                }
-                true
-            },
-            _ => false,
-        }
+        // SAFETY: a lies in the slabs' reservation, which stays mapped; this
+        // thread's slabs are SLABS'. The free checks `a` (and aborts with
+        // one line when it is not a live block).
+        unsafe { (*t.slabs.get()).free(&SLABS, a as *mut u8) };
+        true
     } else {
         false
     }
@@ -91,12 +84,8 @@ pub(crate) fn free_in(what: &str, p: *mut u8) {
             Err(e) => free_checked(what, &NTA, p, e),
         }
     } else if in_tiny(a) {
-        // SAFETY: as above, for the tiny nta's reservation.
-        match unsafe { TINY.lookup_unlocked(a) } {
-            // SAFETY: found live, k chunks; the caller gives it up.
-            Ok(k) => unsafe { free_tiny_block(p, k) },
-            Err(e) => free_checked(what, &TINY, p, e),
-        }
+        // SAFETY: a lies in the slabs' reservation; the free checks it.
+        unsafe { free_slab_block(p) }
     } else if let Some(l) = large_of(a) {
         if harden::modes() != 0 {
             harden::free_large_hardened(what, l, p);
@@ -133,21 +122,24 @@ pub(crate) unsafe fn free_nta_block(p: *mut u8, k: usize) {
     }
 }
 
-/// Frees [`TINY`]'s block `p` of `k` chunks, found live by a lookup, as
-/// [`free_nta_block`].
+/// Frees `p`, which lies in the tiny slabs' reservation (checked there, an
+/// abort with one line when it is not a live block): onto this thread's
+/// slab when it owns it, else onto its slab's remote list.
 ///
 /// # Safety
-/// As [`free_nta_block`], for `TINY`.
+/// `p` lies in [`SLABS`]' reservation, which stays mapped.
 #[inline(always)]
-pub(crate) unsafe fn free_tiny_block(p: *mut u8, k: usize) {
-    let t = thread();
-    if t.mode.get() == T_FAST && k <= TINY_CLASSES {
-        // SAFETY: a live allocation of k chunks of TINY's that the caller
-        // gives up; the tiny cache holds only TINY's.
-        unsafe { (*t.tiny.get()).push(&TINY, p, k) };
+pub(crate) unsafe fn free_slab_block(p: *mut u8) {
+    let mut t = thread();
+    if t.mode.get() == T_NEW {
+        t = thread_start();
+    }
+    if t.mode.get() == T_FAST {
+        // SAFETY: this thread's slabs, SLABS'; forwarded contract.
+        unsafe { (*t.slabs.get()).free(&SLABS, p) };
     } else {
-        // SAFETY: as above.
-        unsafe { free_tiny_uncached(t, p, k) };
+        // SAFETY: forwarded contract.
+        unsafe { SLABS.free_foreign(p) };
     }
 }
 
@@ -193,24 +185,4 @@ unsafe fn free_uncached(t: &Thread, p: *mut u8, k: usize) {
     }
     // SAFETY: forwarded.
     unsafe { NTA.free_small(p as usize, k) };
-}
-
-/// `free` of the tiny nta's `k`-chunk block `p` off the tiny cache's path
-/// (a thread without a cache, or its first call), as [`free_uncached`].
-///
-/// # Safety
-/// `p` is a live allocation of `k` chunks of `TINY` that the caller gives up.
-#[inline(never)]
-unsafe fn free_tiny_uncached(t: &Thread, p: *mut u8, k: usize) {
-    let mut t = t;
-    if t.mode.get() == T_NEW {
-        t = thread_start();
-        if t.mode.get() == T_FAST && k <= TINY_CLASSES {
-            // SAFETY: forwarded; this thread's tiny cache holds TINY's chunks.
-            unsafe { (*t.tiny.get()).push(&TINY, p, k) };
-            return;
-        }
-    }
-    // SAFETY: forwarded.
-    unsafe { TINY.free_small(p as usize, k) };
 }

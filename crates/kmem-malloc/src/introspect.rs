@@ -30,7 +30,7 @@ use core::fmt::{self, Write};
 
 use kmem_core::PageSource;
 
-use crate::{options, started, LARGE, NTA, TINY};
+use crate::{options, started, LARGE, NTA, SLABS};
 
 /// glibc's `struct mallinfo2`.
 #[repr(C)]
@@ -87,16 +87,15 @@ pub struct Mallinfo {
 /// kmem's figures in glibc's shape (see the module documentation).
 pub fn info() -> Mallinfo2 {
     let s = NTA.stats();
-    let ts = TINY.stats();
     let page = NTA.source().page_size();
     let mut m = Mallinfo2 {
-        arena: s.nodes * NTA.geometry().node() + ts.nodes * TINY.geometry().node(),
-        ordblks: s.free_chunks + ts.free_chunks,
+        arena: s.nodes * NTA.geometry().node() + SLABS.bytes_held(),
+        ordblks: s.free_chunks,
         hblks: s.large_runs,
         hblkhd: s.large_pages * page,
-        uordblks: s.bytes_held + ts.bytes_held,
-        fordblks: s.free_bytes + ts.free_bytes,
-        keepcost: NTA.source().0.dirty_bytes() + TINY.source().0.dirty_bytes(),
+        uordblks: s.bytes_held + SLABS.bytes_held(),
+        fordblks: s.free_bytes,
+        keepcost: NTA.source().0.dirty_bytes() + SLABS.source().0.dirty_bytes(),
         ..Mallinfo2::default()
     };
     if let Some(l) = LARGE.get() {
@@ -232,7 +231,7 @@ fn set_retain(retain: usize) {
         ..options().policy
     };
     NTA.source().0.set_policy(policy);
-    TINY.source().0.set_policy(policy);
+    SLABS.source().0.set_policy(policy);
     if let Some(l) = LARGE.get() {
         l.set_policy(policy);
     }

@@ -3,8 +3,9 @@
 //! ```text
 //!   LD_PRELOAD=target/release/libkmem_malloc.so  program ...
 //!
-//!   size <= 48          this thread's tiny cache (kmem_nta::TinyCache) over
-//!                       a second nta of 16-byte chunks: 16, 32, 48 bytes
+//!   size <= 48          this thread's tiny slabs (kmem_nta::slab): 64 KiB
+//!                       slabs of one class each (16, 32, 48 bytes), the
+//!                       thread's own: pop / push, no atomic, no lock
 //!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
 //!                       pop / push, no atomic, no lock; refilled and
 //!                       flushed in batches under one nta heap lock
@@ -17,7 +18,8 @@
 //! ```
 //!
 //! `free(p)` needs no size: the address says which part owns `p` (each has
-//! its own reservation), an nta's bitmaps say how long a small allocation is
+//! its own reservation), a tiny block's slab header says its class (and
+//! whether this thread owns the slab), nta's bitmaps say how long a small allocation is
 //! (read without a lock, [`kmem_nta::Nta::lookup_unlocked`]), the vmap arena
 //! knows every busy range by its start.
 //!
@@ -85,8 +87,9 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource};
-use kmem_nta::global::{GLOBAL_CONFIG, TINY_CONFIG};
-use kmem_nta::{front_class, tiny_class, Nta, TINY_MAX};
+use kmem_nta::global::GLOBAL_CONFIG;
+use kmem_nta::slab::{slab_class, SlabArena, SlabStats, SLAB_MAX};
+use kmem_nta::{front_class, Nta};
 use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
@@ -99,7 +102,7 @@ pub use abi::{
     aligned_alloc, calloc, free, malloc, malloc_stats, malloc_trim, malloc_usable_size, memalign,
     posix_memalign, pvalloc, realloc, reallocarray, valloc,
 };
-use free::{free_fast, free_in, free_nta_block, free_slow, free_tiny_block};
+use free::{free_fast, free_in, free_nta_block, free_slab_block, free_slow};
 use large::Large;
 use out::{die, say};
 use thread::{
@@ -118,7 +121,7 @@ pub fn large_min() -> usize {
 pub const POW2_MAX: usize = 256 << 10;
 /// Address space reserved for nta (small and medium requests).
 pub const NTA_RESERVE: usize = 64 << 30;
-/// Address space reserved for the tiny nta (requests of at most 48 bytes).
+/// Address space reserved for the tiny slabs (requests of at most 48 bytes).
 pub const TINY_RESERVE: usize = 16 << 30;
 /// Address space reserved for the power-of-two baseline (`engine=pow2`).
 pub const POW2_RESERVE: usize = 4 << 30;
@@ -135,19 +138,19 @@ static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
     Cpus::Real,
 );
 
-/// Requests of at most [`TINY_MAX`] bytes (48) at their size: an nta of
-/// 16-byte chunks in 16 KiB nodes, its own reservation, so that `free`
-/// tells its blocks by address. With the 64-byte chunks of [`NTA`] alone, a
-/// 16-byte list node or a 24-byte string cost a cache line (2.7 to 4 times
-/// its size; a JSON tree's peak RSS was 1.7 times glibc's). Not used by the
-/// hardened modes, whose canaries and shuffled refills are written for
-/// [`NTA`]'s chunks, nor by `engine=pow2`. When its reservation is full,
-/// tiny requests go to [`NTA`].
-static TINY: Nta<MallocSource, Cpus> = Nta::const_new(
-    MallocSource(GlobalPages::new(TINY_RESERVE)),
-    TINY_CONFIG,
-    Cpus::Real,
-);
+/// Requests of at most [`SLAB_MAX`] bytes (48) at their size: tiny slabs
+/// (kmem-nta's `slab`) of 16, 32 and 48 bytes in their own reservation, so
+/// that `free` tells their blocks by address. With the 64-byte chunks of
+/// [`NTA`] alone, a 16-byte list node or a 24-byte string cost a cache line
+/// (2.7 to 4 times its size; a JSON tree's peak RSS was 1.7 times glibc's);
+/// with an nta of 16-byte chunks (before the slabs), each free looked its
+/// block's length up in the node's bitmaps and each flush coalesced, 1.4x
+/// mimalloc's time on a JSON build and teardown. Used by threads in
+/// `T_FAST` only: the hardened modes' canaries and shuffled refills are
+/// written for [`NTA`]'s chunks, and `engine=pow2` routes first. When the
+/// reservation is full, tiny requests go to [`NTA`].
+static SLABS: SlabArena<MallocSource> =
+    SlabArena::new(MallocSource(GlobalPages::new(TINY_RESERVE)));
 
 /// The process's page supply: kmem-pages' `GlobalPages` (a page-frame
 /// allocator over address space reserved on first use), under nta's nodes
@@ -247,7 +250,7 @@ static POW2: Once<Pow2Slab<'static>> = Once::new();
 static KEY: Once<libc::pthread_key_t> = Once::new();
 /// nta's reserved range, once reserved.
 static NTA_SPAN: Span = Span::new();
-/// The tiny nta's reserved range, once reserved.
+/// The tiny slabs' reserved range, once reserved.
 static TINY_SPAN: Span = Span::new();
 
 // ---- initialisation ------------------------------------------------------
@@ -369,7 +372,7 @@ fn init_once() {
         harden::enable(&o);
     }
     if harden::modes() == 0 {
-        // See `TINY` (`engine=pow2` routes before tiny requests get here).
+        // See `SLABS` (`engine=pow2` routes before tiny requests get here).
         TINY_ON.store(true, Ordering::Relaxed);
     }
     let mut key: libc::pthread_key_t = 0;
@@ -378,7 +381,7 @@ fn init_once() {
         KEY.set(key);
     }
     NTA.source().0.set_policy(o.policy);
-    TINY.source().0.set_policy(o.policy);
+    SLABS.source().0.set_policy(o.policy);
     LARGE.set(Large::new(o.policy, &NTA.source().0));
     if o.engine == Engine::Pow2 {
         match make_pow2() {
@@ -443,7 +446,7 @@ extern "C" fn thread_exit(b: *mut c_void) {
         // nta's chunks.
         unsafe {
             (*t.front.get()).flush_all(&NTA);
-            (*t.tiny.get()).flush_all(&TINY);
+            (*t.slabs.get()).abandon(&SLABS);
         }
     }
     // SAFETY: nothing reads the block any more: the slot points elsewhere.
@@ -458,23 +461,23 @@ extern "C" fn fork_prepare() {
     // arena call into the supply while holding their locks, never the
     // other way round).
     NTA.fork_prepare();
-    TINY.fork_prepare();
+    SLABS.fork_prepare();
     if let Some(l) = LARGE.get() {
         l.fork_prepare();
     }
     NTA.source().0.fork_prepare();
-    TINY.source().0.fork_prepare();
+    SLABS.source().0.fork_prepare();
 }
 
 extern "C" fn fork_parent() {
     // SAFETY: this thread took every lock in fork_prepare.
     unsafe {
-        TINY.source().0.fork_release();
+        SLABS.source().0.fork_release();
         NTA.source().0.fork_release();
         if let Some(l) = LARGE.get() {
             l.fork_release();
         }
-        TINY.fork_release();
+        SLABS.fork_release();
         NTA.fork_release();
         if let Some(p) = POW2.get() {
             p.fork_release();
@@ -504,14 +507,14 @@ impl Span {
         }
     }
 
-    /// True when `a` lies in `nta`'s reservation (this span's nta).
+    /// True when `a` lies in `src`'s reservation (this span's source).
     #[inline(always)]
-    fn contains(&self, nta: &Nta<MallocSource, Cpus>, a: usize) -> bool {
+    fn contains(&self, src: &MallocSource, a: usize) -> bool {
         let lo = self.lo.load(Ordering::Relaxed);
         if lo != 0 {
             return a.wrapping_sub(lo) < self.len.load(Ordering::Relaxed);
         }
-        self.contains_slow(nta, a)
+        self.contains_slow(src, a)
     }
 
     /// As [`contains`](Self::contains) once the range is known; false
@@ -523,10 +526,10 @@ impl Span {
     }
 
     #[cold]
-    fn contains_slow(&self, nta: &Nta<MallocSource, Cpus>, a: usize) -> bool {
-        match nta.source().span() {
+    fn contains_slow(&self, src: &MallocSource, a: usize) -> bool {
+        match src.span() {
             Some((base, pages)) => {
-                let (lo, len) = (base.as_ptr() as usize, pages * nta.source().page_size());
+                let (lo, len) = (base.as_ptr() as usize, pages * src.page_size());
                 self.len.store(len, Ordering::Relaxed);
                 self.lo.store(lo, Ordering::Relaxed);
                 a.wrapping_sub(lo) < len
@@ -538,19 +541,19 @@ impl Span {
 
 #[inline(always)]
 fn in_nta(a: usize) -> bool {
-    NTA_SPAN.contains(&NTA, a)
+    NTA_SPAN.contains(NTA.source(), a)
 }
 
-/// True when `a` lies in the tiny nta's reservation. False at once when the
-/// tiny nta is not in use (a hardened mode), so that those modes' frees
-/// never ask its page supply for a range it never reserved.
+/// True when `a` lies in the tiny slabs' reservation. False at once when
+/// the slabs are not in use (a hardened mode), so that those modes' frees
+/// never ask their page supply for a range it never reserved.
 #[inline(always)]
 fn in_tiny(a: usize) -> bool {
-    TINY_ON.load(Ordering::Relaxed) && TINY_SPAN.contains(&TINY, a)
+    TINY_ON.load(Ordering::Relaxed) && TINY_SPAN.contains(SLABS.source(), a)
 }
 
 /// Set once the options are read, unless a hardened mode is on (see
-/// [`TINY`]). Read by `alloc_in` and `in_tiny`.
+/// [`SLABS`]). Read by `alloc_in` and `in_tiny`.
 static TINY_ON: AtomicBool = AtomicBool::new(false);
 
 #[inline(always)]
@@ -603,8 +606,8 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
             };
         }
     }
-    if size <= TINY_MAX && align <= MIN_ALIGN && TINY_ON.load(Ordering::Relaxed) {
-        let p = alloc_tiny(t, size, align);
+    if size <= SLAB_MAX && align <= MIN_ALIGN && TINY_ON.load(Ordering::Relaxed) {
+        let p = alloc_tiny(t, size);
         if !p.is_null() {
             return (p, false);
         }
@@ -666,28 +669,26 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
     }
 }
 
-/// A tiny block (`size` at most [`TINY_MAX`], `align` at most 16) from
-/// this thread's tiny cache or [`TINY`]; null when the tiny nta is out of
-/// room (its reservation is full), and the caller goes to [`NTA`].
+/// A tiny block (`size` at most [`SLAB_MAX`]) from this thread's slabs;
+/// null for a thread without them (not in `T_FAST`) or when the slabs'
+/// reservation is full, and the caller goes to [`NTA`].
 #[inline(always)]
-fn alloc_tiny(t: &Thread, size: usize, align: usize) -> *mut u8 {
+fn alloc_tiny(t: &Thread, size: usize) -> *mut u8 {
     if t.mode.get() == T_FAST {
-        if let Some(k) = tiny_class(size) {
-            // SAFETY: this thread's tiny cache; no other borrow is live.
-            let f = unsafe { &mut *t.tiny.get() };
-            let p = f.pop(k);
-            if !p.is_null() {
-                return p;
-            }
-            // SAFETY: a thread's tiny cache holds only TINY's chunks.
-            let p = unsafe { f.refill(&TINY, k) };
-            if !p.is_null() {
-                return p;
+        if let Some(c) = slab_class(size) {
+            // SAFETY: this thread's slabs, all SLABS'; no other borrow is
+            // live; c is 1 to 3.
+            unsafe {
+                let f = &mut *t.slabs.get();
+                let p = f.pop(&SLABS, c);
+                if !p.is_null() {
+                    return p;
+                }
+                return f.alloc_slow(&SLABS, c);
             }
         }
     }
-    let l = Layout::from_size_align(size, align).expect("checked sizes");
-    TINY.alloc(l).map_or(ptr::null_mut(), |p| p.as_ptr())
+    ptr::null_mut()
 }
 
 /// The usable size of the live allocation `p`, or one line and abort
@@ -712,13 +713,8 @@ fn usable_raw(what: &str, p: *mut u8) -> usize {
             Err(_) => unsafe { NTA.usable_size(NonNull::new_unchecked(p)) },
         }
     } else if in_tiny(a) {
-        // SAFETY: as in free_in.
-        match unsafe { TINY.lookup_unlocked(a) } {
-            Ok(k) => Ok(k * TINY.geometry().chunk()),
-            Err(e @ Error::DoubleFree { .. }) => Err(e),
-            // SAFETY: as above.
-            Err(_) => unsafe { TINY.usable_size(NonNull::new_unchecked(p)) },
-        }
+        // SAFETY: a lies in the slabs' reservation, which stays mapped.
+        unsafe { SLABS.usable_size(p) }
     } else if let Some(l) = large_of(a) {
         l.usable_size(a)
     } else if let Some(s) = pow2_of(a) {
@@ -758,19 +754,17 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
             return move_to_known(p, ko * chunk, size, |q| unsafe { free_nta_block(q, ko) });
         }
     } else if in_tiny(a) {
-        // SAFETY: as in free_in.
-        if let Ok(ko) = unsafe { TINY.lookup_unlocked(a) } {
-            let tchunk = TINY.geometry().chunk();
-            if size <= TINY_MAX {
-                let kn = size.div_ceil(tchunk);
-                // SAFETY: as above, for TINY's block of ko chunks.
-                if kn == ko || unsafe { TINY.resize_small(a, ko, kn) } {
-                    return p;
-                }
-            }
-            // SAFETY: p is TINY's live block of ko chunks, just looked up.
-            return move_to_known(p, ko * tchunk, size, |q| unsafe { free_tiny_block(q, ko) });
+        // SAFETY: a lies in the slabs' reservation, which stays mapped.
+        let n = match unsafe { SLABS.usable_size(p) } {
+            Ok(n) => n,
+            Err(e) => die("realloc", p, &e),
+        };
+        // A block of its class stays (shrinking within the class included).
+        if slab_class(size) == Some(n / 16) {
+            return p;
         }
+        // SAFETY: a live block of the slabs' (just checked), given up.
+        return move_to_known(p, n, size, |q| unsafe { free_slab_block(q) });
     } else if let Some(l) = large_of(a) {
         let n = match l.usable_size(a) {
             Ok(n) => n,
@@ -820,39 +814,47 @@ fn aligned(align: usize, size: usize) -> *mut u8 {
 
 // ---- Rust API (tests, tools) ----------------------------------------------
 
-/// Checks every invariant of the allocators behind `malloc` (the two ntas'
-/// heaps and nodes, the large arena's tree).
+/// Checks every invariant of the allocators behind `malloc` (nta's heaps and
+/// nodes, the calling thread's tiny slabs and the orphaned ones, the large
+/// arena's tree).
 pub fn check() -> core::result::Result<(), &'static str> {
     NTA.check()?;
-    TINY.check()?;
+    SLABS.check()?;
+    let t = thread();
+    if t.owned() {
+        // SAFETY: this thread's slabs, all SLABS'; no other borrow is live.
+        unsafe { (*t.slabs.get()).check(&SLABS)? };
+    }
     if let Some(l) = LARGE.get() {
         l.check()?;
     }
     Ok(())
 }
 
-/// The counters of the two nta instances behind `malloc`, summed (chunks
-/// parked in front caches count as held).
+/// The counters of the nta behind `malloc` (chunks parked in front caches
+/// count as held).
 pub fn nta_stats() -> kmem_nta::Stats {
-    NTA.stats() + TINY.stats()
+    NTA.stats()
 }
 
-/// The counters of the tiny nta alone (requests of at most 48 bytes).
-pub fn tiny_stats() -> kmem_nta::Stats {
-    TINY.stats()
+/// The counters of the tiny slabs (requests of at most 48 bytes).
+pub fn slab_stats() -> SlabStats {
+    SLABS.stats()
 }
 
-/// Gives the calling thread's front caches back to the ntas (as thread exit
-/// does).
+/// Gives the calling thread's front cache back to nta (as thread exit
+/// does), and its empty tiny slabs (and empty orphans) to the page supply.
 pub fn flush_thread_cache() {
     let t = thread();
     if cached(t.mode.get()) {
-        // SAFETY: this thread's caches, each holding only its nta's chunks.
+        // SAFETY: this thread's caches: the front cache holds only NTA's
+        // chunks, the slabs are SLABS'.
         unsafe {
             (*t.front.get()).flush_all(&NTA);
-            (*t.tiny.get()).flush_all(&TINY);
+            (*t.slabs.get()).trim(&SLABS);
         }
     }
+    SLABS.trim_orphans();
 }
 
 #[cfg(test)]

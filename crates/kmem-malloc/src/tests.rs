@@ -239,7 +239,7 @@ fn each_thread_has_its_own_block() {
     assert_ne!(thread().mode.get(), T_NEW);
 }
 
-/// Requests of at most 48 bytes live in the tiny nta at their size (16,
+/// Requests of at most 48 bytes live in the tiny slabs at their size (16,
 /// 32, 48 bytes), and every call of the family treats them as blocks of
 /// their own: usable size, realloc within and out of the tiny classes (the
 /// contents kept), a tiny block freed on another thread, a double free
@@ -303,7 +303,7 @@ fn tiny_requests_take_16_byte_chunks() {
         free(p.cast());
         flush_thread_cache();
         assert!(matches!(
-            TINY.lookup_unlocked(p as usize),
+            SLABS.usable_size(p),
             Err(Error::DoubleFree { .. }) | Err(Error::NotAllocated { .. })
         ));
         check().unwrap();

@@ -5,7 +5,8 @@
 use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
-use kmem_nta::{FrontCache, TinyCache};
+use kmem_nta::slab::SlabCache;
+use kmem_nta::FrontCache;
 
 /// What a thread's calls do.
 pub(crate) const T_NEW: u8 = 0;
@@ -30,8 +31,8 @@ pub(crate) struct Thread {
     /// The thread's random sequence (secure mode).
     pub(crate) rng: Cell<u64>,
     pub(crate) front: UnsafeCell<FrontCache>,
-    /// Tiny blocks (16, 32, 48 bytes) of the tiny nta; used in `T_FAST`.
-    pub(crate) tiny: UnsafeCell<TinyCache>,
+    /// The thread's tiny slabs (16, 32, 48 bytes); used in `T_FAST`.
+    pub(crate) slabs: UnsafeCell<SlabCache>,
 }
 
 /// True when `mode` uses the thread's front cache.
@@ -118,7 +119,7 @@ impl Thread {
             calls: Cell::new(0),
             rng: Cell::new(0),
             front: UnsafeCell::new(FrontCache::new()),
-            tiny: UnsafeCell::new(TinyCache::new()),
+            slabs: UnsafeCell::new(SlabCache::new()),
         }
     }
 

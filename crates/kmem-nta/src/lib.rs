@@ -87,9 +87,9 @@
 
 pub mod front;
 pub mod node;
-pub mod slab;
 mod nta;
 mod remote;
+pub mod slab;
 
 #[cfg(feature = "os")]
 pub mod global;

@@ -79,7 +79,7 @@ const S_ORPHAN: u8 = 5;
 #[inline(always)]
 pub const fn slab_class(size: usize) -> Option<usize> {
     if size <= SLAB_MAX {
-        let c = (size + SLAB_GRANULE - 1) / SLAB_GRANULE;
+        let c = size.div_ceil(SLAB_GRANULE);
         Some(if c == 0 { 1 } else { c })
     } else {
         None
@@ -241,8 +241,8 @@ impl SlabCache {
 
     /// A block of class `c` (1 to 3) from this thread's current slab, or
     /// null when it has none ready (the caller then takes
-    /// [`alloc_slow`](Self::alloc_slow)). The block's second word is zero;
-    /// its first holds a stale link.
+    /// [`alloc_slow`](Self::alloc_slow)). The block's first two words (its
+    /// link and key) are zero, so `calloc` clears only what follows them.
     ///
     /// # Safety
     /// The cache's slabs are `arena`'s; `c` is 1 to 3.
@@ -260,6 +260,7 @@ impl SlabCache {
             let b = (*s).free;
             if !b.is_null() {
                 (*s).free = decode(b, (*b).next, arena.link());
+                (*b).next = 0;
                 (*b).key = 0;
                 (*s).used += 1;
             }
@@ -275,11 +276,7 @@ impl SlabCache {
     /// As [`pop`](Self::pop).
     #[cold]
     #[inline(never)]
-    pub unsafe fn alloc_slow<P: PageSource>(
-        &mut self,
-        arena: &SlabArena<P>,
-        c: usize,
-    ) -> *mut u8 {
+    pub unsafe fn alloc_slow<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
         if self.id == 0 {
             self.id = arena.new_id();
         }
@@ -374,7 +371,11 @@ impl SlabCache {
     ///
     /// # Safety
     /// As [`free`](Self::free).
-    pub unsafe fn try_free<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) -> Result<()> {
+    pub unsafe fn try_free<P: PageSource>(
+        &mut self,
+        arena: &SlabArena<P>,
+        p: *mut u8,
+    ) -> Result<()> {
         // SAFETY: forwarded contract.
         let (s, b) = unsafe { arena.take_checked(p)? };
         // SAFETY: b is a live block of slab s, keyed now, ours to free.
@@ -517,7 +518,10 @@ impl SlabCache {
     ///
     /// # Safety
     /// The cache's slabs are `arena`'s.
-    pub unsafe fn check<P: PageSource>(&self, arena: &SlabArena<P>) -> core::result::Result<(), &'static str> {
+    pub unsafe fn check<P: PageSource>(
+        &self,
+        arena: &SlabArena<P>,
+    ) -> core::result::Result<(), &'static str> {
         for c in 1..=SLAB_CLASSES {
             let cl = &self.cls[c];
             for (s, st) in [(cl.cur, S_CUR), (cl.spare, S_SPARE)] {
@@ -616,29 +620,18 @@ impl<P: PageSource> SlabArena<P> {
     /// # Safety
     /// `p` lies in the page source's span, which stays mapped.
     pub unsafe fn usable_size(&self, p: *mut u8) -> Result<usize> {
-        let a = p as usize;
-        let s = slab_of(a);
         let secret = self.secret();
-        let bad = Error::NotAllocated { addr: a as u64 };
-        // SAFETY: the header lies in the mapped span; checked fields are
-        // atomics; the block's key word is in the slab.
+        // SAFETY: forwarded contract.
+        let s = unsafe { self.place(p, secret) };
+        if s.is_null() {
+            return Err(error(p as usize, NOT_OURS));
+        }
+        // SAFETY: a carved block of slab s (place said so).
         unsafe {
-            if secret == 0 || (*s).seal.load(Ordering::Relaxed) != seal(s as usize, secret) {
-                return Err(bad);
+            if (*p.cast::<Block>()).key == block_key(p as usize, secret) {
+                return Err(error(p as usize, TWICE));
             }
-            let div = (*s).div.load(Ordering::Relaxed) as usize;
-            let g = a.wrapping_sub(s as usize + HDR) / SLAB_GRANULE;
-            let idx = g.wrapping_mul((*s).mul.load(Ordering::Relaxed)) >> 32;
-            if a % SLAB_GRANULE != 0
-                || idx * div != g
-                || idx >= (*s).bump.load(Ordering::Relaxed) as usize
-            {
-                return Err(bad);
-            }
-            if (*p.cast::<Block>()).key == block_key(a, secret) {
-                return Err(Error::DoubleFree { addr: a as u64 });
-            }
-            Ok(div * SLAB_GRANULE)
+            Ok((*s).div.load(Ordering::Relaxed) as usize * SLAB_GRANULE)
         }
     }
 
@@ -664,10 +657,11 @@ impl<P: PageSource> SlabArena<P> {
     #[inline(always)]
     unsafe fn take(&self, p: *mut u8) -> (*mut Slab, *mut Block) {
         // SAFETY: forwarded contract.
-        match unsafe { self.take_checked(p) } {
-            Ok(x) => x,
-            Err(e) => bad_free(e),
+        let (s, b, v) = unsafe { self.verdict(p) };
+        if v != OK {
+            refuse(p as usize, v);
         }
+        (s, b)
     }
 
     /// [`take`](Self::take), with an error instead of the abort (nothing
@@ -677,16 +671,52 @@ impl<P: PageSource> SlabArena<P> {
     /// As [`take`](Self::take).
     #[inline(always)]
     unsafe fn take_checked(&self, p: *mut u8) -> Result<(*mut Slab, *mut Block)> {
+        // SAFETY: forwarded contract.
+        match unsafe { self.verdict(p) } {
+            (s, b, OK) => Ok((s, b)),
+            (_, _, v) => Err(error(p as usize, v)),
+        }
+    }
+
+    /// The checks of [`take`](Self::take): [`OK`] (and `p`'s key set),
+    /// [`NOT_OURS`] or [`TWICE`] (nothing changed).
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[inline(always)]
+    unsafe fn verdict(&self, p: *mut u8) -> (*mut Slab, *mut Block, u8) {
+        let secret = self.secret();
+        // SAFETY: forwarded contract.
+        let s = unsafe { self.place(p, secret) };
+        let b: *mut Block = p.cast();
+        if s.is_null() {
+            return (s, b, NOT_OURS);
+        }
+        let key = block_key(p as usize, secret);
+        // SAFETY: a block of the slab's (place said so), below its carved end.
+        unsafe {
+            if (*b).key == key {
+                return (s, b, TWICE);
+            }
+            (*b).key = key;
+        }
+        (s, b, OK)
+    }
+
+    /// The slab of `p` when `p` is the start of one of its carved blocks,
+    /// else null: the slab's seal, `p`'s offset in it.
+    ///
+    /// # Safety
+    /// `p` lies in the page source's span, which stays mapped.
+    #[inline(always)]
+    unsafe fn place(&self, p: *mut u8, secret: usize) -> *mut Slab {
         let a = p as usize;
         let s = slab_of(a);
-        let secret = self.secret();
-        let bad = Error::NotAllocated { addr: a as u64 };
         // SAFETY: the slab's header lies in the span (the caller's
-        // contract), mapped; its checked fields are atomics. The block's
-        // words lie in the slab, below its carved end.
+        // contract), mapped; the fields read are atomics.
         unsafe {
             if (*s).seal.load(Ordering::Relaxed) != seal(s as usize, secret) || secret == 0 {
-                return Err(bad);
+                return ptr::null_mut();
             }
             let g = a.wrapping_sub(s as usize + HDR) / SLAB_GRANULE;
             let idx = g.wrapping_mul((*s).mul.load(Ordering::Relaxed)) >> 32;
@@ -694,16 +724,10 @@ impl<P: PageSource> SlabArena<P> {
                 || idx * (*s).div.load(Ordering::Relaxed) as usize != g
                 || idx >= (*s).bump.load(Ordering::Relaxed) as usize
             {
-                return Err(bad);
+                return ptr::null_mut();
             }
-            let b: *mut Block = p.cast();
-            let key = block_key(a, secret);
-            if (*b).key == key {
-                return Err(Error::DoubleFree { addr: a as u64 });
-            }
-            (*b).key = key;
-            Ok((s, b))
         }
+        s
     }
 
     #[inline(always)]
@@ -836,10 +860,10 @@ impl<P: PageSource> SlabArena<P> {
         // SAFETY: the caller's slab; the remote list holds blocks of it,
         // keyed, pushed with Release (the Acquire swap makes them visible).
         unsafe {
-            let head = (*s).remote.0.swap(ptr::null_mut(), Ordering::Acquire);
-            if head.is_null() {
+            if (*s).remote.0.load(Ordering::Relaxed).is_null() {
                 return;
             }
+            let head = (*s).remote.0.swap(ptr::null_mut(), Ordering::Acquire);
             let link = self.link();
             let mut n = 1u32;
             let mut tail = head;
@@ -1066,6 +1090,28 @@ impl<P: PageSource> SlabArena<P> {
         // SAFETY: fork_prepare took the lock and forgot its guard.
         unsafe { self.orphans.force_unlock() };
     }
+}
+
+/// Verdicts of [`SlabArena::verdict`].
+const OK: u8 = 0;
+const NOT_OURS: u8 = 1;
+const TWICE: u8 = 2;
+
+/// The error of verdict `v` for address `a`.
+fn error(a: usize, v: u8) -> Error {
+    if v == TWICE {
+        Error::DoubleFree { addr: a as u64 }
+    } else {
+        Error::NotAllocated { addr: a as u64 }
+    }
+}
+
+/// Aborts with one line for a bad free: out of line and with plain
+/// arguments, so that `free`'s fast path keeps no stack frame for it.
+#[cold]
+#[inline(never)]
+fn refuse(a: usize, v: u8) -> ! {
+    bad_free(error(a, v))
 }
 
 /// Link `next` stored under `key`.

@@ -90,8 +90,14 @@ fn bad_frees_are_typed_errors_and_change_nothing() {
     // SAFETY: p lies in a's span.
     unsafe {
         // Inside a block, past the carved blocks, in the header.
-        assert!(matches!(t.try_free(&a, p.add(16)), Err(Error::NotAllocated { .. })));
-        assert!(matches!(t.try_free(&a, p.add(8)), Err(Error::NotAllocated { .. })));
+        assert!(matches!(
+            t.try_free(&a, p.add(16)),
+            Err(Error::NotAllocated { .. })
+        ));
+        assert!(matches!(
+            t.try_free(&a, p.add(8)),
+            Err(Error::NotAllocated { .. })
+        ));
         let s = slab_of(p as usize) as *mut u8;
         assert!(matches!(t.try_free(&a, s), Err(Error::NotAllocated { .. })));
         assert!(matches!(
@@ -135,7 +141,10 @@ fn remote_frees_come_back_to_the_owner() {
     // All but the current slab's blocks never handed out (it is used up
     // before the next slab) are the blocks the other cache freed.
     let old: std::collections::HashSet<usize> = ps.iter().map(|&p| p as usize).collect();
-    let reused = again.iter().filter(|&&p| old.contains(&(p as usize))).count();
+    let reused = again
+        .iter()
+        .filter(|&&p| old.contains(&(p as usize)))
+        .count();
     assert!(reused >= ps.len() - (SLAB_SIZE - HDR) / 16, "{reused}");
     for &p in &again {
         // SAFETY: live blocks of a's.
