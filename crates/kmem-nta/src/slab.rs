@@ -62,6 +62,12 @@ const CARVE: u32 = 64;
 /// Full slabs a slow allocation looks at for remote frees before it takes
 /// a new slab (they rotate, so every full slab is looked at in turn).
 const SCAN: usize = 64;
+/// Empty slabs a thread keeps for its next slabs of any class (4 MiB):
+/// a program that frees a structure of tiny blocks and builds the next one
+/// (a parsed document, a request's objects) would otherwise give its slabs
+/// back to the page supply and take them again, page faults included, in
+/// every round. `malloc_trim` and thread exit give them back.
+const EMPTY_KEEP: usize = 64;
 
 /// The owner of an orphan: no thread's id (ids count up from 1, and a
 /// cache without one has 0).
@@ -171,8 +177,8 @@ pub struct SlabStats {
     pub released: usize,
 }
 
-/// The orphan slabs of each class (index 1 to 3), singly linked through
-/// `next`.
+/// The orphan slabs of each class (index 1 to 3), circular lists through
+/// `next` and `prev`.
 struct Orphans([*mut Slab; SLAB_CLASSES + 1]);
 
 // SAFETY: the pointers are slabs of the arena's, touched only under the
@@ -194,12 +200,16 @@ pub struct SlabArena<P: PageSource> {
 }
 
 /// One thread's slabs, by class: the one it allocates from, those with free
-/// blocks, the full ones and one empty spare. All-zero bytes are a valid
-/// empty cache (it takes an owner id on its first allocation).
+/// blocks and the full ones; and empty slabs of any class, at most
+/// [`EMPTY_KEEP`]. All-zero bytes are a valid empty cache (it takes an owner
+/// id on its first allocation).
 #[repr(C)]
 pub struct SlabCache {
     id: usize,
     cls: [Class; SLAB_CLASSES + 1],
+    /// Empty slabs (a circular list), and how many.
+    empty: *mut Slab,
+    nempty: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -208,7 +218,6 @@ struct Class {
     cur: *mut Slab,
     avail: *mut Slab,
     full: *mut Slab,
-    spare: *mut Slab,
 }
 
 impl Class {
@@ -216,7 +225,6 @@ impl Class {
         cur: ptr::null_mut(),
         avail: ptr::null_mut(),
         full: ptr::null_mut(),
-        spare: ptr::null_mut(),
     };
 }
 
@@ -236,6 +244,8 @@ impl SlabCache {
         SlabCache {
             id: 0,
             cls: [Class::EMPTY; SLAB_CLASSES + 1],
+            empty: ptr::null_mut(),
+            nempty: 0,
         }
     }
 
@@ -312,7 +322,8 @@ impl SlabCache {
     }
 
     /// The next slab for class `c`, off every list: one with free blocks,
-    /// a full one that others freed into, an orphan, the spare, or a new one.
+    /// a full one that others freed into, an orphan, an empty one of this
+    /// thread's, or a new one.
     ///
     /// # Safety
     /// The lists hold this thread's slabs of class `c`, of `arena`.
@@ -345,8 +356,15 @@ impl SlabCache {
         if let Some(s) = unsafe { arena.adopt(c, self.id) } {
             return s;
         }
-        if !cl.spare.is_null() {
-            return core::mem::replace(&mut cl.spare, ptr::null_mut());
+        if !self.empty.is_null() {
+            let s = self.empty;
+            // SAFETY: a member of the list, an empty slab of ours.
+            unsafe {
+                remove(&mut self.empty, s);
+                arena.reshape(s, c);
+            }
+            self.nempty -= 1;
+            return s;
         }
         arena.make(c, self.id)
     }
@@ -432,18 +450,20 @@ impl SlabCache {
         }
     }
 
-    /// Slab `s`, empty and off every list, becomes its class's spare, or
-    /// goes back to the page source when the class has one.
+    /// Slab `s`, empty and off every list, joins this thread's empty
+    /// slabs, or goes back to the page source when it keeps
+    /// [`EMPTY_KEEP`] already.
     ///
     /// # Safety
     /// As [`freed_slow`](Self::freed_slow); `s` is on no list.
     unsafe fn retire<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab) {
-        // SAFETY: our slab.
-        let cl = unsafe { &mut self.cls[(*s).class as usize] };
-        if cl.spare.is_null() {
-            // SAFETY: as above.
-            unsafe { (*s).state = S_SPARE };
-            cl.spare = s;
+        if self.nempty < EMPTY_KEEP {
+            // SAFETY: our slab, on no list.
+            unsafe {
+                (*s).state = S_SPARE;
+                push(&mut self.empty, s);
+            }
+            self.nempty += 1;
         } else {
             // SAFETY: empty, ours, on no list.
             unsafe { arena.release(s) };
@@ -451,17 +471,22 @@ impl SlabCache {
     }
 
     /// Gives back every empty slab of this thread (their remote frees taken
-    /// first), spares included (`malloc_trim`).
+    /// first), the kept empty ones included (`malloc_trim`).
     ///
     /// # Safety
     /// The cache's slabs are `arena`'s.
     pub unsafe fn trim<P: PageSource>(&mut self, arena: &SlabArena<P>) {
+        while !self.empty.is_null() {
+            let s = self.empty;
+            // SAFETY: an empty slab of ours.
+            unsafe {
+                remove(&mut self.empty, s);
+                arena.release(s);
+            }
+        }
+        self.nempty = 0;
         for c in 1..=SLAB_CLASSES {
             let cl = &mut self.cls[c];
-            if !cl.spare.is_null() {
-                // SAFETY: an empty slab of ours on no list.
-                unsafe { arena.release(core::mem::replace(&mut cl.spare, ptr::null_mut())) };
-            }
             for list in [&mut cl.avail, &mut cl.full] {
                 let mut left = count(*list);
                 while left > 0 {
@@ -502,13 +527,13 @@ impl SlabCache {
                     }
                 }
             }
-            for s in [cl.cur, cl.spare] {
-                if !s.is_null() {
-                    // SAFETY: ours, on no list.
-                    unsafe { arena.give_up(s) };
-                }
+            if !cl.cur.is_null() {
+                // SAFETY: ours, on no list.
+                unsafe { arena.give_up(cl.cur) };
             }
         }
+        // SAFETY: ours; the empty ones go back to the source.
+        unsafe { self.trim(arena) };
         self.id = 0;
     }
 
@@ -524,11 +549,9 @@ impl SlabCache {
     ) -> core::result::Result<(), &'static str> {
         for c in 1..=SLAB_CLASSES {
             let cl = &self.cls[c];
-            for (s, st) in [(cl.cur, S_CUR), (cl.spare, S_SPARE)] {
-                if !s.is_null() {
-                    // SAFETY: our slabs.
-                    unsafe { arena.check_slab(s, c, st, self.id)? };
-                }
+            if !cl.cur.is_null() {
+                // SAFETY: our slab.
+                unsafe { arena.check_slab(cl.cur, c, S_CUR, self.id)? };
             }
             for (head, st) in [(cl.avail, S_AVAIL), (cl.full, S_FULL)] {
                 let n = count(head);
@@ -543,6 +566,21 @@ impl SlabCache {
                         s = (*s).next;
                     }
                 }
+            }
+        }
+        let n = count(self.empty);
+        if n != self.nempty {
+            return Err("slab: empty count");
+        }
+        let mut s = self.empty;
+        for _ in 0..n {
+            // SAFETY: members of our list.
+            unsafe {
+                arena.check_slab(s, (*s).class as usize, S_SPARE, self.id)?;
+                if (*s).used != 0 {
+                    return Err("slab: a kept empty slab has blocks out");
+                }
+                s = (*s).next;
             }
         }
         Ok(())
@@ -761,6 +799,27 @@ impl<P: PageSource> SlabArena<P> {
         }
     }
 
+    /// Empty slab `s` of the caller's, made a slab of class `c` (its carved
+    /// blocks kept when it is one already).
+    ///
+    /// # Safety
+    /// `s` is the caller's slab, empty, on no list.
+    unsafe fn reshape(&self, s: *mut Slab, c: usize) {
+        // SAFETY: the caller's contract; the fields others read are atomics.
+        unsafe {
+            if (*s).class as usize == c {
+                return;
+            }
+            (*s).class = c as u8;
+            (*s).free = ptr::null_mut();
+            (*s).bump.store(0, Ordering::Relaxed);
+            (*s).cap = ((SLAB_SIZE - HDR) / (c * SLAB_GRANULE)) as u16;
+            (*s).div.store(c as u16, Ordering::Relaxed);
+            (*s).mul
+                .store((1usize << 32).div_ceil(c), Ordering::Relaxed);
+        }
+    }
+
     /// A new slab of class `c` owned by `id`, off every list; null when the
     /// source is out of memory.
     #[cold]
@@ -892,15 +951,24 @@ impl<P: PageSource> SlabArena<P> {
     unsafe fn push_remote(&self, s: *mut Slab, b: *mut Block) {
         let link = self.link();
         // SAFETY: the slab lives while b is out (it counts as used).
-        let r = unsafe { &(*s).remote.0 };
+        let (r, orphan) = unsafe {
+            (
+                &(*s).remote.0,
+                (*s).owner.load(Ordering::Relaxed) == ORPHAN_ID,
+            )
+        };
         let mut h = r.load(Ordering::Relaxed);
         loop {
             // SAFETY: b is ours until the push succeeds.
             unsafe { (*b).next = encode(h, link) };
             match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
+                Ok(_) => break,
                 Err(x) => h = x,
             }
+        }
+        if orphan {
+            // SAFETY: s lies in the span (it held b).
+            unsafe { self.orphan_freed(s) };
         }
     }
 
@@ -917,17 +985,18 @@ impl<P: PageSource> SlabArena<P> {
                 return self.release(s);
             }
             (*s).state = S_ORPHAN;
-            (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
             let mut o = self.orphans.lock();
-            let c = (*s).class as usize;
-            (*s).next = o.0[c];
-            o.0[c] = s;
+            // Under the lock: an owner of ORPHAN_ID, read under the lock,
+            // means the slab is on an orphan list (see `orphan_freed`).
+            (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
+            push(&mut o.0[(*s).class as usize], s);
         }
         self.orphaned.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// An orphan of class `c` that has a free block, now owned by `id`, off
-    /// every list; empty orphans met on the way go back to the source.
+    /// An orphan of class `c` with a free block, now owned by `id`, off
+    /// every list, or none; empty orphans met on the way go back to the
+    /// source, full ones to the tail of the list (a few are looked at).
     ///
     /// # Safety
     /// The caller is the thread with id `id`.
@@ -935,59 +1004,90 @@ impl<P: PageSource> SlabArena<P> {
         if self.orphaned.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        loop {
+        for _ in 0..4 {
             let s = {
                 let mut o = self.orphans.lock();
                 let s = o.0[c];
                 if s.is_null() {
                     return None;
                 }
-                // SAFETY: an orphan; the lock guards its link.
-                o.0[c] = unsafe { (*s).next };
+                // SAFETY: an orphan, ours under the lock.
+                unsafe {
+                    remove(&mut o.0[c], s);
+                    (*s).owner.store(id, Ordering::Relaxed);
+                }
                 s
             };
             self.orphaned.fetch_sub(1, Ordering::Relaxed);
             // SAFETY: the orphan is ours now (taken under the lock, which
             // also makes its last owner's writes visible).
             unsafe {
-                (*s).owner.store(id, Ordering::Relaxed);
-                (*s).next = ptr::null_mut();
                 self.collect(s);
                 if (*s).used == 0 {
                     self.release(s);
                     continue;
                 }
-                if (*s).free.is_null() && (*s).bump.load(Ordering::Relaxed) == (*s).cap as u32 {
-                    // Every block still out: back to the orphans, and the
-                    // caller makes a new slab.
-                    (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
-                    let mut o = self.orphans.lock();
-                    (*s).next = o.0[c];
-                    o.0[c] = s;
-                    self.orphaned.fetch_add(1, Ordering::Relaxed);
-                    return None;
+                if !(*s).free.is_null() || (*s).bump.load(Ordering::Relaxed) < (*s).cap as u32 {
+                    return Some(s);
                 }
-                return Some(s);
+                // Every block still out: back to the orphans' tail.
+                let mut o = self.orphans.lock();
+                (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
+                push(&mut o.0[c], s);
+            }
+            self.orphaned.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// A free by a thread that does not own slab `s` found it orphaned:
+    /// when the orphan lists are free to take, the slab's remote frees are
+    /// taken and, if that empties it, it goes back to the source. So the
+    /// blocks an exited thread left, once others free them, do not hold
+    /// their slab until some thread adopts it.
+    ///
+    /// # Safety
+    /// `s`'s header lies in the page source's span, which stays mapped.
+    #[cold]
+    #[inline(never)]
+    unsafe fn orphan_freed(&self, s: *mut Slab) {
+        let Some(mut o) = self.orphans.try_lock() else {
+            return;
+        };
+        // SAFETY: under the lock an owner of ORPHAN_ID means that `s` is a
+        // live slab on an orphan list (every change to or from it is made
+        // under the lock), so it is ours to collect and release.
+        unsafe {
+            if (*s).owner.load(Ordering::Relaxed) != ORPHAN_ID {
+                return;
+            }
+            self.collect(s);
+            if (*s).used == 0 {
+                remove(&mut o.0[(*s).class as usize], s);
+                self.orphaned.fetch_sub(1, Ordering::Relaxed);
+                self.release(s);
             }
         }
     }
 
     /// Gives back every orphan that is empty once its remote frees are in.
     pub fn trim_orphans(&self) {
+        if self.orphaned.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let mut o = self.orphans.lock();
         for c in 1..=SLAB_CLASSES {
-            let mut at: *mut *mut Slab = &mut o.0[c];
-            // SAFETY: orphans are ours under the lock.
-            unsafe {
-                while !(*at).is_null() {
-                    let s = *at;
+            let n = count(o.0[c]);
+            for _ in 0..n {
+                let s = o.0[c];
+                // SAFETY: orphans are ours under the lock.
+                unsafe {
+                    o.0[c] = (*s).next;
                     self.collect(s);
                     if (*s).used == 0 {
-                        *at = (*s).next;
+                        remove(&mut o.0[c], s);
                         self.orphaned.fetch_sub(1, Ordering::Relaxed);
                         self.release(s);
-                    } else {
-                        at = &mut (*s).next;
                     }
                 }
             }
@@ -1000,18 +1100,19 @@ impl<P: PageSource> SlabArena<P> {
         let o = self.orphans.lock();
         let mut n = 0;
         for c in 1..=SLAB_CLASSES {
+            let k = count(o.0[c]);
             let mut s = o.0[c];
-            while !s.is_null() {
+            for _ in 0..k {
                 // SAFETY: orphans are ours under the lock.
                 unsafe {
                     self.check_slab(s, c, S_ORPHAN, ORPHAN_ID)?;
+                    if (*(*s).next).prev != s {
+                        return Err("slab: broken orphan list");
+                    }
                     s = (*s).next;
                 }
-                n += 1;
-                if n > self.slabs.load(Ordering::Relaxed) {
-                    return Err("slab: orphan list loops");
-                }
             }
+            n += k;
         }
         if n != self.orphaned.load(Ordering::Relaxed) {
             return Err("slab: orphan count");

@@ -71,10 +71,17 @@ fn blocks_are_distinct_aligned_and_kept() {
     }
     // SAFETY: as above.
     unsafe { t.check(&a) }.unwrap();
-    // Every slab went back but one spare per class (and the current ones).
-    assert!(a.stats().slabs <= 6, "{:?}", a.stats());
+    // Every slab is kept empty for reuse (up to EMPTY_KEEP) or went back.
+    let held = a.stats().slabs;
+    assert!(
+        held > 3 && held <= EMPTY_KEEP + SLAB_CLASSES,
+        "{:?}",
+        a.stats()
+    );
     // SAFETY: as above.
     unsafe { t.trim(&a) };
+    // Trimmed: only the current slabs stay.
+    assert!(a.stats().slabs <= SLAB_CLASSES, "{:?}", a.stats());
     // SAFETY: as above.
     unsafe { t.abandon(&a) };
     assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
@@ -195,6 +202,57 @@ fn an_exited_threads_slabs_are_adopted_or_given_back() {
     a.trim_orphans();
     a.check().unwrap();
     assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
+}
+
+#[test]
+fn kept_empty_slabs_serve_any_class() {
+    let a = arena();
+    let mut t = SlabCache::new();
+    // Two slabs of 16-byte blocks, emptied: one stays current, one is kept.
+    let ps: Vec<*mut u8> = (0..5000).map(|_| alloc(&mut t, &a, 1)).collect();
+    for &p in &ps {
+        // SAFETY: live blocks of a's.
+        unsafe { t.free(&a, p) };
+    }
+    let made = a.stats().made;
+    // SAFETY: the cache's slabs are a's.
+    unsafe { t.check(&a) }.unwrap();
+    // 48-byte blocks take the kept slab, reshaped, before a new one.
+    let q: Vec<*mut u8> = (0..1000).map(|_| alloc(&mut t, &a, 3)).collect();
+    assert_eq!(a.stats().made, made);
+    for &p in &q {
+        // SAFETY: p lies in a's span.
+        assert_eq!(unsafe { a.usable_size(p) }, Ok(48));
+    }
+    // SAFETY: as above.
+    unsafe {
+        t.check(&a).unwrap();
+        for &p in &q {
+            t.free(&a, p);
+        }
+        t.check(&a).unwrap();
+        t.abandon(&a);
+    }
+    assert_eq!(a.stats().slabs, 0);
+}
+
+#[test]
+fn an_orphan_goes_back_once_others_free_its_blocks() {
+    let a = arena();
+    let mut gone = SlabCache::new();
+    let ps: Vec<*mut u8> = (0..100).map(|_| alloc(&mut gone, &a, 3)).collect();
+    // SAFETY: the cache's slabs are a's.
+    unsafe { gone.abandon(&a) };
+    assert_eq!((a.stats().slabs, a.stats().orphans), (1, 1));
+    let mut t = SlabCache::new();
+    for (i, &p) in ps.iter().enumerate() {
+        assert_eq!(a.stats().slabs, 1, "{i}");
+        // SAFETY: live blocks of a's; t owns no slab.
+        unsafe { t.free(&a, p) };
+    }
+    // The last free emptied the orphan: it went back with no adoption.
+    assert_eq!((a.stats().slabs, a.stats().orphans), (0, 0));
+    a.check().unwrap();
 }
 
 #[test]
