@@ -1,0 +1,599 @@
+//! The shared side of the slabs ([`SlabArena`]): slabs made and given
+//! back, the checks of a free, carving, remote frees and their collection,
+//! orphans, and the check of a slab.
+
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+
+use kmem_core::{Lock, PageSource, Result};
+
+use super::*;
+
+impl<P: PageSource> SlabArena<P> {
+    /// An arena over `source`, which must keep its span mapped (the frees'
+    /// checks read slab headers before they know the pointer is one of
+    /// theirs). Nothing is allocated until the first slab.
+    pub const fn new(source: P) -> SlabArena<P> {
+        SlabArena {
+            source,
+            secret: AtomicUsize::new(0),
+            ids: AtomicUsize::new(0),
+            orphans: Lock::new(Orphans([ptr::null_mut(); SLAB_CLASSES + 1])),
+            slabs: AtomicUsize::new(0),
+            orphaned: AtomicUsize::new(0),
+            made: AtomicUsize::new(0),
+            released: AtomicUsize::new(0),
+        }
+    }
+
+    /// The page source.
+    pub fn source(&self) -> &P {
+        &self.source
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> SlabStats {
+        SlabStats {
+            slabs: self.slabs.load(Ordering::Relaxed),
+            orphans: self.orphaned.load(Ordering::Relaxed),
+            made: self.made.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bytes of slabs held (taken from the source and not given back).
+    pub fn bytes_held(&self) -> usize {
+        self.slabs.load(Ordering::Relaxed) * SLAB_SIZE
+    }
+
+    /// True when `addr` lies in the page source's span (a candidate for
+    /// [`SlabCache::free`]).
+    pub fn contains(&self, addr: usize) -> bool {
+        match self.source.span() {
+            Some((base, pages)) => {
+                addr.wrapping_sub(base.as_ptr() as usize) < pages * self.source.page_size()
+            }
+            None => false,
+        }
+    }
+
+    /// The usable size of live block `p` of the arena's, or an error when
+    /// `p` is not one (nothing changed).
+    ///
+    /// # Safety
+    /// `p` lies in the page source's span, which stays mapped.
+    pub unsafe fn usable_size(&self, p: *mut u8) -> Result<usize> {
+        let secret = self.secret();
+        // SAFETY: forwarded contract.
+        let s = unsafe { self.place(p, secret) };
+        if s.is_null() {
+            return Err(error(p as usize, NOT_OURS));
+        }
+        // SAFETY: a carved block of slab s (place said so).
+        unsafe {
+            if (*p.cast::<Block>()).key == block_key(p as usize, secret) {
+                return Err(error(p as usize, TWICE));
+            }
+            Ok((*s).div.load(Ordering::Relaxed) as usize * SLAB_GRANULE)
+        }
+    }
+
+    /// Frees `p`, a block of the arena's, from a thread without a
+    /// [`SlabCache`] (or one that gave its slabs up): onto its slab's
+    /// remote list. Aborts with one line when `p` is not a live block.
+    ///
+    /// # Safety
+    /// `p` lies in the page source's span, which stays mapped.
+    pub unsafe fn free_foreign(&self, p: *mut u8) {
+        // SAFETY: forwarded contract.
+        let (s, b) = unsafe { self.take(p) };
+        // SAFETY: b is a live block of slab s, keyed now, ours to free.
+        unsafe { self.push_remote(s, b) };
+    }
+
+    /// The checks of a free of `p` (see "Checks"), which abort with one
+    /// line when `p` is not a live block; then `p`'s key is set. Returns its
+    /// slab and block.
+    ///
+    /// # Safety
+    /// `p` lies in the page source's span, which stays mapped.
+    #[inline(always)]
+    pub(super) unsafe fn take(&self, p: *mut u8) -> (*mut Slab, *mut Block) {
+        // SAFETY: forwarded contract.
+        let (s, b, v) = unsafe { self.verdict(p) };
+        if v != OK {
+            refuse(p as usize, v);
+        }
+        (s, b)
+    }
+
+    /// [`take`](Self::take), with an error instead of the abort (nothing
+    /// changed then).
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[inline(always)]
+    pub(super) unsafe fn take_checked(&self, p: *mut u8) -> Result<(*mut Slab, *mut Block)> {
+        // SAFETY: forwarded contract.
+        match unsafe { self.verdict(p) } {
+            (s, b, OK) => Ok((s, b)),
+            (_, _, v) => Err(error(p as usize, v)),
+        }
+    }
+
+    /// The checks of [`take`](Self::take): [`OK`] (and `p`'s key set),
+    /// [`NOT_OURS`] or [`TWICE`] (nothing changed).
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[inline(always)]
+    pub(super) unsafe fn verdict(&self, p: *mut u8) -> (*mut Slab, *mut Block, u8) {
+        let secret = self.secret();
+        // SAFETY: forwarded contract.
+        let s = unsafe { self.place(p, secret) };
+        let b: *mut Block = p.cast();
+        if s.is_null() {
+            return (s, b, NOT_OURS);
+        }
+        let key = block_key(p as usize, secret);
+        // SAFETY: a block of the slab's (place said so), below its carved end.
+        unsafe {
+            if (*b).key == key {
+                return (s, b, TWICE);
+            }
+            (*b).key = key;
+        }
+        (s, b, OK)
+    }
+
+    /// The slab of `p` when `p` is the start of one of its carved blocks,
+    /// else null: the slab's seal, `p`'s offset in it.
+    ///
+    /// # Safety
+    /// `p` lies in the page source's span, which stays mapped.
+    #[inline(always)]
+    pub(super) unsafe fn place(&self, p: *mut u8, secret: usize) -> *mut Slab {
+        let a = p as usize;
+        let s = slab_of(a);
+        // SAFETY: the slab's header lies in the span (the caller's
+        // contract), mapped; the fields read are atomics.
+        unsafe {
+            if (*s).seal.load(Ordering::Relaxed) != seal(s as usize, secret) || secret == 0 {
+                return ptr::null_mut();
+            }
+            let g = a.wrapping_sub(s as usize + HDR) / SLAB_GRANULE;
+            let idx = g.wrapping_mul((*s).mul.load(Ordering::Relaxed)) >> 32;
+            if a % SLAB_GRANULE != 0
+                || idx * (*s).div.load(Ordering::Relaxed) as usize != g
+                || idx >= (*s).bump.load(Ordering::Relaxed) as usize
+            {
+                return ptr::null_mut();
+            }
+        }
+        s
+    }
+
+    #[inline(always)]
+    pub(super) fn secret(&self) -> usize {
+        self.secret.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    pub(super) fn link(&self) -> usize {
+        link_key(self.secret())
+    }
+
+    /// A fresh owner id (never 0, never reused).
+    pub(super) fn new_id(&self) -> usize {
+        self.ids.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    #[cold]
+    pub(super) fn init_secret(&self) {
+        if self.secret() == 0 {
+            let mut s = crate::node::mix(self as *const Self as usize ^ 0x0073_6c61_6273);
+            #[cfg(feature = "os")]
+            {
+                let r = kmem_sys::auxv::random().unwrap_or_else(kmem_sys::clock::now_ns);
+                s ^= crate::node::mix(r as usize);
+            }
+            s |= 1;
+            let _ = self
+                .secret
+                .compare_exchange(0, s, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Empty slab `s` of the caller's, made a slab of class `c` (its carved
+    /// blocks kept when it is one already).
+    ///
+    /// # Safety
+    /// `s` is the caller's slab, empty, on no list.
+    pub(super) unsafe fn reshape(&self, s: *mut Slab, c: usize) {
+        // SAFETY: the caller's contract; the fields others read are atomics.
+        unsafe {
+            if (*s).class as usize == c {
+                return;
+            }
+            (*s).class = c as u8;
+            (*s).free = ptr::null_mut();
+            (*s).bump.store(0, Ordering::Relaxed);
+            (*s).cap = ((SLAB_SIZE - HDR) / (c * SLAB_GRANULE)) as u16;
+            (*s).div.store(c as u16, Ordering::Relaxed);
+            (*s).mul
+                .store((1usize << 32).div_ceil(c), Ordering::Relaxed);
+        }
+    }
+
+    /// A new slab of class `c` owned by `id`, off every list; null when the
+    /// source is out of memory.
+    #[cold]
+    pub(super) fn make(&self, c: usize, id: usize) -> *mut Slab {
+        self.init_secret();
+        let page = self.source.page_size();
+        let Ok(p) = self.source.alloc_pages(SLAB_SIZE / page, SLAB_SIZE / page) else {
+            return ptr::null_mut();
+        };
+        let s: *mut Slab = p.as_ptr().cast();
+        let div = c as u16;
+        let size = c * SLAB_GRANULE;
+        // SAFETY: SLAB_SIZE fresh bytes of ours, aligned to SLAB_SIZE.
+        unsafe {
+            s.write(Slab {
+                free: ptr::null_mut(),
+                used: 0,
+                state: S_CUR,
+                class: c as u8,
+                bump: AtomicU32::new(0),
+                mul: AtomicUsize::new((1usize << 32).div_ceil(div as usize)),
+                cap: ((SLAB_SIZE - HDR) / size) as u16,
+                div: AtomicU16::new(div),
+                owner: AtomicUsize::new(id),
+                seal: AtomicUsize::new(0),
+                next: ptr::null_mut(),
+                prev: ptr::null_mut(),
+                remote: Remote(AtomicPtr::new(ptr::null_mut())),
+            });
+            (*s).seal
+                .store(seal(s as usize, self.secret()), Ordering::Release);
+        }
+        self.slabs.fetch_add(1, Ordering::Relaxed);
+        self.made.fetch_add(1, Ordering::Relaxed);
+        s
+    }
+
+    /// Gives empty slab `s` back to the page source.
+    ///
+    /// # Safety
+    /// `s` is a live slab of ours with no block out, on no list, and no
+    /// other thread owns it.
+    pub(super) unsafe fn release(&self, s: *mut Slab) {
+        // SAFETY: a live slab of the source's, SLAB_SIZE bytes.
+        unsafe {
+            (*s).seal.store(0, Ordering::Release);
+            let page = self.source.page_size();
+            if self
+                .source
+                .free_pages(ptr::NonNull::new_unchecked(s.cast()), SLAB_SIZE / page)
+                .is_err()
+            {
+                fatal_corruption(s as usize);
+            }
+        }
+        self.slabs.fetch_sub(1, Ordering::Relaxed);
+        self.released.fetch_add(1, Ordering::Relaxed);
+        self.source.maintain();
+    }
+
+    /// Carves up to [`CARVE`] fresh blocks of slab `s` onto its list, in
+    /// address order, keyed.
+    ///
+    /// # Safety
+    /// `s` is the caller's slab, its list empty.
+    pub(super) unsafe fn carve(&self, s: *mut Slab) {
+        // SAFETY: the caller's slab; the blocks lie in it.
+        unsafe {
+            let bump = (*s).bump.load(Ordering::Relaxed);
+            let n = CARVE.min((*s).cap as u32 - bump);
+            if n == 0 {
+                return;
+            }
+            let size = (*s).div.load(Ordering::Relaxed) as usize * SLAB_GRANULE;
+            let first = s as usize + HDR + bump as usize * size;
+            let (secret, link) = (self.secret(), self.link());
+            for i in 0..n as usize {
+                let b = (first + i * size) as *mut Block;
+                let next = if i + 1 < n as usize {
+                    (first + (i + 1) * size) as *mut Block
+                } else {
+                    ptr::null_mut()
+                };
+                (*b).next = encode(next, link);
+                (*b).key = block_key(b as usize, secret);
+            }
+            (*s).free = first as *mut Block;
+            (*s).bump.store(bump + n, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes slab `s`'s remote list onto its own list.
+    ///
+    /// # Safety
+    /// `s` is the caller's slab.
+    pub(super) unsafe fn collect(&self, s: *mut Slab) {
+        // SAFETY: the caller's slab; the remote list holds blocks of it,
+        // keyed, pushed with Release (the Acquire swap makes them visible).
+        unsafe {
+            if (*s).remote.0.load(Ordering::Relaxed).is_null() {
+                return;
+            }
+            let head = (*s).remote.0.swap(ptr::null_mut(), Ordering::Acquire);
+            let link = self.link();
+            let mut n = 1u32;
+            let mut tail = head;
+            loop {
+                let next = decode(tail, (*tail).next, link);
+                if next.is_null() {
+                    break;
+                }
+                tail = next;
+                n += 1;
+            }
+            if n > (*s).used {
+                fatal_corruption(head as usize);
+            }
+            (*tail).next = encode((*s).free, link);
+            (*s).free = head;
+            (*s).used -= n;
+        }
+    }
+
+    /// Pushes block `b` (keyed already) on slab `s`'s remote list.
+    ///
+    /// # Safety
+    /// `b` is a live block of `s` that the caller gives up.
+    #[inline(always)]
+    pub(super) unsafe fn push_remote(&self, s: *mut Slab, b: *mut Block) {
+        let link = self.link();
+        // SAFETY: the slab lives while b is out (it counts as used).
+        let (r, orphan) = unsafe {
+            (
+                &(*s).remote.0,
+                (*s).owner.load(Ordering::Relaxed) == ORPHAN_ID,
+            )
+        };
+        let mut h = r.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: b is ours until the push succeeds.
+            unsafe { (*b).next = encode(h, link) };
+            match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(x) => h = x,
+            }
+        }
+        if orphan {
+            // SAFETY: s lies in the span (it held b).
+            unsafe { self.orphan_freed(s) };
+        }
+    }
+
+    /// Slab `s`, taken off its owner's lists at exit: back to the source
+    /// when empty, else onto the orphan list of its class.
+    ///
+    /// # Safety
+    /// `s` is the caller's slab, on no list.
+    pub(super) unsafe fn give_up(&self, s: *mut Slab) {
+        // SAFETY: the caller's slab.
+        unsafe {
+            self.collect(s);
+            if (*s).used == 0 {
+                return self.release(s);
+            }
+            (*s).state = S_ORPHAN;
+            let mut o = self.orphans.lock();
+            // Under the lock: an owner of ORPHAN_ID, read under the lock,
+            // means the slab is on an orphan list (see `orphan_freed`).
+            (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
+            push(&mut o.0[(*s).class as usize], s);
+        }
+        self.orphaned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An orphan of class `c` with a free block, now owned by `id`, off
+    /// every list, or none; empty orphans met on the way go back to the
+    /// source, full ones to the tail of the list (a few are looked at).
+    ///
+    /// # Safety
+    /// The caller is the thread with id `id`.
+    pub(super) unsafe fn adopt(&self, c: usize, id: usize) -> Option<*mut Slab> {
+        if self.orphaned.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        for _ in 0..4 {
+            let s = {
+                let mut o = self.orphans.lock();
+                let s = o.0[c];
+                if s.is_null() {
+                    return None;
+                }
+                // SAFETY: an orphan, ours under the lock.
+                unsafe {
+                    remove(&mut o.0[c], s);
+                    (*s).owner.store(id, Ordering::Relaxed);
+                }
+                s
+            };
+            self.orphaned.fetch_sub(1, Ordering::Relaxed);
+            // SAFETY: the orphan is ours now (taken under the lock, which
+            // also makes its last owner's writes visible).
+            unsafe {
+                self.collect(s);
+                if (*s).used == 0 {
+                    self.release(s);
+                    continue;
+                }
+                if !(*s).free.is_null() || (*s).bump.load(Ordering::Relaxed) < (*s).cap as u32 {
+                    return Some(s);
+                }
+                // Every block still out: back to the orphans' tail.
+                let mut o = self.orphans.lock();
+                (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
+                push(&mut o.0[c], s);
+            }
+            self.orphaned.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// A free by a thread that does not own slab `s` found it orphaned:
+    /// when the orphan lists are free to take, the slab's remote frees are
+    /// taken and, if that empties it, it goes back to the source. So the
+    /// blocks an exited thread left, once others free them, do not hold
+    /// their slab until some thread adopts it.
+    ///
+    /// # Safety
+    /// `s`'s header lies in the page source's span, which stays mapped.
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn orphan_freed(&self, s: *mut Slab) {
+        let Some(mut o) = self.orphans.try_lock() else {
+            return;
+        };
+        // SAFETY: under the lock an owner of ORPHAN_ID means that `s` is a
+        // live slab on an orphan list (every change to or from it is made
+        // under the lock), so it is ours to collect and release.
+        unsafe {
+            if (*s).owner.load(Ordering::Relaxed) != ORPHAN_ID {
+                return;
+            }
+            self.collect(s);
+            if (*s).used == 0 {
+                remove(&mut o.0[(*s).class as usize], s);
+                self.orphaned.fetch_sub(1, Ordering::Relaxed);
+                self.release(s);
+            }
+        }
+    }
+
+    /// Gives back every orphan that is empty once its remote frees are in.
+    pub fn trim_orphans(&self) {
+        if self.orphaned.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut o = self.orphans.lock();
+        for c in 1..=SLAB_CLASSES {
+            let n = count(o.0[c]);
+            for _ in 0..n {
+                let s = o.0[c];
+                // SAFETY: orphans are ours under the lock.
+                unsafe {
+                    o.0[c] = (*s).next;
+                    self.collect(s);
+                    if (*s).used == 0 {
+                        remove(&mut o.0[c], s);
+                        self.orphaned.fetch_sub(1, Ordering::Relaxed);
+                        self.release(s);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks the orphan lists as [`SlabCache::check`] checks a thread's
+    /// slabs.
+    pub fn check(&self) -> core::result::Result<(), &'static str> {
+        let o = self.orphans.lock();
+        let mut n = 0;
+        for c in 1..=SLAB_CLASSES {
+            let k = count(o.0[c]);
+            let mut s = o.0[c];
+            for _ in 0..k {
+                // SAFETY: orphans are ours under the lock.
+                unsafe {
+                    self.check_slab(s, c, S_ORPHAN, ORPHAN_ID)?;
+                    if (*(*s).next).prev != s {
+                        return Err("slab: broken orphan list");
+                    }
+                    s = (*s).next;
+                }
+            }
+            n += k;
+        }
+        if n != self.orphaned.load(Ordering::Relaxed) {
+            return Err("slab: orphan count");
+        }
+        Ok(())
+    }
+
+    /// Checks slab `s` (see [`SlabCache::check`]).
+    ///
+    /// # Safety
+    /// `s` is a slab of ours that no other thread changes meanwhile (its
+    /// remote list aside).
+    pub(super) unsafe fn check_slab(
+        &self,
+        s: *mut Slab,
+        c: usize,
+        state: u8,
+        id: usize,
+    ) -> core::result::Result<(), &'static str> {
+        let secret = self.secret();
+        // SAFETY: the caller's contract.
+        unsafe {
+            if (*s).seal.load(Ordering::Relaxed) != seal(s as usize, secret) {
+                return Err("slab: bad seal");
+            }
+            if (*s).class as usize != c || (*s).state != state {
+                return Err("slab: on the wrong list");
+            }
+            if (*s).owner.load(Ordering::Relaxed) != id {
+                return Err("slab: wrong owner");
+            }
+            let bump = (*s).bump.load(Ordering::Relaxed);
+            if bump > (*s).cap as u32 || (*s).used > bump {
+                return Err("slab: bad counts");
+            }
+            let size = c * SLAB_GRANULE;
+            let link = self.link();
+            let mut b = (*s).free;
+            let mut n = 0u32;
+            while !b.is_null() {
+                let off = (b as usize).wrapping_sub(s as usize + HDR);
+                if off % size != 0 || off / size >= bump as usize {
+                    return Err("slab: foreign block on the free list");
+                }
+                if (*b).key != block_key(b as usize, secret) {
+                    return Err("slab: free block without its key");
+                }
+                n += 1;
+                if n > bump {
+                    return Err("slab: free list loops");
+                }
+                b = decode(b, (*b).next, link);
+            }
+            if n + (*s).used != bump {
+                return Err("slab: free + used != carved");
+            }
+            if state == S_FULL && n != 0 {
+                return Err("slab: a full slab with free blocks");
+            }
+        }
+        Ok(())
+    }
+
+    /// Locks the orphan lists for `fork` (see [`fork_release`](Self::fork_release)).
+    pub fn fork_prepare(&self) {
+        core::mem::forget(self.orphans.lock());
+    }
+
+    /// Unlocks what [`fork_prepare`](Self::fork_prepare) locked, in the
+    /// parent and in the child.
+    ///
+    /// # Safety
+    /// Called once after `fork_prepare`, by the forking thread (or the
+    /// child's only thread).
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: fork_prepare took the lock and forgot its guard.
+        unsafe { self.orphans.force_unlock() };
+    }
+}

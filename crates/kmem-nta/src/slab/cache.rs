@@ -1,0 +1,376 @@
+//! A thread's slabs ([`SlabCache`]): the fast pop and free, the slow
+//! allocation's search for a slab, local frees that empty a slab or take it
+//! off the full list, trim, exit and the check.
+
+use core::ptr;
+use core::sync::atomic::Ordering;
+
+use kmem_core::{PageSource, Result};
+
+use super::*;
+
+impl SlabCache {
+    /// An empty cache (all zero bytes).
+    pub const fn new() -> SlabCache {
+        SlabCache {
+            id: 0,
+            cls: [Class::EMPTY; SLAB_CLASSES + 1],
+            empty: ptr::null_mut(),
+            nempty: 0,
+        }
+    }
+
+    /// A block of class `c` (1 to 3) from this thread's current slab, or
+    /// null when it has none ready (the caller then takes
+    /// [`alloc_slow`](Self::alloc_slow)). The block's first two words (its
+    /// link and key) are zero, so `calloc` clears only what follows them.
+    ///
+    /// # Safety
+    /// The cache's slabs are `arena`'s; `c` is 1 to 3.
+    #[inline(always)]
+    pub unsafe fn pop<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
+        debug_assert!((1..=SLAB_CLASSES).contains(&c));
+        // SAFETY: c is in range (the caller's contract).
+        let s = unsafe { self.cls.get_unchecked(c).cur };
+        if s.is_null() {
+            return ptr::null_mut();
+        }
+        // SAFETY: the current slab is one of ours, live; its list holds
+        // free blocks of it.
+        unsafe {
+            let b = (*s).free;
+            if !b.is_null() {
+                (*s).free = decode(b, (*b).next, arena.link());
+                (*b).next = 0;
+                (*b).key = 0;
+                (*s).used += 1;
+            }
+            b.cast()
+        }
+    }
+
+    /// [`pop`](Self::pop)'s slow path: another source of blocks for class
+    /// `c` (see the module documentation); null when the page source is out
+    /// of memory.
+    ///
+    /// # Safety
+    /// As [`pop`](Self::pop).
+    #[cold]
+    #[inline(never)]
+    pub unsafe fn alloc_slow<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
+        if self.id == 0 {
+            self.id = arena.new_id();
+        }
+        loop {
+            let s = self.cls[c].cur;
+            if !s.is_null() {
+                // SAFETY: our current slab.
+                unsafe {
+                    if (*s).free.is_null() {
+                        arena.collect(s);
+                    }
+                    if (*s).free.is_null() {
+                        arena.carve(s);
+                    }
+                    if !(*s).free.is_null() {
+                        return self.pop(arena, c);
+                    }
+                    // Every block is out: the slab waits on the full list.
+                    (*s).state = S_FULL;
+                    push(&mut self.cls[c].full, s);
+                }
+                self.cls[c].cur = ptr::null_mut();
+            }
+            // SAFETY: the lists hold our slabs of class c.
+            let next = unsafe { self.next_slab(arena, c) };
+            if next.is_null() {
+                return ptr::null_mut();
+            }
+            // SAFETY: a slab of ours, off every list.
+            unsafe { (*next).state = S_CUR };
+            self.cls[c].cur = next;
+        }
+    }
+
+    /// The next slab for class `c`, off every list: one with free blocks,
+    /// a full one that others freed into, an orphan, an empty one of this
+    /// thread's, or a new one.
+    ///
+    /// # Safety
+    /// The lists hold this thread's slabs of class `c`, of `arena`.
+    unsafe fn next_slab<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut Slab {
+        let cl = &mut self.cls[c];
+        if !cl.avail.is_null() {
+            let s = cl.avail;
+            // SAFETY: a member of the list.
+            unsafe { remove(&mut cl.avail, s) };
+            return s;
+        }
+        // Full slabs, oldest first, rotating: remote frees make them useful.
+        let mut n = 0;
+        while !cl.full.is_null() && n < SCAN {
+            let s = cl.full;
+            // SAFETY: a member of the list, ours.
+            unsafe {
+                if !(*s).remote.0.load(Ordering::Relaxed).is_null() {
+                    arena.collect(s);
+                    if !(*s).free.is_null() {
+                        remove(&mut cl.full, s);
+                        return s;
+                    }
+                }
+                cl.full = (*s).next;
+            }
+            n += 1;
+        }
+        // SAFETY: forwarded.
+        if let Some(s) = unsafe { arena.adopt(c, self.id) } {
+            return s;
+        }
+        if !self.empty.is_null() {
+            let s = self.empty;
+            // SAFETY: a member of the list, an empty slab of ours.
+            unsafe {
+                remove(&mut self.empty, s);
+                arena.reshape(s, c);
+            }
+            self.nempty -= 1;
+            return s;
+        }
+        arena.make(c, self.id)
+    }
+
+    /// Frees `p`, a block of `arena`'s: onto its slab's list when this
+    /// thread owns the slab, else onto the slab's remote list. Aborts with
+    /// one line when `p` is not a live block (see "Checks").
+    ///
+    /// # Safety
+    /// `p` lies in `arena`'s page source's span, which stays mapped; the
+    /// cache's slabs are `arena`'s.
+    #[inline(always)]
+    pub unsafe fn free<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
+        // SAFETY: forwarded contract.
+        let (s, b) = unsafe { arena.take(p) };
+        // SAFETY: b is a live block of slab s, keyed now, ours to free.
+        unsafe { self.put(arena, s, b) };
+    }
+
+    /// [`free`](Self::free) with an error instead of the abort when `p` is
+    /// not a live block of the arena's (nothing changed then).
+    ///
+    /// # Safety
+    /// As [`free`](Self::free).
+    pub unsafe fn try_free<P: PageSource>(
+        &mut self,
+        arena: &SlabArena<P>,
+        p: *mut u8,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        let (s, b) = unsafe { arena.take_checked(p)? };
+        // SAFETY: b is a live block of slab s, keyed now, ours to free.
+        unsafe { self.put(arena, s, b) };
+        Ok(())
+    }
+
+    /// Puts block `b` of slab `s`, keyed, on the slab's list or its remote
+    /// list.
+    ///
+    /// # Safety
+    /// `b` is a live block of `s` (checked) that the caller gives up.
+    #[inline(always)]
+    unsafe fn put<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab, b: *mut Block) {
+        // SAFETY: the caller's contract; a slab whose owner is this cache is
+        // this thread's alone.
+        unsafe {
+            if (*s).owner.load(Ordering::Relaxed) == self.id {
+                (*b).next = encode((*s).free, arena.link());
+                (*s).free = b;
+                (*s).used -= 1;
+                if (*s).used == 0 || (*s).state == S_FULL {
+                    self.freed_slow(arena, s);
+                }
+            } else {
+                arena.push_remote(s, b);
+            }
+        }
+    }
+
+    /// A local free left slab `s` empty or took it off the full list.
+    ///
+    /// # Safety
+    /// `s` is this thread's slab of `arena`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn freed_slow<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab) {
+        // SAFETY: our slab, on the list its state names.
+        unsafe {
+            let cl = &mut self.cls[(*s).class as usize];
+            match (*s).state {
+                S_FULL => {
+                    remove(&mut cl.full, s);
+                    (*s).state = S_AVAIL;
+                    push(&mut cl.avail, s);
+                }
+                S_AVAIL => {}
+                _ => return,
+            }
+            if (*s).used == 0 {
+                remove(&mut cl.avail, s);
+                self.retire(arena, s);
+            }
+        }
+    }
+
+    /// Slab `s`, empty and off every list, joins this thread's empty
+    /// slabs, or goes back to the page source when it keeps
+    /// [`EMPTY_KEEP`] already.
+    ///
+    /// # Safety
+    /// As [`freed_slow`](Self::freed_slow); `s` is on no list.
+    unsafe fn retire<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab) {
+        if self.nempty < EMPTY_KEEP {
+            // SAFETY: our slab, on no list.
+            unsafe {
+                (*s).state = S_SPARE;
+                push(&mut self.empty, s);
+            }
+            self.nempty += 1;
+        } else {
+            // SAFETY: empty, ours, on no list.
+            unsafe { arena.release(s) };
+        }
+    }
+
+    /// Gives back every empty slab of this thread (their remote frees taken
+    /// first), the kept empty ones included (`malloc_trim`).
+    ///
+    /// # Safety
+    /// The cache's slabs are `arena`'s.
+    pub unsafe fn trim<P: PageSource>(&mut self, arena: &SlabArena<P>) {
+        while !self.empty.is_null() {
+            let s = self.empty;
+            // SAFETY: an empty slab of ours.
+            unsafe {
+                remove(&mut self.empty, s);
+                arena.release(s);
+            }
+        }
+        self.nempty = 0;
+        for c in 1..=SLAB_CLASSES {
+            let cl = &mut self.cls[c];
+            for list in [&mut cl.avail, &mut cl.full] {
+                let mut left = count(*list);
+                while left > 0 {
+                    left -= 1;
+                    let s = *list;
+                    // SAFETY: members of our list.
+                    unsafe {
+                        *list = (*s).next;
+                        arena.collect(s);
+                        if (*s).used == 0 {
+                            remove(list, s);
+                            arena.release(s);
+                        }
+                    }
+                }
+            }
+        }
+        arena.trim_orphans();
+    }
+
+    /// Gives up every slab (thread exit): empty ones go back to the page
+    /// source, the rest to the arena's orphan lists. The cache is empty
+    /// after, with a new owner id to come.
+    ///
+    /// # Safety
+    /// The cache's slabs are `arena`'s.
+    pub unsafe fn abandon<P: PageSource>(&mut self, arena: &SlabArena<P>) {
+        for c in 1..=SLAB_CLASSES {
+            let cl = core::mem::replace(&mut self.cls[c], Class::EMPTY);
+            let mut all = [cl.avail, cl.full];
+            for list in all.iter_mut() {
+                while !list.is_null() {
+                    let s = *list;
+                    // SAFETY: members of our list.
+                    unsafe {
+                        remove(list, s);
+                        arena.give_up(s);
+                    }
+                }
+            }
+            if !cl.cur.is_null() {
+                // SAFETY: ours, on no list.
+                unsafe { arena.give_up(cl.cur) };
+            }
+        }
+        // SAFETY: ours; the empty ones go back to the source.
+        unsafe { self.trim(arena) };
+        self.id = 0;
+    }
+
+    /// Checks this thread's slabs: each on the list its state names, its
+    /// seal, its free list (every block keyed, in the slab, carved) against
+    /// its counts (free + used = carved).
+    ///
+    /// # Safety
+    /// The cache's slabs are `arena`'s.
+    pub unsafe fn check<P: PageSource>(
+        &self,
+        arena: &SlabArena<P>,
+    ) -> core::result::Result<(), &'static str> {
+        for c in 1..=SLAB_CLASSES {
+            let cl = &self.cls[c];
+            if !cl.cur.is_null() {
+                // SAFETY: our slab.
+                unsafe { arena.check_slab(cl.cur, c, S_CUR, self.id)? };
+            }
+            for (head, st) in [(cl.avail, S_AVAIL), (cl.full, S_FULL)] {
+                let n = count(head);
+                let mut s = head;
+                for _ in 0..n {
+                    // SAFETY: members of our list.
+                    unsafe {
+                        arena.check_slab(s, c, st, self.id)?;
+                        if (*(*s).next).prev != s {
+                            return Err("slab: broken list");
+                        }
+                        s = (*s).next;
+                    }
+                }
+            }
+        }
+        let n = count(self.empty);
+        if n != self.nempty {
+            return Err("slab: empty count");
+        }
+        let mut s = self.empty;
+        for _ in 0..n {
+            // SAFETY: members of our list.
+            unsafe {
+                arena.check_slab(s, (*s).class as usize, S_SPARE, self.id)?;
+                if (*s).used != 0 {
+                    return Err("slab: a kept empty slab has blocks out");
+                }
+                s = (*s).next;
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks of class `c` this thread could allocate without the slow
+    /// path (its current slab's list).
+    pub fn ready<P: PageSource>(&self, arena: &SlabArena<P>, c: usize) -> usize {
+        let s = self.cls.get(c).map_or(ptr::null_mut(), |cl| cl.cur);
+        let mut n = 0;
+        if !s.is_null() {
+            // SAFETY: our current slab; its list is ours.
+            let mut b = unsafe { (*s).free };
+            while !b.is_null() {
+                n += 1;
+                // SAFETY: as above.
+                b = decode(b, unsafe { (*b).next }, arena.link());
+            }
+        }
+        n
+    }
+}
