@@ -81,7 +81,8 @@
 //! ([`FrontCacheOf`]`<SHIFT, N>`), so that class arithmetic is shifts by
 //! constants: [`FrontCache`] over 64-byte chunks (classes up to 4 KiB),
 //! [`TinyCache`] over 16-byte chunks (16, 32 and 48 bytes, for an nta of
-//! 16-byte chunks that serves tiny requests at their size). A cache over an
+//! 16-byte chunks; kmem's own allocators serve tiny requests from
+//! [`slab`](crate::slab)s instead). A cache over an
 //! nta of another chunk size never caches (`refill` returns null, `push`
 //! frees at once).
 
@@ -184,8 +185,7 @@ impl Class {
 /// [`FRONT_MAX`], 4 KiB), at most [`FRONT_BYTES`].
 pub type FrontCache = FrontCacheOf<SHIFT, { FRONT_CLASSES + 1 }>;
 
-/// The cache over an nta of 16-byte chunks (kmem-malloc's and
-/// [`KmemNta`](crate::KmemNta)'s tiny requests): classes of 16, 32 and 48
+/// The cache over an nta of 16-byte chunks: classes of 16, 32 and 48
 /// bytes, at most a quarter of [`FRONT_BYTES`].
 pub type TinyCache = FrontCacheOf<{ TINY_CHUNK.trailing_zeros() }, { TINY_CLASSES + 1 }>;
 

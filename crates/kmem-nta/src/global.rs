@@ -4,7 +4,9 @@
 //! ```text
 //!   #[global_allocator] static A: KmemNta = KmemNta;
 //!
-//!   alloc(size <= 48)     -> the same, over the tiny nta (16-byte chunks)
+//!   alloc(size <= 48)     -> this thread's current slab of class 1-3      (no atomics, no lock)
+//!                            empty: its remote frees, fresh blocks, another slab (slab::SlabCache)
+//!   dealloc(size <= 48)   -> onto its slab: this thread's (plain push) or another's (one CAS)
 //!   alloc(size <= 4 KiB)  -> this thread's front cache: pop class k       (no atomics, no lock)
 //!                            empty: one heap lock, carve LIMIT[k]/2 chunks (alloc_batch)
 //!   dealloc(size <= 4 KiB)-> push on class k                              (no atomics, no lock)
@@ -12,9 +14,10 @@
 //!                            others' chunks onto their semi-free lists     (free_batch)
 //!   anything else         -> the Nta: heaps, semi-free lists, page runs
 //!
-//!   (size <= 48 means size <= TINY_MAX and align <= 16: the layout says
-//!    which nta a block lives in, at alloc, dealloc and realloc alike)
-//!   thread exit           -> the front cache is flushed back
+//!   (size <= 48 means size <= SLAB_MAX and align <= 16; a tiny block lives
+//!    in the slabs unless they could not serve it, which its address says)
+//!   thread exit           -> the front cache is flushed back, the slabs
+//!                            orphaned (adopted by the next thread that needs one)
 //! ```
 //!
 //! **Why per thread, not per CPU.** A per-CPU cache without atomics needs a
@@ -88,35 +91,17 @@ pub const GLOBAL_CONFIG: Config = Config {
 };
 
 /// Bytes of address space reserved for tiny requests (on first use): a
-/// billion blocks of 16 bytes. A second reservation, so that which nta
-/// owns a block is a range check on its address.
+/// billion blocks of 16 bytes. A second reservation, so that whether a block
+/// is a slab's is a range check on its address.
 pub const TINY_RESERVE: usize = 16 << 30;
 
-/// The page source under the tiny allocator: a `GlobalPages` of its own.
+/// The page source under the tiny slabs: a `GlobalPages` of its own.
 pub const fn tiny_source() -> GlobalSource {
     kmem_pages::GlobalPages::new(TINY_RESERVE)
 }
 
-/// Node size of the tiny allocator: 16 KiB, the most 16-byte chunks a
-/// node maps (1024); the header takes 20 of them (2 %).
-pub const TINY_NODE: usize = 16 << 10;
-
-/// The tiny allocator's configuration: requests of at most [`TINY_MAX`]
-/// bytes (and alignment at most 16) at their size, in 16-byte chunks;
-/// otherwise as [`GLOBAL_CONFIG`]. With 64-byte chunks, a 24-byte string
-/// or a 16-byte tree node cost a whole cache line: 2.7 to 4 times their
-/// size. Both [`KmemNta`] and kmem-malloc keep one beside their nta of
-/// 64-byte chunks, and a [`TinyCache`](crate::TinyCache) beside each
-/// thread's [`FrontCache`](crate::FrontCache).
-pub const TINY_CONFIG: Config = Config {
-    chunk_size: TINY_CHUNK,
-    node_size: TINY_NODE,
-    heaps: MAX_HEAPS,
-    reserve_nodes: 4,
-    steal: true,
-};
-
-pub use crate::front::{FRONT_BYTES, FRONT_CLASSES, FRONT_MAX, TINY_CHUNK, TINY_MAX};
+pub use crate::front::{FRONT_BYTES, FRONT_CLASSES, FRONT_MAX};
+pub use crate::slab::SLAB_MAX;
 
 // Not under loom: its `static` Nta needs `const_new`, which loom's atomics
 // cannot be (see the loom models in `remote`).

@@ -43,12 +43,14 @@
 //! bounded, [`global`] why per thread). An [`Nta`] used as an instance has no
 //! front cache: every call is the seed's algorithm.
 //!
-//! **Tiny requests** (at most [`TINY_MAX`], 48 bytes): [`KmemNta`] and
-//! kmem-malloc keep a second instance of 16-byte chunks in 16 KiB nodes
-//! ([`global::TINY_CONFIG`]) beside the one of 64-byte chunks, with a
-//! [`TinyCache`] per thread, so that a 16-byte node or a 24-byte string
-//! does not cost a cache line. Both caches are one generic type,
-//! [`FrontCacheOf`].
+//! **Tiny requests** (at most [`slab::SLAB_MAX`], 48 bytes): [`KmemNta`]
+//! and kmem-malloc serve them from [`slab`]s, 64 KiB slabs of one class
+//! (16, 32 or 48 bytes) owned by a thread, so that a 16-byte node or a
+//! 24-byte string costs neither a cache line nor a bitmap lookup on free.
+//! (An nta of 16-byte chunks with a [`TinyCache`] served them before: at
+//! their size, but each free looked the block's length up in the node's
+//! bitmaps and each flush coalesced, 1.4x mimalloc's time on a JSON build
+//! and teardown.)
 //!
 //! **Invariants** (checked by [`Nta::check`]):
 //! - every maximal run of free chunks in a node is listed exactly once, on the

@@ -197,11 +197,14 @@ pub struct SlabArena<P: PageSource> {
     orphaned: AtomicUsize,
     made: AtomicUsize,
     released: AtomicUsize,
+    /// The source's span, `[lo, lo + len)`, once known (`lo` 0 before).
+    span_lo: AtomicUsize,
+    span_len: AtomicUsize,
 }
 
 /// One thread's slabs, by class: the one it allocates from, those with free
 /// blocks and the full ones; and empty slabs of any class, at most
-/// [`EMPTY_KEEP`]. All-zero bytes are a valid empty cache (it takes an owner
+/// 64 (`EMPTY_KEEP`). All-zero bytes are a valid empty cache (it takes an owner
 /// id on its first allocation).
 #[repr(C)]
 pub struct SlabCache {

@@ -79,11 +79,11 @@ pub const fn front_class(size: usize) -> Option<usize> {
     }
 }
 
-/// Chunk size of a [`TinyCache`]: the 16-byte granule of `malloc`.
+/// Chunk size of a [`TinyCache`](super::TinyCache): the 16-byte granule of `malloc`.
 pub const TINY_CHUNK: usize = 16;
-/// Size classes a [`TinyCache`] serves: 16, 32 and 48 bytes.
+/// Size classes a [`TinyCache`](super::TinyCache) serves: 16, 32 and 48 bytes.
 pub const TINY_CLASSES: usize = 3;
-/// Largest request a [`TinyCache`] serves.
+/// Largest request a [`TinyCache`](super::TinyCache) serves.
 pub const TINY_MAX: usize = TINY_CLASSES * TINY_CHUNK;
 
 /// The tiny class (size in 16-byte chunks) of a request of `size` bytes,

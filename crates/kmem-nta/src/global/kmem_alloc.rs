@@ -7,34 +7,34 @@ use core::ptr::{self, NonNull};
 
 use kmem_core::Cpus;
 
-use super::{
-    global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG, TINY_CHUNK, TINY_CONFIG,
-};
-use crate::front::{FrontCache, FrontCacheOf, TinyCache};
+use super::{global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG};
+use crate::front::FrontCache;
 use crate::nta::{Nta, Stats};
+use crate::slab::{slab_class, SlabArena, SlabCache, SlabStats, SLAB_GRANULE};
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
 
-/// Tiny layouts (see [`tiny_class`]): 16-byte chunks.
-static TINY: Nta<GlobalSource, Cpus> = Nta::const_new(tiny_source(), TINY_CONFIG, Cpus::Real);
+/// Tiny layouts (see [`tiny_class`]): slabs of 16, 32 and 48 bytes.
+static SLABS: SlabArena<GlobalSource> = SlabArena::new(tiny_source());
 
-/// The thread's caches, flushed back when the thread exits: a
-/// [`FrontCache`] of [`NTA`]'s chunks and a [`TinyCache`] of [`TINY`]'s.
-struct Front(FrontCache, TinyCache);
+/// The thread's caches, given back when the thread exits: a [`FrontCache`]
+/// of [`NTA`]'s chunks and the thread's slabs of [`SLABS`].
+struct Front(FrontCache, SlabCache);
 
 impl Drop for Front {
     fn drop(&mut self) {
-        // SAFETY: each cache only ever holds its own nta's chunks.
+        // SAFETY: the front cache only ever holds NTA's chunks, the slabs
+        // are SLABS'.
         unsafe {
             self.0.flush_all(&NTA);
-            self.1.flush_all(&TINY);
+            self.1.abandon(&SLABS);
         }
     }
 }
 
 std::thread_local! {
     static FRONT: UnsafeCell<Front> =
-        const { UnsafeCell::new(Front(FrontCache::new(), TinyCache::new())) };
+        const { UnsafeCell::new(Front(FrontCache::new(), SlabCache::new())) };
 }
 
 /// The kmem-nta global allocator (a unit type over one static [`Nta`]).
@@ -48,53 +48,75 @@ pub struct KmemNta;
 
 impl KmemNta {
     /// The allocator of 64-byte chunks underneath (its checked API, stats
-    /// and `check`): every layout that is not tiny.
+    /// and `check`): every layout that is not tiny, and tiny ones when the
+    /// slabs cannot serve them (a thread past its TLS destructor, the
+    /// slabs' reservation full).
     pub fn nta() -> &'static Nta<GlobalSource, Cpus> {
         &NTA
     }
 
-    /// The allocator of 16-byte chunks underneath: layouts of at most
-    /// [`TINY_MAX`](crate::TINY_MAX) bytes aligned to at most 16.
-    pub fn tiny() -> &'static Nta<GlobalSource, Cpus> {
-        &TINY
+    /// The tiny slabs underneath: layouts of at most
+    /// [`SLAB_MAX`](crate::slab::SLAB_MAX) bytes aligned to at most 16.
+    pub fn slabs() -> &'static SlabArena<GlobalSource> {
+        &SLABS
     }
 
-    /// Stats of both allocators, summed (front-cached chunks count as held).
+    /// Stats of the nta (front-cached chunks count as held).
     pub fn stats() -> Stats {
-        NTA.stats() + TINY.stats()
+        NTA.stats()
     }
 
-    /// Checks both allocators' invariants.
+    /// Counters of the tiny slabs.
+    pub fn slab_stats() -> SlabStats {
+        SLABS.stats()
+    }
+
+    /// Checks the nta's invariants, the orphaned slabs' and the calling
+    /// thread's slabs'.
     pub fn check() -> core::result::Result<(), &'static str> {
         NTA.check()?;
-        TINY.check()
+        SLABS.check()?;
+        FRONT
+            .try_with(|f| {
+                // SAFETY: this thread's slabs, SLABS'; no other borrow.
+                unsafe { (*f.get()).1.check(&SLABS) }
+            })
+            .unwrap_or(Ok(()))
     }
 
-    /// Gives the calling thread's front caches back to the heaps (as thread
-    /// exit does).
+    /// Gives the calling thread's front cache back to the heaps (as thread
+    /// exit does), and its empty slabs (and empty orphans) to the page
+    /// supply.
     pub fn flush_thread_cache() {
         let _ = FRONT.try_with(|f| {
             // SAFETY: the caches are this thread's; no other borrow is live
-            // (the allocator never re-enters itself); each holds its own
-            // nta's chunks.
+            // (the allocator never re-enters itself); the front cache holds
+            // NTA's chunks, the slabs are SLABS'.
             unsafe {
                 (*f.get()).0.flush_all(&NTA);
-                (*f.get()).1.flush_all(&TINY);
+                (*f.get()).1.trim(&SLABS);
             }
         });
+        SLABS.trim_orphans();
     }
 }
 
-/// The tiny class of `layout` (in 16-byte chunks), if it is tiny: at most
-/// [`TINY_MAX`](crate::TINY_MAX) bytes, aligned to at most 16. A tiny
-/// layout's block lives in [`TINY`], any other in [`NTA`].
+/// The slab class of `layout`, if it is tiny: at most
+/// [`SLAB_MAX`](crate::slab::SLAB_MAX) bytes, aligned to at most 16.
 #[inline(always)]
 fn tiny_class(layout: &Layout) -> Option<usize> {
-    if layout.align() <= TINY_CHUNK {
-        crate::front::tiny_class(layout.size())
+    if layout.align() <= SLAB_GRANULE {
+        slab_class(layout.size())
     } else {
         None
     }
+}
+
+/// True when `p` lies in the slabs' reservation (where a tiny layout's
+/// block lives, unless the slabs could not serve it).
+#[inline(always)]
+fn in_slabs(p: *mut u8) -> bool {
+    SLABS.contains(p as usize)
 }
 
 #[inline(always)]
@@ -106,42 +128,33 @@ fn front_class(layout: &Layout) -> Option<usize> {
     }
 }
 
-/// A block of class `k` from this thread's cache that `which` picks, or
-/// null when it is empty or gone (thread exit). No call in it, so that
-/// `alloc`'s hit needs no stack frame.
+/// A block of class `k` from this thread's front cache, or null when it is
+/// empty or gone (thread exit). No call in it, so that `alloc`'s hit needs
+/// no stack frame.
 #[inline(always)]
-fn pop<const S: u32, const N: usize>(
-    which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
-    k: usize,
-) -> *mut u8 {
+fn pop(k: usize) -> *mut u8 {
     FRONT
         .try_with(|f| {
             // SAFETY: this thread's caches; the allocator never re-enters
             // itself, so this is the only borrow.
-            which(unsafe { &mut *f.get() }).pop(k)
+            unsafe { (*f.get()).0.pop(k) }
         })
         .unwrap_or(ptr::null_mut())
 }
 
-/// `alloc` past an empty cache: a refill of class `k` (if the layout has
-/// one) from the cache that `which` picks, else `nta` itself.
+/// `alloc` past an empty front cache: a refill of class `k` (if the layout
+/// has one), else the nta itself.
 ///
 /// # Safety
-/// The picked cache holds only `nta`'s chunks; `layout` is non-zero, of
-/// class `k` of that cache when `k` is some.
+/// `layout` is non-zero, of the front cache's class `k` when `k` is some.
 #[cold]
 #[inline(never)]
-unsafe fn alloc_slow<const S: u32, const N: usize>(
-    which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
-    nta: &Nta<GlobalSource, Cpus>,
-    k: Option<usize>,
-    layout: Layout,
-) -> *mut u8 {
+unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
     if let Some(k) = k {
         let p = FRONT
             .try_with(|f| {
-                // SAFETY: as in `pop`; the caller's contract.
-                unsafe { which(&mut *f.get()).refill(nta, k) }
+                // SAFETY: as in `pop`; the front cache holds NTA's chunks.
+                unsafe { (*f.get()).0.refill(&NTA, k) }
             })
             .unwrap_or(ptr::null_mut());
         if !p.is_null() {
@@ -149,75 +162,109 @@ unsafe fn alloc_slow<const S: u32, const N: usize>(
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { GlobalAlloc::alloc(nta, layout) }
+    unsafe { GlobalAlloc::alloc(&NTA, layout) }
+}
+
+/// A tiny block of slab class `c` past the inline pop: the slabs' slow
+/// path, or the nta when the slabs cannot serve (the thread's TLS is gone,
+/// the reservation is full).
+///
+/// # Safety
+/// `layout` is non-zero and tiny, of class `c`.
+#[cold]
+#[inline(never)]
+unsafe fn alloc_tiny_slow(c: usize, layout: Layout) -> *mut u8 {
+    let p = FRONT
+        .try_with(|f| {
+            // SAFETY: as in `pop`; the slabs are SLABS'; c is 1 to 3.
+            unsafe { (*f.get()).1.alloc_slow(&SLABS, c) }
+        })
+        .unwrap_or(ptr::null_mut());
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { GlobalAlloc::alloc(&NTA, layout) }
 }
 
 /// `dealloc` when the inline push said no (a flush, a look at the clock, a
 /// class this thread only frees) or the caches are gone: the cache's full
-/// push, or `nta` itself.
+/// push, or the nta itself.
 ///
 /// # Safety
-/// As `dealloc`; the picked cache holds only `nta`'s chunks and `ptr` is of
-/// its class `k`.
+/// As `dealloc`; `ptr` is NTA's, of the front cache's class `k`.
 #[cold]
 #[inline(never)]
-unsafe fn dealloc_slow<const S: u32, const N: usize>(
-    which: impl FnOnce(&mut Front) -> &mut FrontCacheOf<S, N>,
-    nta: &Nta<GlobalSource, Cpus>,
-    ptr: *mut u8,
-    k: usize,
-    layout: Layout,
-) {
+unsafe fn dealloc_slow(ptr: *mut u8, k: usize, layout: Layout) {
     let r = FRONT.try_with(|f| {
         // SAFETY: as in `pop`; the caller's contract.
-        unsafe { which(&mut *f.get()).push(nta, ptr, k) }
+        unsafe { (*f.get()).0.push(&NTA, ptr, k) }
     });
     if r.is_err() {
         // SAFETY: forwarded contract.
-        unsafe { GlobalAlloc::dealloc(nta, ptr, layout) }
+        unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
     }
 }
 
-// SAFETY: each cache holds only allocations of exactly class k made by its
-// nta (a tiny layout's by TINY, others by NTA), handed out once; everything
-// else is that nta's GlobalAlloc.
+/// `dealloc` of a tiny block of the slabs' from a thread whose TLS is gone:
+/// onto its slab's remote list.
+///
+/// # Safety
+/// `ptr` is a live block of SLABS'.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_tiny_foreign(ptr: *mut u8) {
+    // SAFETY: forwarded contract; the reservation stays mapped.
+    unsafe { SLABS.free_foreign(ptr) }
+}
+
+// SAFETY: the front cache holds only allocations of exactly class k made by
+// NTA, handed out once; a tiny layout's block is a slab block when it lies
+// in the slabs' reservation (freed there), else NTA's like everything else.
 unsafe impl GlobalAlloc for KmemNta {
     /// A hit on the thread's cache inline, with no call and no stack frame;
     /// the rest out of line.
     #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if let Some(k) = tiny_class(&layout) {
-            let p = pop(|f| &mut f.1, k);
+        if let Some(c) = tiny_class(&layout) {
+            let p = FRONT
+                .try_with(|f| {
+                    // SAFETY: this thread's slabs, SLABS'; the only borrow;
+                    // c is 1 to 3.
+                    unsafe { (*f.get()).1.pop(&SLABS, c) }
+                })
+                .unwrap_or(ptr::null_mut());
             if !p.is_null() {
                 return p;
             }
-            // SAFETY: the tiny cache holds only TINY's chunks; a tiny
-            // layout of class k.
-            return unsafe { alloc_slow(|f| &mut f.1, &TINY, Some(k), layout) };
+            // SAFETY: a non-zero tiny layout of class c.
+            return unsafe { alloc_tiny_slow(c, layout) };
         }
         let k = front_class(&layout);
         if let Some(k) = k {
-            let p = pop(|f| &mut f.0, k);
+            let p = pop(k);
             if !p.is_null() {
                 return p;
             }
         }
-        // SAFETY: the front cache holds only NTA's chunks; class k if any.
-        unsafe { alloc_slow(|f| &mut f.0, &NTA, k, layout) }
+        // SAFETY: a non-zero layout, of class k if any.
+        unsafe { alloc_slow(k, layout) }
     }
 
     /// A push on the thread's cache inline when it needs only the class's
     /// list, with no call and no stack frame; the rest out of line.
     #[inline(always)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if let Some(k) = tiny_class(&layout) {
+        if tiny_class(&layout).is_some() && in_slabs(ptr) {
             let r = FRONT.try_with(|f| {
-                // SAFETY: as below: a tiny layout's block is TINY's.
-                unsafe { (*f.get()).1.try_push(&TINY, ptr, k) }
+                // SAFETY: a live block of SLABS' (GlobalAlloc's contract; it
+                // lies in their reservation); this thread's slabs. The free
+                // checks it and aborts with one line if it is not live.
+                unsafe { (*f.get()).1.free(&SLABS, ptr) }
             });
-            if r != Ok(true) {
-                // SAFETY: forwarded contract; the tiny cache holds TINY's.
-                unsafe { dealloc_slow(|f| &mut f.1, &TINY, ptr, k, layout) }
+            if r.is_err() {
+                // SAFETY: as above.
+                unsafe { dealloc_tiny_foreign(ptr) }
             }
             return;
         }
@@ -229,7 +276,7 @@ unsafe impl GlobalAlloc for KmemNta {
             });
             if r != Ok(true) {
                 // SAFETY: forwarded contract; the front cache holds NTA's.
-                unsafe { dealloc_slow(|f| &mut f.0, &NTA, ptr, k, layout) }
+                unsafe { dealloc_slow(ptr, k, layout) }
             }
             return;
         }
@@ -241,10 +288,14 @@ unsafe impl GlobalAlloc for KmemNta {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: GlobalAlloc's contract: the new layout is valid.
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let tiny = tiny_class(&layout).is_some();
-        if tiny != tiny_class(&new).is_some() {
-            // Across the tiny boundary: the block moves to the other nta,
-            // so that its layout keeps saying where it lives.
+        let slab = tiny_class(&layout).is_some() && in_slabs(ptr);
+        if slab && tiny_class(&layout) == tiny_class(&new) {
+            // The same slab class: the block already has the room.
+            return ptr;
+        }
+        if slab || tiny_class(&new).is_some() {
+            // Out of a slab, or into one: the block moves, so that its
+            // address keeps saying which allocator owns it.
             // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
             let q = unsafe { GlobalAlloc::alloc(self, new) };
             if !q.is_null() {
@@ -259,10 +310,9 @@ unsafe impl GlobalAlloc for KmemNta {
         // In place when the size in chunks stays, shrinks, or the chunks after
         // it are free; else the nta moves it (past the front cache, which only
         // caches what it is handed).
-        let nta = if tiny { &TINY } else { &NTA };
         // SAFETY: GlobalAlloc's contract: ptr is ours, allocated with layout
-        // from this nta (its layout says which).
-        match unsafe { nta.realloc(NonNull::new_unchecked(ptr), layout, new_size) } {
+        // from NTA (it is not in the slabs).
+        match unsafe { NTA.realloc(NonNull::new_unchecked(ptr), layout, new_size) } {
             Ok(p) => p.as_ptr(),
             Err(_) => ptr::null_mut(),
         }
@@ -328,11 +378,16 @@ mod tests {
         (lo..lo + pages * nta.source().page_size()).contains(&(p as usize))
     }
 
-    /// Tiny layouts live in the nta of 16-byte chunks at their size, others
-    /// in the nta of 64-byte chunks; realloc across the boundary moves the
-    /// block with its contents, so that the layout keeps saying where.
+    /// True when `p` lies in the slabs' reservation.
+    fn within_slabs(p: *mut u8) -> bool {
+        SLABS.contains(p as usize)
+    }
+
+    /// Tiny layouts live in the slabs at their size, others in the nta of
+    /// 64-byte chunks; realloc across the boundary moves the block with its
+    /// contents.
     #[test]
-    fn tiny_layouts_live_in_the_tiny_nta_and_realloc_moves_across() {
+    fn tiny_layouts_live_in_the_slabs_and_realloc_moves_across() {
         let a = KmemNta;
         let mut v = std::vec::Vec::new();
         for s in 1usize..=48 {
@@ -340,14 +395,14 @@ mod tests {
             // SAFETY: non-zero layout.
             let p = unsafe { GlobalAlloc::alloc(&a, l) };
             assert!(!p.is_null());
-            assert!(within(&TINY, p), "{s} bytes");
+            assert!(within_slabs(p), "{s} bytes");
             assert_eq!(p as usize % 16, 0);
             // SAFETY: p holds s bytes.
             unsafe { p.write_bytes(s as u8, s) };
             v.push((p, l));
         }
         // Two blocks of 16 bytes made one after the other sit 16 bytes apart
-        // (one chunk each), not a cache line.
+        // (one slab block each), not a cache line.
         let l16 = Layout::from_size_align(16, 16).unwrap();
         // SAFETY: non-zero layout; freed below.
         let (x, y) = unsafe { (GlobalAlloc::alloc(&a, l16), GlobalAlloc::alloc(&a, l16)) };
@@ -369,11 +424,11 @@ mod tests {
             assert!((0..48).all(|i| *q.add(i) == 48));
             let l = Layout::from_size_align(100, 8).unwrap();
             let r = GlobalAlloc::realloc(&a, q, l, 20);
-            assert!(within(&TINY, r));
+            assert!(within_slabs(r));
             assert!((0..20).all(|i| *r.add(i) == 48));
             let l = Layout::from_size_align(20, 8).unwrap();
             let r = GlobalAlloc::realloc(&a, r, l, 40);
-            assert!(within(&TINY, r) && (0..20).all(|i| *r.add(i) == 48));
+            assert!(within_slabs(r) && (0..20).all(|i| *r.add(i) == 48));
             GlobalAlloc::dealloc(&a, r, Layout::from_size_align(40, 8).unwrap());
             for (p, l) in v {
                 assert!((0..l.size()).all(|i| *p.add(i) == l.size() as u8));

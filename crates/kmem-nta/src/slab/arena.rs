@@ -23,6 +23,8 @@ impl<P: PageSource> SlabArena<P> {
             orphaned: AtomicUsize::new(0),
             made: AtomicUsize::new(0),
             released: AtomicUsize::new(0),
+            span_lo: AtomicUsize::new(0),
+            span_len: AtomicUsize::new(0),
         }
     }
 
@@ -47,11 +49,26 @@ impl<P: PageSource> SlabArena<P> {
     }
 
     /// True when `addr` lies in the page source's span (a candidate for
-    /// [`SlabCache::free`]).
+    /// [`SlabCache::free`]). Two loads once the span is known.
+    #[inline(always)]
     pub fn contains(&self, addr: usize) -> bool {
+        let lo = self.span_lo.load(Ordering::Relaxed);
+        if lo != 0 {
+            return addr.wrapping_sub(lo) < self.span_len.load(Ordering::Relaxed);
+        }
+        self.contains_slow(addr)
+    }
+
+    /// [`contains`](Self::contains) before the span is known: asks the
+    /// source, and keeps the answer once it has one.
+    #[cold]
+    pub(super) fn contains_slow(&self, addr: usize) -> bool {
         match self.source.span() {
             Some((base, pages)) => {
-                addr.wrapping_sub(base.as_ptr() as usize) < pages * self.source.page_size()
+                let (lo, len) = (base.as_ptr() as usize, pages * self.source.page_size());
+                self.span_len.store(len, Ordering::Relaxed);
+                self.span_lo.store(lo, Ordering::Relaxed);
+                addr.wrapping_sub(lo) < len
             }
             None => false,
         }
