@@ -143,7 +143,9 @@ const _: () = assert!(core::mem::size_of::<Slab>() == HDR);
 /// The seal a live slab at `addr` carries.
 #[inline(always)]
 fn seal(addr: usize, secret: usize) -> usize {
-    (addr ^ secret).rotate_left(17) | 1
+    // The secret is odd and the address a multiple of SLAB_SIZE: never 0,
+    // which a given-back (or never made) slab's header reads.
+    addr ^ secret
 }
 
 /// The key a free block at `addr` carries in its second word.
@@ -197,6 +199,8 @@ pub struct SlabArena<P: PageSource> {
     orphaned: AtomicUsize,
     made: AtomicUsize,
     released: AtomicUsize,
+    /// [`link_key`] of the secret, once the secret is set.
+    link: AtomicUsize,
     /// The source's span, `[lo, lo + len)`, once known (`lo` 0 before).
     span_lo: AtomicUsize,
     span_len: AtomicUsize,

@@ -23,6 +23,7 @@ impl<P: PageSource> SlabArena<P> {
             orphaned: AtomicUsize::new(0),
             made: AtomicUsize::new(0),
             released: AtomicUsize::new(0),
+            link: AtomicUsize::new(0),
             span_lo: AtomicUsize::new(0),
             span_len: AtomicUsize::new(0),
         }
@@ -197,7 +198,7 @@ impl<P: PageSource> SlabArena<P> {
 
     #[inline(always)]
     pub(super) fn link(&self) -> usize {
-        link_key(self.secret())
+        self.link.load(Ordering::Relaxed)
     }
 
     /// A fresh owner id (never 0, never reused).
@@ -207,6 +208,9 @@ impl<P: PageSource> SlabArena<P> {
 
     #[cold]
     pub(super) fn init_secret(&self) {
+        if self.link.load(Ordering::Relaxed) != 0 {
+            return;
+        }
         if self.secret() == 0 {
             let mut s = crate::node::mix(self as *const Self as usize ^ 0x0073_6c61_6273);
             #[cfg(feature = "os")]
@@ -219,6 +223,10 @@ impl<P: PageSource> SlabArena<P> {
                 .secret
                 .compare_exchange(0, s, Ordering::Relaxed, Ordering::Relaxed);
         }
+        // Every thread that makes a slab passes here first, so the key is
+        // set before any block is handed out (whoever won the race above,
+        // the value is the same).
+        self.link.store(link_key(self.secret()), Ordering::Relaxed);
     }
 
     /// Empty slab `s` of the caller's, made a slab of class `c` (its carved
