@@ -62,12 +62,17 @@ const CARVE: u32 = 64;
 /// Full slabs a slow allocation looks at for remote frees before it takes
 /// a new slab (they rotate, so every full slab is looked at in turn).
 const SCAN: usize = 64;
-/// Empty slabs a thread keeps for its next slabs of any class (4 MiB):
+/// Most empty slabs a thread keeps for its next slabs of any class (4 MiB):
 /// a program that frees a structure of tiny blocks and builds the next one
 /// (a parsed document, a request's objects) would otherwise give its slabs
 /// back to the page supply and take them again, page faults included, in
-/// every round. `malloc_trim` and thread exit give them back.
+/// every round. A thread keeps half as many as it has in use (at least
+/// [`EMPTY_MIN`]), so one that frees everything keeps 256 KiB.
+/// `malloc_trim` and thread exit give them back.
 const EMPTY_KEEP: usize = 64;
+/// Empty slabs a thread keeps however few it uses (256 KiB); between this
+/// and [`EMPTY_KEEP`] it keeps half as many as it has slabs in use.
+const EMPTY_MIN: usize = 4;
 
 /// The owner of an orphan: no thread's id (ids count up from 1, and a
 /// cache without one has 0).
@@ -207,8 +212,8 @@ pub struct SlabArena<P: PageSource> {
 }
 
 /// One thread's slabs, by class: the one it allocates from, those with free
-/// blocks and the full ones; and empty slabs of any class, at most
-/// 64 (`EMPTY_KEEP`). All-zero bytes are a valid empty cache (it takes an owner
+/// blocks and the full ones; and empty slabs of any class (4, or half as
+/// many as it has in use, at most 64). All-zero bytes are a valid empty cache (it takes an owner
 /// id on its first allocation).
 #[repr(C)]
 pub struct SlabCache {
@@ -217,6 +222,8 @@ pub struct SlabCache {
     /// Empty slabs (a circular list), and how many.
     empty: *mut Slab,
     nempty: usize,
+    /// Slabs this cache owns, the empty ones included.
+    nslabs: usize,
 }
 
 #[derive(Clone, Copy)]

@@ -17,6 +17,7 @@ impl SlabCache {
             cls: [Class::EMPTY; SLAB_CLASSES + 1],
             empty: ptr::null_mut(),
             nempty: 0,
+            nslabs: 0,
         }
     }
 
@@ -125,6 +126,7 @@ impl SlabCache {
         }
         // SAFETY: forwarded.
         if let Some(s) = unsafe { arena.adopt(c, self.id) } {
+            self.nslabs += 1;
             return s;
         }
         if !self.empty.is_null() {
@@ -137,7 +139,11 @@ impl SlabCache {
             self.nempty -= 1;
             return s;
         }
-        arena.make(c, self.id)
+        let s = arena.make(c, self.id);
+        if !s.is_null() {
+            self.nslabs += 1;
+        }
+        s
     }
 
     /// Frees `p`, a block of `arena`'s: onto its slab's list when this
@@ -222,22 +228,38 @@ impl SlabCache {
     }
 
     /// Slab `s`, empty and off every list, joins this thread's empty
-    /// slabs, or goes back to the page source when it keeps
-    /// [`EMPTY_KEEP`] already.
+    /// slabs, or goes back to the page source when the thread keeps enough:
+    /// [`EMPTY_MIN`], or half as many as it has slabs in use, at most
+    /// [`EMPTY_KEEP`]. One kept beyond that bound goes back too, so that a
+    /// thread that frees all its tiny blocks keeps only [`EMPTY_MIN`].
     ///
     /// # Safety
     /// As [`freed_slow`](Self::freed_slow); `s` is on no list.
     unsafe fn retire<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab) {
-        if self.nempty < EMPTY_KEEP {
+        // Slabs in use once `s` is not (nslabs counts s and the kept ones).
+        let in_use = self.nslabs - self.nempty - 1;
+        let keep = (EMPTY_MIN + in_use / 2).min(EMPTY_KEEP);
+        if self.nempty < keep {
             // SAFETY: our slab, on no list.
             unsafe {
                 (*s).state = S_SPARE;
                 push(&mut self.empty, s);
             }
             self.nempty += 1;
-        } else {
-            // SAFETY: empty, ours, on no list.
-            unsafe { arena.release(s) };
+            return;
+        }
+        // SAFETY: empty, ours, on no list.
+        unsafe { arena.release(s) };
+        self.nslabs -= 1;
+        if self.nempty > keep {
+            let e = self.empty;
+            // SAFETY: a kept empty slab of ours.
+            unsafe {
+                remove(&mut self.empty, e);
+                arena.release(e);
+            }
+            self.nempty -= 1;
+            self.nslabs -= 1;
         }
     }
 
@@ -254,8 +276,10 @@ impl SlabCache {
                 remove(&mut self.empty, s);
                 arena.release(s);
             }
+            self.nslabs -= 1;
         }
         self.nempty = 0;
+        let mut released = 0;
         for c in 1..=SLAB_CLASSES {
             let cl = &mut self.cls[c];
             for list in [&mut cl.avail, &mut cl.full] {
@@ -270,11 +294,13 @@ impl SlabCache {
                         if (*s).used == 0 {
                             remove(list, s);
                             arena.release(s);
+                            released += 1;
                         }
                     }
                 }
             }
         }
+        self.nslabs -= released;
         arena.trim_orphans();
     }
 
@@ -305,6 +331,7 @@ impl SlabCache {
         }
         // SAFETY: ours; the empty ones go back to the source.
         unsafe { self.trim(arena) };
+        self.nslabs = 0;
         self.id = 0;
     }
 
@@ -342,6 +369,13 @@ impl SlabCache {
         let n = count(self.empty);
         if n != self.nempty {
             return Err("slab: empty count");
+        }
+        let owned: usize = self.cls[1..]
+            .iter()
+            .map(|cl| usize::from(!cl.cur.is_null()) + count(cl.avail) + count(cl.full))
+            .sum();
+        if owned + n != self.nslabs {
+            return Err("slab: slab count");
         }
         let mut s = self.empty;
         for _ in 0..n {

@@ -71,10 +71,11 @@ fn blocks_are_distinct_aligned_and_kept() {
     }
     // SAFETY: as above.
     unsafe { t.check(&a) }.unwrap();
-    // Every slab is kept empty for reuse (up to EMPTY_KEEP) or went back.
+    // Everything freed: the three current slabs stay (they count as in
+    // use), and EMPTY_MIN empty ones plus half as many as are in use.
     let held = a.stats().slabs;
     assert!(
-        held > 3 && held <= EMPTY_KEEP + SLAB_CLASSES,
+        held <= SLAB_CLASSES + EMPTY_MIN + SLAB_CLASSES / 2,
         "{:?}",
         a.stats()
     );
@@ -230,6 +231,43 @@ fn kept_empty_slabs_serve_any_class() {
         for &p in &q {
             t.free(&a, p);
         }
+        t.check(&a).unwrap();
+        t.abandon(&a);
+    }
+    assert_eq!(a.stats().slabs, 0);
+}
+
+#[test]
+fn empty_slabs_kept_follow_the_slabs_in_use() {
+    let a = arena();
+    let mut t = SlabCache::new();
+    // 25 slabs of 16-byte blocks.
+    let ps: Vec<*mut u8> = (0..100_000).map(|_| alloc(&mut t, &a, 1)).collect();
+    let full = a.stats().slabs;
+    assert!(full >= 25, "{:?}", a.stats());
+    // Free the older half: their slabs empty while the rest are in use, so
+    // up to half as many as are in use are kept (and more than EMPTY_MIN).
+    for &p in &ps[..50_000] {
+        // SAFETY: live blocks of a's.
+        unsafe { t.free(&a, p) };
+    }
+    let in_use = a.stats().slabs - t.nempty;
+    assert!(
+        t.nempty > EMPTY_MIN && t.nempty <= EMPTY_MIN + in_use / 2,
+        "{} kept, {in_use} in use",
+        t.nempty
+    );
+    // SAFETY: the cache's slabs are a's.
+    unsafe { t.check(&a) }.unwrap();
+    // Free the rest: the kept ones go back down to EMPTY_MIN.
+    for &p in &ps[50_000..] {
+        // SAFETY: live blocks of a's.
+        unsafe { t.free(&a, p) };
+    }
+    assert!(t.nempty <= EMPTY_MIN, "{}", t.nempty);
+    assert!(a.stats().slabs <= EMPTY_MIN + 1, "{:?}", a.stats());
+    // SAFETY: as above.
+    unsafe {
         t.check(&a).unwrap();
         t.abandon(&a);
     }
