@@ -777,6 +777,17 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
     }
 
+    /// Makes every inline push miss from now on (the cache's owner is going
+    /// away; its slow path must not cache either): the link key cleared,
+    /// every class as if never refilled, so every bound is 0. The cache
+    /// should be empty ([`flush_all`](Self::flush_all) first).
+    pub fn close(&mut self) {
+        self.link = 0;
+        self.refilled = 0;
+        self.cycled = 0;
+        self.set_lims();
+    }
+
     /// Gives every cached chunk back to `nta` (at thread exit, and for
     /// `malloc_trim`). Every class starts again as a class that went back
     /// idle does: its base bound, refills ramping up from a KiB.

@@ -101,6 +101,7 @@ pub const fn tiny_source() -> GlobalSource {
 }
 
 pub use crate::front::{FRONT_BYTES, FRONT_CLASSES, FRONT_MAX};
+#[cfg(not(loom))]
 pub use crate::slab::SLAB_MAX;
 
 // Not under loom: its `static` Nta needs `const_new`, which loom's atomics

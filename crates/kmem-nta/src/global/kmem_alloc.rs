@@ -17,24 +17,47 @@ static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CON
 /// Tiny layouts (see [`tiny_class`]): slabs of 16, 32 and 48 bytes.
 static SLABS: SlabArena<GlobalSource> = SlabArena::new(tiny_source());
 
-/// The thread's caches, given back when the thread exits: a [`FrontCache`]
-/// of [`NTA`]'s chunks and the thread's slabs of [`SLABS`].
+/// The thread's caches: a [`FrontCache`] of [`NTA`]'s chunks and the
+/// thread's slabs of [`SLABS`]. No destructor of its own, so that every
+/// access is a plain TLS access (a `thread_local!` value with a destructor
+/// checks its state on each); [`EXIT`] gives them back at thread exit.
 struct Front(FrontCache, SlabCache);
 
-impl Drop for Front {
+/// Gives the thread's caches back when the thread exits (registered by the
+/// first slow path that fills a cache, see [`alive`]). After it has run,
+/// every fast path misses (the front cache is closed, the slabs are gone)
+/// and the slow paths see [`alive`] false and go to the nta.
+struct Exit;
+
+impl Drop for Exit {
     fn drop(&mut self) {
-        // SAFETY: the front cache only ever holds NTA's chunks, the slabs
-        // are SLABS'.
-        unsafe {
-            self.0.flush_all(&NTA);
-            self.1.abandon(&SLABS);
-        }
+        let _ = FRONT.try_with(|f| {
+            // SAFETY: this thread's caches, no other borrow (the allocator
+            // does not re-enter here); the front cache holds only NTA's
+            // chunks, the slabs are SLABS'.
+            unsafe {
+                let f = &mut *f.get();
+                f.0.flush_all(&NTA);
+                f.0.close();
+                f.1.abandon(&SLABS);
+            }
+        });
     }
 }
 
 std::thread_local! {
     static FRONT: UnsafeCell<Front> =
         const { UnsafeCell::new(Front(FrontCache::new(), SlabCache::new())) };
+    static EXIT: Exit = const { Exit };
+}
+
+/// True while the thread's caches may be filled; the first call registers
+/// [`EXIT`]. False once the thread's exit has given them back. Every path
+/// that fills a cache (a refill, a slab taken, a push past the inline one)
+/// asks first.
+#[inline]
+fn alive() -> bool {
+    EXIT.try_with(|_| ()).is_ok()
 }
 
 /// The kmem-nta global allocator (a unit type over one static [`Nta`]).
@@ -150,7 +173,7 @@ fn pop(k: usize) -> *mut u8 {
 #[cold]
 #[inline(never)]
 unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
-    if let Some(k) = k {
+    if let (Some(k), true) = (k, alive()) {
         let p = FRONT
             .try_with(|f| {
                 // SAFETY: as in `pop`; the front cache holds NTA's chunks.
@@ -174,6 +197,10 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
 #[cold]
 #[inline(never)]
 unsafe fn alloc_tiny_slow(c: usize, layout: Layout) -> *mut u8 {
+    if !alive() {
+        // SAFETY: forwarded contract.
+        return unsafe { GlobalAlloc::alloc(&NTA, layout) };
+    }
     let p = FRONT
         .try_with(|f| {
             // SAFETY: as in `pop`; the slabs are SLABS'; c is 1 to 3.
@@ -196,6 +223,10 @@ unsafe fn alloc_tiny_slow(c: usize, layout: Layout) -> *mut u8 {
 #[cold]
 #[inline(never)]
 unsafe fn dealloc_slow(ptr: *mut u8, k: usize, layout: Layout) {
+    if !alive() {
+        // SAFETY: forwarded contract.
+        return unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) };
+    }
     let r = FRONT.try_with(|f| {
         // SAFETY: as in `pop`; the caller's contract.
         unsafe { (*f.get()).0.push(&NTA, ptr, k) }
