@@ -127,6 +127,21 @@ impl Geometry {
     }
 }
 
+/// A new secret for an allocator whose address is `addr` (`salt` tells
+/// apart the kinds of allocator): odd, never 0, mixed from the address and,
+/// with an OS, from the kernel's random bytes (or the clock).
+#[cold]
+pub(crate) fn new_secret(addr: usize, salt: usize) -> usize {
+    #[allow(unused_mut)]
+    let mut s = mix(addr ^ salt);
+    #[cfg(feature = "os")]
+    {
+        let r = kmem_sys::auxv::random().unwrap_or_else(kmem_sys::clock::now_ns);
+        s ^= mix(r as usize);
+    }
+    s | 1
+}
+
 #[inline(always)]
 pub(crate) fn mix(x: usize) -> usize {
     let x = (x as u64 ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);

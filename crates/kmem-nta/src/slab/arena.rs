@@ -212,13 +212,7 @@ impl<P: PageSource> SlabArena<P> {
             return;
         }
         if self.secret() == 0 {
-            let mut s = crate::node::mix(self as *const Self as usize ^ 0x0073_6c61_6273);
-            #[cfg(feature = "os")]
-            {
-                let r = kmem_sys::auxv::random().unwrap_or_else(kmem_sys::clock::now_ns);
-                s ^= crate::node::mix(r as usize);
-            }
-            s |= 1;
+            let s = crate::node::new_secret(self as *const Self as usize, 0x0073_6c61_6273);
             let _ = self
                 .secret
                 .compare_exchange(0, s, Ordering::Relaxed, Ordering::Relaxed);
