@@ -290,6 +290,9 @@ impl<P: PageSource> SlabArena<P> {
         // SAFETY: a live slab of the source's, SLAB_SIZE bytes.
         unsafe {
             (*s).seal.store(0, Ordering::Release);
+            // No longer anyone's, an orphan's least of all (a stale look
+            // at it under the orphan lock must not take it for one).
+            (*s).owner.store(0, Ordering::Relaxed);
             let page = self.source.page_size();
             if self
                 .source
@@ -373,26 +376,25 @@ impl<P: PageSource> SlabArena<P> {
     /// `b` is a live block of `s` that the caller gives up.
     #[inline(always)]
     pub(super) unsafe fn push_remote(&self, s: *mut Slab, b: *mut Block) {
-        let link = self.link();
         // SAFETY: the slab lives while b is out (it counts as used).
-        let (r, orphan) = unsafe {
-            (
-                &(*s).remote.0,
-                (*s).owner.load(Ordering::Relaxed) == ORPHAN_ID,
-            )
-        };
-        let mut h = r.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: b is ours until the push succeeds.
-            unsafe { (*b).next = encode(h, link) };
-            match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(x) => h = x,
+        if unsafe { (*s).owner.load(Ordering::Relaxed) } == ORPHAN_ID {
+            // SAFETY: forwarded contract.
+            if unsafe { self.orphan_free(s, b) } {
+                return;
             }
         }
-        if orphan {
-            // SAFETY: s lies in the span (it held b).
-            unsafe { self.orphan_freed(s) };
+        let link = self.link();
+        // SAFETY: as above.
+        let r = unsafe { &(*s).remote.0 };
+        let mut h = r.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: b is ours until the push succeeds; after it, neither
+            // b nor the slab is touched (its owner may release it).
+            unsafe { (*b).next = encode(h, link) };
+            match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(x) => h = x,
+            }
         }
     }
 
@@ -411,11 +413,13 @@ impl<P: PageSource> SlabArena<P> {
             (*s).state = S_ORPHAN;
             let mut o = self.orphans.lock();
             // Under the lock: an owner of ORPHAN_ID, read under the lock,
-            // means the slab is on an orphan list (see `orphan_freed`).
+            // means the slab is on an orphan list (see `orphan_free`).
             (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
             push(&mut o.0[(*s).class as usize], s);
+            // Under the lock too, so that `check` (which counts under it)
+            // never sees the count and the lists apart.
+            self.orphaned.fetch_add(1, Ordering::Relaxed);
         }
-        self.orphaned.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An orphan of class `c` with a free block, now owned by `id`, off
@@ -440,9 +444,9 @@ impl<P: PageSource> SlabArena<P> {
                     remove(&mut o.0[c], s);
                     (*s).owner.store(id, Ordering::Relaxed);
                 }
+                self.orphaned.fetch_sub(1, Ordering::Relaxed);
                 s
             };
-            self.orphaned.fetch_sub(1, Ordering::Relaxed);
             // SAFETY: the orphan is ours now (taken under the lock, which
             // also makes its last owner's writes visible).
             unsafe {
@@ -458,33 +462,43 @@ impl<P: PageSource> SlabArena<P> {
                 let mut o = self.orphans.lock();
                 (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
                 push(&mut o.0[c], s);
+                self.orphaned.fetch_add(1, Ordering::Relaxed);
             }
-            self.orphaned.fetch_add(1, Ordering::Relaxed);
         }
         None
     }
 
-    /// A free by a thread that does not own slab `s` found it orphaned:
-    /// when the orphan lists are free to take, the slab's remote frees are
-    /// taken and, if that empties it, it goes back to the source. So the
-    /// blocks an exited thread left, once others free them, do not hold
-    /// their slab until some thread adopts it.
+    /// A free of block `b` by a thread that does not own slab `s`, which
+    /// looked orphaned: when the orphan lists are free to take and `s` is
+    /// still an orphan, the lock holder frees `b` as the slab's owner would
+    /// (with the slab's remote frees) and, if that empties the slab, gives
+    /// it back. So the blocks an exited thread left, once others free them,
+    /// do not hold their slab until some thread adopts it. False, with
+    /// nothing done, when the caller must push `b` on the remote list.
+    ///
+    /// The block is put in under the lock, before the slab can be released
+    /// (it counts as used until then): a free that pushed first and locked
+    /// after could find the slab released by another thread meanwhile.
     ///
     /// # Safety
-    /// `s`'s header lies in the page source's span, which stays mapped.
+    /// As [`push_remote`](Self::push_remote).
     #[cold]
     #[inline(never)]
-    pub(super) unsafe fn orphan_freed(&self, s: *mut Slab) {
+    unsafe fn orphan_free(&self, s: *mut Slab, b: *mut Block) -> bool {
         let Some(mut o) = self.orphans.try_lock() else {
-            return;
+            return false;
         };
         // SAFETY: under the lock an owner of ORPHAN_ID means that `s` is a
         // live slab on an orphan list (every change to or from it is made
-        // under the lock), so it is ours to collect and release.
+        // under the lock), so it is ours to change and release; b is a live
+        // block of it that the caller gives up, keyed.
         unsafe {
             if (*s).owner.load(Ordering::Relaxed) != ORPHAN_ID {
-                return;
+                return false;
             }
+            (*b).next = encode((*s).free, self.link());
+            (*s).free = b;
+            (*s).used -= 1;
             self.collect(s);
             if (*s).used == 0 {
                 remove(&mut o.0[(*s).class as usize], s);
@@ -492,6 +506,7 @@ impl<P: PageSource> SlabArena<P> {
                 self.release(s);
             }
         }
+        true
     }
 
     /// Gives back every orphan that is empty once its remote frees are in.

@@ -264,7 +264,9 @@ impl SlabCache {
     }
 
     /// Gives back every empty slab of this thread (their remote frees taken
-    /// first), the kept empty ones included (`malloc_trim`).
+    /// first), the kept empty ones included (`malloc_trim`); a full slab
+    /// that others freed into moves to the slabs with room. The orphans are
+    /// the arena's ([`SlabArena::trim_orphans`]).
     ///
     /// # Safety
     /// The cache's slabs are `arena`'s.
@@ -282,26 +284,44 @@ impl SlabCache {
         let mut released = 0;
         for c in 1..=SLAB_CLASSES {
             let cl = &mut self.cls[c];
-            for list in [&mut cl.avail, &mut cl.full] {
-                let mut left = count(*list);
-                while left > 0 {
-                    left -= 1;
-                    let s = *list;
-                    // SAFETY: members of our list.
-                    unsafe {
-                        *list = (*s).next;
-                        arena.collect(s);
-                        if (*s).used == 0 {
-                            remove(list, s);
-                            arena.release(s);
-                            released += 1;
-                        }
+            // Full slabs: their remote frees in; empty ones go back, those
+            // with free blocks now move to the list of slabs with room.
+            let mut left = count(cl.full);
+            while left > 0 {
+                left -= 1;
+                let s = cl.full;
+                // SAFETY: members of our lists.
+                unsafe {
+                    cl.full = (*s).next;
+                    arena.collect(s);
+                    if (*s).used == 0 {
+                        remove(&mut cl.full, s);
+                        arena.release(s);
+                        released += 1;
+                    } else if !(*s).free.is_null() {
+                        remove(&mut cl.full, s);
+                        (*s).state = S_AVAIL;
+                        push(&mut cl.avail, s);
+                    }
+                }
+            }
+            let mut left = count(cl.avail);
+            while left > 0 {
+                left -= 1;
+                let s = cl.avail;
+                // SAFETY: members of our list.
+                unsafe {
+                    cl.avail = (*s).next;
+                    arena.collect(s);
+                    if (*s).used == 0 {
+                        remove(&mut cl.avail, s);
+                        arena.release(s);
+                        released += 1;
                     }
                 }
             }
         }
         self.nslabs -= released;
-        arena.trim_orphans();
     }
 
     /// Gives up every slab (thread exit): empty ones go back to the page

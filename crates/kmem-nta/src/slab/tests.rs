@@ -275,6 +275,54 @@ fn empty_slabs_kept_follow_the_slabs_in_use() {
 }
 
 #[test]
+fn trim_moves_full_slabs_that_others_freed_into() {
+    let a = arena();
+    let mut owner = SlabCache::new();
+    let mut other = SlabCache::new();
+    // More than a slab of 16-byte blocks: the first slab is full.
+    let ps: Vec<*mut u8> = (0..5000).map(|_| alloc(&mut owner, &a, 1)).collect();
+    for &p in &ps[..100] {
+        // SAFETY: live blocks of a's; `other` owns none of their slabs.
+        unsafe { other.free(&a, p) };
+    }
+    // SAFETY: the caches' slabs are a's.
+    unsafe {
+        owner.trim(&a);
+        owner.check(&a).unwrap();
+        for &p in &ps[100..] {
+            owner.free(&a, p);
+        }
+        owner.check(&a).unwrap();
+        owner.abandon(&a);
+        other.abandon(&a);
+    }
+    assert_eq!(a.stats().slabs, 0);
+}
+
+#[test]
+fn a_free_into_an_orphan_while_its_lock_is_busy_is_queued() {
+    let a = arena();
+    let mut gone = SlabCache::new();
+    let p = alloc(&mut gone, &a, 2);
+    let q = alloc(&mut gone, &a, 2);
+    // SAFETY: the cache's slabs are a's.
+    unsafe { gone.abandon(&a) };
+    let mut t = SlabCache::new();
+    {
+        // The orphan lists busy: the free goes onto the remote list.
+        let _busy = a.orphans.lock();
+        // SAFETY: a live block of a's.
+        unsafe { t.free(&a, p) };
+        assert_eq!(a.stats().orphans, 1);
+    }
+    // The next free takes both in under the lock and gives the slab back.
+    // SAFETY: as above.
+    unsafe { t.free(&a, q) };
+    assert_eq!((a.stats().slabs, a.stats().orphans), (0, 0));
+    a.check().unwrap();
+}
+
+#[test]
 fn an_orphan_goes_back_once_others_free_its_blocks() {
     let a = arena();
     let mut gone = SlabCache::new();
