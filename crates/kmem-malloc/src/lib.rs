@@ -40,8 +40,8 @@
 //! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
 //! served by nta directly. Other threads wait for the one that initialises.
 //!
-//! **Threads.** The front and tiny caches live in a 2032-byte block of
-//! nta's that the thread's first call takes, found through one pointer of
+//! **Threads.** The front cache and the thread's tiny slabs live in a block
+//! of nta's that the thread's first call takes, found through one pointer of
 //! initial-exec TLS
 //! (8 bytes: the library also loads by `dlopen` after start-up, where glibc
 //! keeps little spare static TLS). No Rust destructor (registering one would

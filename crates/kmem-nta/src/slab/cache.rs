@@ -410,21 +410,4 @@ impl SlabCache {
         }
         Ok(())
     }
-
-    /// Blocks of class `c` this thread could allocate without the slow
-    /// path (its current slab's list).
-    pub fn ready<P: PageSource>(&self, arena: &SlabArena<P>, c: usize) -> usize {
-        let s = self.cls.get(c).map_or(ptr::null_mut(), |cl| cl.cur);
-        let mut n = 0;
-        if !s.is_null() {
-            // SAFETY: our current slab; its list is ours.
-            let mut b = unsafe { (*s).free };
-            while !b.is_null() {
-                n += 1;
-                // SAFETY: as above.
-                b = decode(b, unsafe { (*b).next }, arena.link());
-            }
-        }
-        n
-    }
 }
