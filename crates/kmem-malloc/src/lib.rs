@@ -88,7 +88,7 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use kmem_core::{Cpus, Error, PageSource};
 use kmem_nta::global::GLOBAL_CONFIG;
-use kmem_nta::slab::{slab_class, SlabArena, SlabStats, SLAB_MAX};
+use kmem_nta::slab::{slab_class, SlabArena, SlabStats, SLAB_GRANULE, SLAB_MAX};
 use kmem_nta::{front_class, Nta};
 use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
@@ -760,7 +760,7 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
             Err(e) => die("realloc", p, &e),
         };
         // A block of its class stays (shrinking within the class included).
-        if slab_class(size) == Some(n / 16) {
+        if slab_class(size) == Some(n / SLAB_GRANULE) {
             return p;
         }
         // SAFETY: a live block of the slabs' (just checked), given up.

@@ -284,41 +284,12 @@ impl SlabCache {
         let mut released = 0;
         for c in 1..=SLAB_CLASSES {
             let cl = &mut self.cls[c];
-            // Full slabs: their remote frees in; empty ones go back, those
-            // with free blocks now move to the list of slabs with room.
-            let mut left = count(cl.full);
-            while left > 0 {
-                left -= 1;
-                let s = cl.full;
-                // SAFETY: members of our lists.
-                unsafe {
-                    cl.full = (*s).next;
-                    arena.collect(s);
-                    if (*s).used == 0 {
-                        remove(&mut cl.full, s);
-                        arena.release(s);
-                        released += 1;
-                    } else if !(*s).free.is_null() {
-                        remove(&mut cl.full, s);
-                        (*s).state = S_AVAIL;
-                        push(&mut cl.avail, s);
-                    }
-                }
-            }
-            let mut left = count(cl.avail);
-            while left > 0 {
-                left -= 1;
-                let s = cl.avail;
-                // SAFETY: members of our list.
-                unsafe {
-                    cl.avail = (*s).next;
-                    arena.collect(s);
-                    if (*s).used == 0 {
-                        remove(&mut cl.avail, s);
-                        arena.release(s);
-                        released += 1;
-                    }
-                }
+            // Full slabs first: those that others freed into move to the
+            // list of slabs with room, which is swept after.
+            // SAFETY: our lists of our slabs.
+            unsafe {
+                released += sweep(arena, &mut cl.full, Some(&mut cl.avail));
+                released += sweep(arena, &mut cl.avail, None);
             }
         }
         self.nslabs -= released;
@@ -410,4 +381,38 @@ impl SlabCache {
         }
         Ok(())
     }
+}
+
+/// Takes in the remote frees of every slab on the list at `list` and gives
+/// back those that are empty then; with `to_avail`, moves those that have
+/// free blocks now onto that list. Returns how many went back.
+///
+/// # Safety
+/// The lists hold the caller's slabs of `arena`; `to_avail` is not `list`.
+unsafe fn sweep<P: PageSource>(
+    arena: &SlabArena<P>,
+    list: &mut *mut Slab,
+    mut to_avail: Option<&mut *mut Slab>,
+) -> usize {
+    let mut released = 0;
+    for _ in 0..count(*list) {
+        let s = *list;
+        // SAFETY: members of the caller's lists.
+        unsafe {
+            *list = (*s).next;
+            arena.collect(s);
+            if (*s).used == 0 {
+                remove(list, s);
+                arena.release(s);
+                released += 1;
+            } else if let Some(avail) = to_avail.as_deref_mut() {
+                if !(*s).free.is_null() {
+                    remove(list, s);
+                    (*s).state = S_AVAIL;
+                    push(avail, s);
+                }
+            }
+        }
+    }
+    released
 }
