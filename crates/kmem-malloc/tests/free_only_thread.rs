@@ -65,6 +65,21 @@ fn a_thread_that_only_frees_uses_its_cache() {
         taken < (N / 16) as u64,
         "{taken} heap locks for {N} frees by a thread that only frees"
     );
+    // The consumer's full batches went whole to the exchange of the heap
+    // that made them (this CPU's), for this thread's next malloc of the
+    // class: it gets one of its own blocks back, nta's bitmaps untouched.
+    // SAFETY: a plain C call.
+    let again = unsafe { kmem_malloc::malloc(64) };
+    assert!(
+        blocks.contains(&(again as usize)),
+        "the next malloc took a block the consumer handed back"
+    );
+    // SAFETY: allocated just above, freed once; then a plain C call, which
+    // frees what still waits on the exchange.
+    unsafe {
+        kmem_malloc::free(again);
+        kmem_malloc::malloc_trim(0);
+    }
     // Everything came back when the thread exited (its cache included),
     // less what glibc allocated for the thread itself (its TLS block, which
     // stays for the next thread; a few KiB).

@@ -3,11 +3,14 @@
 //!
 //! ```text
 //!   pop(k)        head of class k, or null              (no atomics, no lock)
-//!   refill(k)     one heap lock: LIMIT[k]/2 chunks carved from one free run,
+//!   refill(k)     the batches waiting for class k on this CPU's heap's
+//!                 exchange, spliced whole (one swap, no lock); else one
+//!                 heap lock: LIMIT[k]/2 chunks carved from one free run,
 //!                 and the heap's queued remote frees of any size with room
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
 //!                 (a class this thread never refilled: onto its hand-back
-//!                 list, which pop never sees, handed back whole at 32)
+//!                 list, which pop never sees, handed back whole at 32 to
+//!                 the exchange of the heap that made the first block)
 //!   every 64th refill (or free-only hand-back): classes with no refill or
 //!                 flush in the last 64 go back
 //!   flush_all     everything back, every class at its base bound again
@@ -23,19 +26,24 @@
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
 //! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first, a
-//! cache at most [`FRONT_BYTES`] (8 MiB) in all. A class the thread has never refilled
-//! keeps at most [`FREE_ONLY`] entries and hands them back all at once: a
-//! thread that frees what others allocate (the consumer of a queue) gets
-//! its frees batched under one lock without holding a stock it would never
+//! cache at most [`FRONT_BYTES`] (8 MiB) in all. A class the thread has
+//! never refilled keeps at most [`FREE_ONLY`] entries and hands them back
+//! all at once: a thread that frees what others allocate (the consumer of
+//! a queue) gets its frees batched without holding a stock it would never
 //! allocate from. Those entries sit on the class's hand-back list, apart
 //! from its stock, so that the thread's own first allocations of the class
 //! never take them: a block another thread made sits beside that thread's
 //! blocks, and reusing it here shares their cache lines between two CPUs
 //! (Hoard's passive false sharing, `cache_scratch`: 1.8x mimalloc's time
 //! when the block a worker was given and freed became its working block).
-//! The class's first refill hands the list back. Cached chunks stay
-//! allocated in their node's bitmap, so they neither coalesce nor count as
-//! free: the bound is what keeps the seed's packing.
+//! The class's first refill hands the list back. A full batch goes whole
+//! to the exchange of the heap that made its first block (the `exchange`
+//! module), where that heap's next refill of the class (the producer's, as
+//! a rule) splices it into its stock as it is: no chunk is validated,
+//! released into its node or carved again on the way (into nta only when
+//! the exchange is full). Cached chunks stay allocated in their node's
+//! bitmap, so they neither coalesce nor count as free: the bound is what
+//! keeps the seed's packing.
 //!
 //! **Classes grow.** A class that overflows (its bound reached by a push)
 //! after this thread refilled it since its last overflow doubles its bound
@@ -90,7 +98,9 @@ use core::ptr;
 
 use kmem_core::{CpuSource, Error, PageSource};
 
-use crate::nta::{bad_free, cache_key, fatal_corruption, link_decode, link_encode, Nta, Semi};
+use crate::nta::{
+    bad_free, cache_key, fatal_corruption, link_decode, link_encode, link_key, Nta, Semi,
+};
 
 mod classes;
 
@@ -575,6 +585,20 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
+        if self.link == 0 && nta.secret() != 0 {
+            self.link = link_key(nta.secret());
+            self.set_lims();
+        }
+        if Self::CHUNK == 64 && self.link != 0 {
+            // Batches a thread that only frees this class handed back here
+            // (see `exchange`), spliced as they are: no lock.
+            let b = nta.xfer_take(k);
+            if !b.is_null() {
+                // SAFETY: taken from nta's exchange: batches of class k of
+                // nta's chunks, links under nta's key (this cache's).
+                return unsafe { self.splice(b, k) };
+            }
+        }
         let want = fill_count(k, Self::CHUNK, self.fills[k], self.limit(k));
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
@@ -719,6 +743,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             return;
         }
         let link = self.link;
+        let free_only = self.only_frees(k);
         let list = self.list(k);
         let head = *list;
         let mut tail = head;
@@ -729,11 +754,40 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             }
             *list = link_decode(tail, (*tail).next, link, Self::CHUNK);
             (*tail).next = link_encode(ptr::null_mut(), link);
+            // A free-only class's blocks go whole to the exchange of the
+            // heap that made them, for its next refill of the class (the
+            // producer's); else, or when it is full, into nta.
             // SAFETY: a chain of n cached chunks of k chunks each.
-            nta.free_batch(head, k, self.link);
+            if !(free_only && nta.xfer_push(head, tail, n as usize, k, link)) {
+                nta.free_batch(head, k, link);
+            }
         }
         self.cls[k].count -= n;
         self.bytes -= (n as usize * k) << SHIFT;
+    }
+
+    /// Splices the batches from `b` down (taken from an exchange, links
+    /// under this cache's key) into class `k`'s stock and returns its first
+    /// chunk, both its words clear.
+    ///
+    /// # Safety
+    /// The batches are the caller's, of chunks of `k` chunks each of the
+    /// nta this cache serves; the cache's link key is set.
+    unsafe fn splice(&mut self, mut b: *mut Semi, k: usize) -> *mut u8 {
+        let link = self.link;
+        while !b.is_null() {
+            // SAFETY: a batch of ours (this function's contract).
+            unsafe {
+                let h = crate::exchange::open(b, link, FREE_ONLY as usize);
+                (*h.tail).next = link_encode(self.cls[k].head, link);
+                self.cls[k].head = b;
+                self.cls[k].count += h.n as u32;
+                self.bytes += (h.n * k) << SHIFT;
+                b = h.below;
+            }
+        }
+        self.set_lim(k);
+        self.pop(k)
     }
 
     /// One event of class `k` on the clock of idleness (a refill, or a
@@ -811,16 +865,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         self.bytes = 0;
     }
 }
-
-/// The key of a cache's encoded links: from the allocator's secret, with
-/// the two low bits set, so that an aligned pointer (or zero bytes, or any
-/// byte whose low bits are not both set) never decodes to an aligned one.
-#[inline(always)]
-fn link_key(secret: usize) -> usize {
-    (secret.rotate_left(29) ^ LINK_SALT) | 3
-}
-
-const LINK_SALT: usize = 0x9e37_79b9_7f4a_7c15_u64 as usize;
 
 #[cfg(test)]
 mod tests;

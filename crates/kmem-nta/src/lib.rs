@@ -87,6 +87,7 @@
 #![cfg_attr(not(any(feature = "std", test)), no_std)]
 #![warn(missing_docs)]
 
+mod exchange;
 pub mod front;
 pub mod node;
 mod nta;

@@ -7,6 +7,7 @@ use kmem_core::{
     CachePadded, Counter, CpuSource, Cpus, Error, Lock, LockGuard, LockStats, PageSource, Result,
 };
 
+use crate::exchange::Exchange;
 use crate::node::{Geometry, Node, MAX_NODE_CHUNKS};
 use crate::remote::RemoteList;
 
@@ -247,6 +248,16 @@ pub(crate) fn link_encode(next: *mut Semi, link: usize) -> *mut Semi {
     (next as usize ^ link) as *mut Semi
 }
 
+/// The key of a cache's encoded links: from the allocator's secret, with
+/// the two low bits set, so that an aligned pointer (or zero bytes, or any
+/// byte whose low bits are not both set) never decodes to an aligned one.
+#[inline(always)]
+pub(crate) fn link_key(secret: usize) -> usize {
+    (secret.rotate_left(29) ^ LINK_SALT) | 3
+}
+
+const LINK_SALT: usize = 0x9e37_79b9_7f4a_7c15_u64 as usize;
+
 /// The link stored in chunk `e` under key `link`; one that does not decode
 /// to an address aligned to `align` (the chunk size) was overwritten: abort
 /// with one line.
@@ -409,6 +420,8 @@ pub(crate) struct Slot {
     pub(crate) heap: Lock<Heap>,
     misses: Counter,
     pub(crate) semi: CachePadded<RemoteList>,
+    /// Batches of free-only classes handed back whole (see `exchange`).
+    pub(crate) xfer: CachePadded<Exchange>,
 }
 
 impl Slot {
@@ -418,6 +431,7 @@ impl Slot {
             heap: Lock::new(Heap::new()),
             misses: Counter::new(),
             semi: CachePadded(RemoteList::new()),
+            xfer: CachePadded(Exchange::new()),
         }
     }
 
@@ -427,6 +441,7 @@ impl Slot {
             heap: Lock::new(Heap::new()),
             misses: Counter::new(),
             semi: CachePadded(RemoteList::new()),
+            xfer: CachePadded(Exchange::new()),
         }
     }
 }

@@ -842,6 +842,8 @@ fn a_class_this_thread_only_frees_goes_back_in_batches() {
     let q = unsafe { owner.refill(&nta, 1) };
     assert!(!q.is_null());
     let stocked = owner.count(1);
+    // Its refill took the consumer's three full batches from the exchange.
+    assert_eq!(stocked, 3 * free_only - 1);
     let w: Vec<_> = (0..256).map(|_| nta.alloc(l(64)).unwrap()).collect();
     for p in &w {
         // SAFETY: as above.
@@ -887,6 +889,10 @@ fn a_thread_that_only_frees_gives_back_its_idle_classes() {
     assert_eq!(consumer.count(3), 0, "an idle class stays parked");
     // SAFETY: the cache holds only nta's chunks.
     unsafe { consumer.flush_all(&nta) };
+    nta.check().unwrap();
+    // Class 1's batches wait on the exchange (the rest went into nta when
+    // it was full); maintenance frees them.
+    nta.maintain();
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
 }
@@ -1103,6 +1109,74 @@ fn a_front_cache_over_other_chunks_frees_at_once() {
         }
         nta.free(keep).unwrap();
     }
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+}
+
+/// A consumer's full batches of a free-only class wait on the exchange of
+/// the heap that made them, and the next refill of the class there takes
+/// them whole: the producer gets back exactly the blocks it made, without
+/// nta allocating anything. Past the exchange's bound, batches go into nta.
+#[test]
+fn a_consumers_batches_go_whole_to_the_next_refill() {
+    let mut b = buf(256);
+    let nta = Nta::with_config(source(&mut b), cfg(), Cpus::Fixed(0)).unwrap();
+    let free_only = crate::front::FREE_ONLY as usize;
+    let made: Vec<_> = (0..4 * free_only)
+        .map(|_| nta.alloc(l(2 * 64)).unwrap().as_ptr() as usize)
+        .collect();
+    let mut consumer = crate::FrontCache::new();
+    for &p in &made {
+        // SAFETY: live 2-chunk allocations of nta's, each freed once.
+        unsafe { consumer.push(&nta, p as *mut u8, 2) };
+    }
+    // Three full batches went to the exchange, the fourth waits in the cache.
+    assert_eq!(consumer.count(2), free_only);
+    let allocs = nta.stats().allocations;
+    let mut producer = crate::FrontCache::new();
+    // SAFETY: a new cache over nta.
+    let first = unsafe { producer.refill(&nta, 2) };
+    assert_eq!(nta.stats().allocations, allocs, "nta allocated nothing");
+    assert_eq!(producer.count(2), 3 * free_only - 1);
+    let mut got = vec![first as usize];
+    got.extend((0..3 * free_only - 1).map(|_| producer.pop(2) as usize));
+    got.sort_unstable();
+    let mut want = made[..3 * free_only].to_vec();
+    want.sort_unstable();
+    assert_eq!(got, want, "the producer got the consumer's three batches");
+    nta.check().unwrap();
+    for p in got {
+        // SAFETY: handed out by the producer's cache, each freed once.
+        unsafe { nta.free_small(p, 2) };
+    }
+    // SAFETY: both caches hold only nta's chunks.
+    unsafe {
+        consumer.flush_all(&nta);
+        producer.flush_all(&nta);
+    }
+    nta.maintain();
+    nta.check().unwrap();
+    assert_eq!(nta.stats().bytes_held, 0);
+
+    // The bound: a class of 16 chunks (1 KiB blocks) keeps 8 batches.
+    let n = 12 * free_only;
+    let made: Vec<_> = (0..n)
+        .map(|_| nta.alloc(l(16 * 64)).unwrap().as_ptr() as usize)
+        .collect();
+    let mut consumer = crate::FrontCache::new();
+    for &p in &made {
+        // SAFETY: live 16-chunk allocations of nta's, each freed once.
+        unsafe { consumer.push(&nta, p as *mut u8, 16) };
+    }
+    assert_eq!(consumer.count(16), free_only);
+    assert_eq!(
+        nta.stats().bytes_held,
+        (8 + 1) * free_only * 16 * 64,
+        "8 batches on the exchange and 1 in the cache; the other 3 went into nta"
+    );
+    // SAFETY: the cache holds only nta's chunks.
+    unsafe { consumer.flush_all(&nta) };
+    nta.trim();
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
 }

@@ -173,3 +173,41 @@ fn stress_global_front_caches() {
     KmemNta::flush_thread_cache();
     KmemNta::check().unwrap();
 }
+
+/// Producers allocate, consumers on other threads free everything they
+/// are sent (a work queue): the consumers' free-only classes hand their
+/// blocks back whole through the exchange to the producers' refills. Every
+/// block keeps its cookie until freed, so a block handed out twice (the
+/// same chunk in two batches, or in a batch and a cache) breaks one.
+#[test]
+fn producer_consumer_global_front_caches() {
+    const PAIRS: usize = 2;
+    const BLOCKS: usize = 150_000;
+    std::thread::scope(|s| {
+        for t in 0..PAIRS {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Block>>(16);
+            s.spawn(move || {
+                let mut r = Rng(0x5eed + t as u64);
+                let mut batch = Vec::with_capacity(64);
+                for _ in 0..BLOCKS {
+                    let size = 16 + r.below(1009) as usize;
+                    batch.push(make(&KmemNta, size));
+                    if batch.len() == 64 {
+                        tx.send(std::mem::replace(&mut batch, Vec::with_capacity(64)))
+                            .unwrap();
+                    }
+                }
+                tx.send(batch).unwrap();
+            });
+            s.spawn(move || {
+                for batch in rx {
+                    for b in batch {
+                        kill(&KmemNta, b);
+                    }
+                }
+            });
+        }
+    });
+    KmemNta::flush_thread_cache();
+    KmemNta::check().unwrap();
+}

@@ -5,11 +5,25 @@ use core::ptr;
 
 use kmem_core::{CpuSource, LockGuard, PageSource};
 
+use crate::exchange::{self, XFER_CLASSES};
+use crate::front::FREE_ONLY;
 use crate::node::{bits, end_map, used_map, Node};
 
 use super::{
-    bad_free, link_decode, prefetch_ahead, semi_len, semi_tag, skip_word, Heap, Nta, Semi, SKIP,
+    bad_free, link_decode, link_key, prefetch_ahead, semi_len, semi_tag, skip_word, Heap, Nta,
+    Semi, SKIP,
 };
+
+/// Batches of class `k` an exchange holds at most: about 256 KiB of them
+/// (full batches of [`FREE_ONLY`] blocks), 8 to 63.
+const fn xfer_depth(k: usize) -> usize {
+    let n = (256 << 10) / (FREE_ONLY as usize * k * 64);
+    if n > 63 {
+        63
+    } else {
+        n
+    }
+}
 
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- batches, for front caches ----------------------------------------
@@ -204,5 +218,78 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             unsafe { self.semi_push(run.0, run.1, run.2) };
         }
         drop(local);
+    }
+
+    // ---- the exchange of whole batches (see `exchange`) -------------------
+
+    /// Hands a front cache's batch `head ..= tail` of `n` allocations of `k`
+    /// chunks each (a free-only class's hand-back, links encoded under
+    /// `link`, the tail's link null) to the exchange of the heap that owns
+    /// its first chunk, for the next refill of class `k` there. False, and
+    /// the batch still the caller's, when class `k` has no exchange (or
+    /// chunks are not 64 bytes) or that heap's is full.
+    ///
+    /// # Safety
+    /// Every entry is a live allocation of `k` chunks that the caller gives
+    /// up if this returns true; `n` is at most [`FREE_ONLY`].
+    pub(crate) unsafe fn xfer_push(
+        &self,
+        head: *mut Semi,
+        tail: *mut Semi,
+        n: usize,
+        k: usize,
+        link: usize,
+    ) -> bool {
+        if k > XFER_CLASSES || self.geo.chunk() != 64 {
+            return false;
+        }
+        let (node, _) = self.node_of(head as usize);
+        // SAFETY: a live allocation's node is a live node of some heap.
+        let owner = unsafe { (*node).owner } as usize;
+        // SAFETY: the caller's contract; chunks of 64 bytes, aligned.
+        unsafe {
+            self.slots[owner]
+                .xfer
+                .push(k, head, tail, n, link, xfer_depth(k))
+        }
+    }
+
+    /// Takes the batches of class `k` waiting on this CPU's heap's exchange:
+    /// the top one (walk them with [`exchange::open`]), or null.
+    #[inline]
+    pub(crate) fn xfer_take(&self, k: usize) -> *mut Semi {
+        if k > XFER_CLASSES {
+            return ptr::null_mut();
+        }
+        let x = &self.slots[self.current_heap()].xfer;
+        if x.has(k) {
+            x.take(k)
+        } else {
+            ptr::null_mut()
+        }
+    }
+
+    /// Frees every batch waiting on heap `j`'s exchange into nta (from
+    /// `maintain` and `trim`: what a consumer handed back for a producer
+    /// that did not come for it).
+    ///
+    /// CONTEXT: no heap lock held.
+    pub(crate) fn xfer_drain(&self, j: usize) {
+        let link = link_key(self.secret());
+        for k in 1..=XFER_CLASSES {
+            if !self.slots[j].xfer.has(k) {
+                continue;
+            }
+            let mut b = self.slots[j].xfer.take(k);
+            while !b.is_null() {
+                // SAFETY: batches taken from the exchange are ours: chains of
+                // live allocations of k chunks, links under the nta's key.
+                unsafe {
+                    let h = exchange::open(b, link, FREE_ONLY as usize);
+                    self.free_batch(b, k, link);
+                    b = h.below;
+                }
+            }
+        }
     }
 }

@@ -335,7 +335,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Moves memory that the allocator holds and nobody uses towards the
     /// OS: frees that other CPUs queued on heaps not running now are
     /// finished (a heap whose threads moved away would otherwise hold them
-    /// until it allocates again), so their nodes that empty go back; the
+    /// until it allocates again), and so are the batches waiting on every
+    /// heap's exchange (a consumer's, whose producer did not come for
+    /// them), so their nodes that empty go back; the
     /// shared pool's nodes go back to the source; and the source applies
     /// its return policy ([`PageSource::maintain`]). `os` builds run it on
     /// their own every [`MAINTAIN_MS`] from the slow paths; a kernel may
@@ -345,6 +347,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     #[cold]
     pub fn maintain(&self) {
         let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
+        for j in 0..grown {
+            self.xfer_drain(j);
+        }
         for j in 0..grown {
             if self.slots[j].semi.is_empty() {
                 continue;
@@ -369,7 +374,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// Gives back everything that can go (`malloc_trim`): every heap's
-    /// queued remote frees are finished, its empty reserve nodes and the
+    /// queued remote frees and the batches waiting on its exchange are
+    /// finished, its empty reserve nodes and the
     /// pool's nodes go back to the source, and the source gives every free
     /// page back to the OS ([`PageSource::purge`]). Chunks parked in
     /// threads' front caches stay there.
@@ -379,6 +385,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
         let g = self.geo;
         for j in 0..grown {
+            self.xfer_drain(j);
             let mut heap = self.slots[j].heap.lock();
             self.drain_slow(&mut heap, j);
             let mut n = heap.nodes;
