@@ -163,6 +163,9 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// "Bounds"); `cls[k].count` counts it then. A class's chunks are on
     /// one of the two lists, never both.
     back: [*mut Semi; N],
+    /// The last chunk of each hand-back list (the first pushed), so that
+    /// handing the list back whole needs no walk.
+    back_tail: [*mut Semi; N],
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
     fills: [u8; N],
     /// `refills` at each class's last refill or flush.
@@ -233,6 +236,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             cycled: 0,
             cls: [Class::EMPTY; N],
             back: [ptr::null_mut(); N],
+            back_tail: [ptr::null_mut(); N],
             fills: [0; N],
             active: [0; N],
             grow: [0; N],
@@ -520,6 +524,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lims();
         }
         let link = self.link;
+        if self.only_frees(k) && self.back[k].is_null() {
+            self.back_tail[k] = e;
+        }
         let list = self.list(k);
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
         unsafe {
@@ -749,11 +756,18 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let mut tail = head;
         // SAFETY: the class holds count >= n entries.
         unsafe {
-            for _ in 1..n {
-                tail = link_decode(tail, (*tail).next, link, Self::CHUNK);
+            if free_only {
+                // The whole hand-back list: its tail is known, its link null.
+                tail = self.back_tail[k];
+                *self.list(k) = ptr::null_mut();
+                debug_assert!(link_decode(tail, (*tail).next, link, Self::CHUNK).is_null());
+            } else {
+                for _ in 1..n {
+                    tail = link_decode(tail, (*tail).next, link, Self::CHUNK);
+                }
+                *list = link_decode(tail, (*tail).next, link, Self::CHUNK);
+                (*tail).next = link_encode(ptr::null_mut(), link);
             }
-            *list = link_decode(tail, (*tail).next, link, Self::CHUNK);
-            (*tail).next = link_encode(ptr::null_mut(), link);
             // A free-only class's blocks go whole to the exchange of the
             // heap that made them, for its next refill of the class (the
             // producer's); else, or when it is full, into nta.
