@@ -20,12 +20,20 @@ use crate::{
 /// As the C function.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    malloc_in(size).cast()
+}
+
+/// `malloc`'s body, for kmem's own callers (`realloc`): a call of the
+/// exported `malloc` from inside the library goes through the PLT, which
+/// finds glibc's `malloc` first when the library was `dlopen`ed.
+#[inline(always)]
+pub(crate) fn malloc_in(size: usize) -> *mut u8 {
     let t = thread();
     let mode = t.mode.get();
     if mode == T_FAST {
         let p = pop_fast(t, size);
         if !p.is_null() {
-            return p.cast();
+            return p;
         }
     } else if mode == T_SECURE && size <= FRONT_MAX {
         let k = if size == 0 { 1 } else { (size + 63) >> 6 };
@@ -33,10 +41,10 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
         // borrow is live.
         let p = unsafe { (*t.front.get()).pop_checked(&NTA, k) };
         if !p.is_null() {
-            return p.cast();
+            return p;
         }
     }
-    alloc_slow(size, MIN_ALIGN, false).cast()
+    alloc_slow(size, MIN_ALIGN, false)
 }
 
 /// `free(3)`: a pointer kmem did not hand out, or one already freed, prints
@@ -117,8 +125,8 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
-        // SAFETY: forwarded (malloc's hit is inline there).
-        return unsafe { malloc(size) };
+        // malloc's hit inline.
+        return malloc_in(size).cast();
     }
     if size == 0 {
         free_in("realloc", p.cast());

@@ -791,10 +791,9 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
 /// [`move_to`] of a block whose owner and length the caller has just looked
 /// up: `free` gives it back without looking it up again.
 fn move_to_known(p: *mut u8, old: usize, size: usize, free: impl FnOnce(*mut u8)) -> *mut u8 {
-    // `malloc`, whose cache hit is inline there (a vector that doubles
+    // `malloc`, whose cache hit is inline here (a vector that doubles
     // moves at every step).
-    // SAFETY: a plain call of kmem's malloc.
-    let q = unsafe { abi::malloc(size) }.cast::<u8>();
+    let q = abi::malloc_in(size);
     if q.is_null() {
         return q;
     }
