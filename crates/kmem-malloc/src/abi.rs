@@ -124,16 +124,23 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// As the C function.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    realloc_c(p.cast(), size).cast()
+}
+
+/// `realloc`'s body, for `reallocarray` (see [`malloc_in`] for why not the
+/// exported function).
+#[inline(always)]
+fn realloc_c(p: *mut u8, size: usize) -> *mut u8 {
     if p.is_null() {
         // malloc's hit inline.
-        return malloc_in(size).cast();
+        return malloc_in(size);
     }
     if size == 0 {
-        free_in("realloc", p.cast());
+        free_in("realloc", p);
         return ptr::null_mut();
     }
     started();
-    realloc_in(p.cast(), size).cast()
+    realloc_in(p, size)
 }
 
 /// `reallocarray(3)`: `realloc` with an overflow check on `n * size`.
@@ -143,8 +150,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
-        // SAFETY: forwarded.
-        Some(b) => unsafe { realloc(p, b) },
+        Some(b) => realloc_c(p.cast(), b).cast(),
         None => {
             set_errno(libc::ENOMEM);
             ptr::null_mut()

@@ -91,6 +91,24 @@ int main(int argc, char **argv) {
       }
       k_free(blocks[id][i]);
     }
+  /* realloc(NULL) and reallocarray are kmem's own calls too, not glibc's
+     malloc and realloc reached through the library's PLT. */
+  void *(*k_reallocarray)(void *, size_t, size_t) = dlsym(h, "reallocarray");
+  if (!k_reallocarray) {
+    printf("dlsym failed\n");
+    return 1;
+  }
+  unsigned char *r = k_realloc(NULL, 24);
+  unsigned char *s = k_reallocarray(NULL, 3, 8);
+  if (!r || !s) return 1;
+  memset(r, 7, 24);
+  r = k_reallocarray(r, 100, 24);
+  if (!r || r[0] != 7 || r[23] != 7 || k_usable(r) < 2400) {
+    printf("reallocarray\n");
+    return 1;
+  }
+  k_free(r);
+  k_free(s);
   /* dlclose keeps the library (NODELETE): what it handed out stays its own,
      and a thread that used it still runs its destructor at exit. */
   void *p = k_malloc(100);
