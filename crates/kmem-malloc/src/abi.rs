@@ -281,11 +281,12 @@ pub(crate) extern "C" fn print_stats() {
     let s = NTA.stats();
     let ts = SLABS.stats();
     say!(
-        "kmem: nta: {} allocations, {} frees by heaps ({} remote), {} KiB held in {} nodes ({} empty, {} pooled), {} KiB free in {} runs, {} large runs ({} pages)",
+        "kmem: nta: {} allocations, {} frees by heaps ({} remote), {} KiB held ({} KiB handed back whole, waiting on exchanges) in {} nodes ({} empty, {} pooled), {} KiB free in {} runs, {} large runs ({} pages)",
         s.allocations,
         s.frees,
         s.remote_frees,
         s.bytes_held >> 10,
+        s.exchange_bytes >> 10,
         s.nodes,
         s.empty_nodes,
         s.pooled_nodes,

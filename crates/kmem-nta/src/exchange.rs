@@ -57,7 +57,12 @@ const DEPTH: usize = 63;
 const ALIGN: usize = 64;
 
 /// One heap's exchange; see the module documentation.
-pub(crate) struct Exchange([AtomicUsize; XFER_CLASSES]);
+pub(crate) struct Exchange {
+    heads: [AtomicUsize; XFER_CLASSES],
+    /// Bytes of the batches queued (added before a push, taken off after
+    /// a take, so never below what is queued).
+    bytes: AtomicUsize,
+}
 
 /// What a batch's first chunk says about the batch.
 pub(crate) struct Batch {
@@ -79,25 +84,46 @@ impl Exchange {
     /// An exchange with nothing queued.
     #[cfg(not(loom))]
     pub(crate) const fn new() -> Exchange {
-        Exchange([const { AtomicUsize::new(0) }; XFER_CLASSES])
+        Exchange {
+            heads: [const { AtomicUsize::new(0) }; XFER_CLASSES],
+            bytes: AtomicUsize::new(0),
+        }
     }
 
     /// An exchange with nothing queued (loom's atomics have no `const fn new`).
     #[cfg(loom)]
     pub(crate) fn new() -> Exchange {
-        Exchange(core::array::from_fn(|_| AtomicUsize::new(0)))
+        Exchange {
+            heads: core::array::from_fn(|_| AtomicUsize::new(0)),
+            bytes: AtomicUsize::new(0),
+        }
     }
 
     /// True when class `k` (1..=[`XFER_CLASSES`]) may have batches: a
     /// relaxed peek, a hint only.
     #[inline(always)]
     pub(crate) fn has(&self, k: usize) -> bool {
-        self.0[k - 1].load(Ordering::Relaxed) != 0
+        self.heads[k - 1].load(Ordering::Relaxed) != 0
     }
 
-    /// Queues the batch `head ..= tail` of `n` chunks of class `k`, its
-    /// links encoded under `link`, unless `max` batches are queued already
-    /// (then false, and the batch is still the caller's).
+    /// Bytes of the batches queued (a figure for statistics: exact while
+    /// nobody pushes or takes; at any time at least what is queued).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The caller took batches of `bytes` bytes in all (see
+    /// [`take`](Self::take)).
+    #[inline]
+    pub(crate) fn taken(&self, bytes: usize) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Queues the batch `head ..= tail` of `n` allocations of class `k`
+    /// (`k` chunks of 64 bytes each), its links encoded under `link`, unless `max`
+    /// batches are queued already (then false, and the batch is still the
+    /// caller's). Whoever takes it reports its bytes with
+    /// [`taken`](Self::taken).
     ///
     /// CONTEXT: any thread, no lock.
     ///
@@ -115,11 +141,18 @@ impl Exchange {
         max: usize,
     ) -> bool {
         debug_assert!(head as usize & DEPTH == 0 && max <= DEPTH);
-        let slot = &self.0[k - 1];
+        let slot = &self.heads[k - 1];
         let mut cur = slot.load(Ordering::Relaxed);
+        if cur & DEPTH >= max {
+            return false;
+        }
+        // Counted before the batch can be taken (and so subtracted).
+        let bytes = n * k * ALIGN;
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
         loop {
             let depth = cur & DEPTH;
             if depth >= max {
+                self.bytes.fetch_sub(bytes, Ordering::Relaxed);
                 return false;
             }
             // SAFETY: the first chunk is the caller's, 40 bytes or more.
@@ -146,7 +179,7 @@ impl Exchange {
     /// CONTEXT: any thread, no lock.
     #[inline]
     pub(crate) fn take(&self, k: usize) -> *mut Semi {
-        (self.0[k - 1].swap(0, Ordering::Acquire) & !DEPTH) as *mut Semi
+        (self.heads[k - 1].swap(0, Ordering::Acquire) & !DEPTH) as *mut Semi
     }
 }
 
@@ -272,16 +305,23 @@ mod loom_tests {
                 .collect();
             let taker = {
                 let (x, cs) = (x.clone(), cs.clone());
-                loom::thread::spawn(move || walk(&cs, x.take(1)))
+                loom::thread::spawn(move || {
+                    let got = walk(&cs, x.take(1));
+                    x.taken(64 * got.len());
+                    got
+                })
             };
             for t in pushers {
                 t.join().unwrap();
             }
             let mut got = taker.join().unwrap();
-            got.extend(walk(&cs, x.take(1)));
+            let rest = walk(&cs, x.take(1));
+            x.taken(64 * rest.len());
+            got.extend(rest);
             got.sort_unstable();
             assert_eq!(got, [0, 1, 2]);
             assert!(!x.has(1));
+            assert_eq!(x.bytes(), 0);
         });
     }
 }
@@ -307,6 +347,7 @@ mod tests {
         // SAFETY: as above.
         let third = unsafe { x.push(3, ps[2], ps[2], 1, link, 2) };
         assert!(!third, "a third past max 2");
+        assert_eq!(x.bytes(), 2 * 192);
         assert!(x.has(3) && !x.has(2));
         let top = x.take(3);
         assert_eq!(top, ps[1]);
@@ -317,6 +358,8 @@ mod tests {
         // SAFETY: taken.
         let h = unsafe { open(ps[0], link, 1) };
         assert!(h.below.is_null());
+        x.taken(2 * 192);
+        assert_eq!(x.bytes(), 0);
         assert_eq!(cs[1].0[2..5], [0, 0, 0], "the header is cleared once read");
     }
 }

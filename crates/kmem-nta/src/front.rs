@@ -599,11 +599,15 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if Self::CHUNK == 64 && self.link != 0 {
             // Batches a thread that only frees this class handed back here
             // (see `exchange`), spliced as they are: no lock.
-            let b = nta.xfer_take(k);
+            let (h, b) = nta.xfer_take(k);
             if !b.is_null() {
+                let before = self.cls[k].count;
                 // SAFETY: taken from nta's exchange: batches of class k of
                 // nta's chunks, links under nta's key (this cache's).
-                return unsafe { self.splice(b, k) };
+                let p = unsafe { self.splice(b, k) };
+                // The chunks spliced, and the one handed out.
+                nta.xfer_taken(h, (self.cls[k].count - before + 1) as usize * k);
+                return p;
             }
         }
         let want = fill_count(k, Self::CHUNK, self.fills[k], self.limit(k));

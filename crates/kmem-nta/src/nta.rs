@@ -124,6 +124,11 @@ pub struct Stats {
     pub remote_pending: usize,
     /// Bytes of chunks in those waiting frees (part of `bytes_held`).
     pub remote_pending_bytes: usize,
+    /// Bytes of chunks in batches that threads which only free a class
+    /// handed back whole, waiting on the heaps' exchanges for the next
+    /// refill of the class (part of `bytes_held`; exact while no thread
+    /// pushes or takes).
+    pub exchange_bytes: usize,
     /// Heap locks taken, contended, waited for.
     pub locks: LockStats,
     /// Times a heap was busy and the caller went elsewhere (steal mode), or
@@ -153,6 +158,7 @@ impl core::ops::Add for Stats {
             remote_frees: self.remote_frees + o.remote_frees,
             remote_pending: self.remote_pending + o.remote_pending,
             remote_pending_bytes: self.remote_pending_bytes + o.remote_pending_bytes,
+            exchange_bytes: self.exchange_bytes + o.exchange_bytes,
             locks: self.locks + o.locks,
             lock_misses: self.lock_misses + o.lock_misses,
         }

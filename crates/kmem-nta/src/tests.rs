@@ -1132,12 +1132,14 @@ fn a_consumers_batches_go_whole_to_the_next_refill() {
     }
     // Three full batches went to the exchange, the fourth waits in the cache.
     assert_eq!(consumer.count(2), free_only);
+    assert_eq!(nta.stats().exchange_bytes, 3 * free_only * 2 * 64);
     let allocs = nta.stats().allocations;
     let mut producer = crate::FrontCache::new();
     // SAFETY: a new cache over nta.
     let first = unsafe { producer.refill(&nta, 2) };
     assert_eq!(nta.stats().allocations, allocs, "nta allocated nothing");
     assert_eq!(producer.count(2), 3 * free_only - 1);
+    assert_eq!(nta.stats().exchange_bytes, 0);
     let mut got = vec![first as usize];
     got.extend((0..3 * free_only - 1).map(|_| producer.pop(2) as usize));
     got.sort_unstable();
@@ -1174,9 +1176,10 @@ fn a_consumers_batches_go_whole_to_the_next_refill() {
         (8 + 1) * free_only * 16 * 64,
         "8 batches on the exchange and 1 in the cache; the other 3 went into nta"
     );
+    assert_eq!(nta.stats().exchange_bytes, 8 * free_only * 16 * 64);
     // SAFETY: the cache holds only nta's chunks.
     unsafe { consumer.flush_all(&nta) };
     nta.trim();
     nta.check().unwrap();
-    assert_eq!(nta.stats().bytes_held, 0);
+    assert_eq!((nta.stats().bytes_held, nta.stats().exchange_bytes), (0, 0));
 }

@@ -388,7 +388,10 @@ impl Run<'_> {
         let s = nta.stats();
         let g = self.m.g;
         assert_eq!(
-            s.bytes_held as isize - s.remote_pending_bytes as isize - self.cached() as isize,
+            s.bytes_held as isize
+                - s.remote_pending_bytes as isize
+                - s.exchange_bytes as isize
+                - self.cached() as isize,
             self.m.small_bytes as isize,
             "bytes held by live small allocations: {s:?}"
         );
@@ -1128,10 +1131,20 @@ impl Run<'_> {
         }
         let s = nta.stats();
         assert_eq!(
-            (s.bytes_held, s.large_runs, s.large_pages, s.remote_pending),
+            (
+                s.bytes_held - s.exchange_bytes,
+                s.large_runs,
+                s.large_pages,
+                s.remote_pending
+            ),
             (0, 0, 0, 0),
             "{s:?}"
         );
+        // Batches that a cache handed back whole wait on the exchanges for
+        // a refill of their class; maintenance frees them.
+        nta.maintain();
+        let s = nta.stats();
+        assert_eq!((s.bytes_held, s.exchange_bytes), (0, 0), "{s:?}");
         if trim {
             nta.trim();
             let s = nta.stats();

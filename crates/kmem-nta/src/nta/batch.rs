@@ -246,27 +246,34 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let (node, _) = self.node_of(head as usize);
         // SAFETY: a live allocation's node is a live node of some heap.
         let owner = unsafe { (*node).owner } as usize;
+        let x = &self.slots[owner].xfer;
         // SAFETY: the caller's contract; chunks of 64 bytes, aligned.
-        unsafe {
-            self.slots[owner]
-                .xfer
-                .push(k, head, tail, n, link, xfer_depth(k))
-        }
+        unsafe { x.push(k, head, tail, n, link, xfer_depth(k)) }
     }
 
     /// Takes the batches of class `k` waiting on this CPU's heap's exchange:
-    /// the top one (walk them with [`exchange::open`]), or null.
+    /// the heap and the top one (walk them with [`exchange::open`]), or
+    /// null. The caller reports their size with
+    /// [`xfer_taken`](Self::xfer_taken).
     #[inline]
-    pub(crate) fn xfer_take(&self, k: usize) -> *mut Semi {
+    pub(crate) fn xfer_take(&self, k: usize) -> (usize, *mut Semi) {
+        let h = self.current_heap();
         if k > XFER_CLASSES {
-            return ptr::null_mut();
+            return (h, ptr::null_mut());
         }
-        let x = &self.slots[self.current_heap()].xfer;
+        let x = &self.slots[h].xfer;
         if x.has(k) {
-            x.take(k)
+            (h, x.take(k))
         } else {
-            ptr::null_mut()
+            (h, ptr::null_mut())
         }
+    }
+
+    /// Batches of `chunks` chunks in all were taken from heap `h`'s
+    /// exchange ([`xfer_take`](Self::xfer_take)).
+    #[inline]
+    pub(crate) fn xfer_taken(&self, h: usize, chunks: usize) {
+        self.slots[h].xfer.taken(chunks << self.geo.chunk_shift);
     }
 
     /// Frees every batch waiting on heap `j`'s exchange into nta (from
@@ -286,6 +293,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 // live allocations of k chunks, links under the nta's key.
                 unsafe {
                     let h = exchange::open(b, link, FREE_ONLY as usize);
+                    self.xfer_taken(j, h.n * k);
                     self.free_batch(b, k, link);
                     b = h.below;
                 }

@@ -51,6 +51,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 }
             }
             drop(heap);
+            s.exchange_bytes += slot.xfer.bytes();
             s.locks += slot.heap.stats();
             s.lock_misses += slot.misses.get();
         }
