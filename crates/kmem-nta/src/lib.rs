@@ -40,7 +40,10 @@
 //! and by kmem-malloc): a per-thread stack of recently freed chunks per size
 //! class up to 4 KiB, popped and pushed with no atomic and no lock; refilled
 //! and flushed in batches under one heap lock ([`front`] says how it is
-//! bounded, [`global`] why per thread). An [`Nta`] used as an instance has no
+//! bounded, [`global`] why per thread). A thread that only frees a class
+//! (a queue's consumer) hands its batches whole to an exchange on the heap
+//! that made them, where that heap's next refill of the class splices them
+//! in with no lock (`exchange.rs`). An [`Nta`] used as an instance has no
 //! front cache: every call is the seed's algorithm.
 //!
 //! **Tiny requests** (at most [`slab::SLAB_MAX`], 48 bytes): [`KmemNta`]
