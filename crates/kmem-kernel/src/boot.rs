@@ -78,7 +78,10 @@ kmem_boot_pml4: .skip 4096
 boot_pdpt:      .skip 4096
 boot_pd:        .skip 4 * 4096
     .balign 16
-boot_stack:     .skip 65536
+    /* 256 KiB: the boot CPU builds the allocators here (an nta instance,
+       64 heaps' slots, is 33 KiB and moves by value), and an overflow would
+       run into the boot page tables just below. */
+boot_stack:     .skip 262144
 boot_stack_top:
     .global kmem_boot_info
 kmem_boot_info: .skip 8

@@ -45,8 +45,11 @@ use kmem_core::sync::{AtomicUsize, Ordering};
 
 use crate::nta::{link_decode, link_encode, Semi};
 
-/// Classes (of 64-byte chunks, so blocks up to 1 KiB) that have an exchange.
-pub const XFER_CLASSES: usize = 16;
+/// Classes (of 64-byte chunks, so blocks up to 960 bytes) that have an
+/// exchange: 15, so that an exchange and its byte count fill one padded
+/// 128-byte line per heap (an [`Nta`](crate::Nta) holds 64 heaps' slots,
+/// and a kernel builds one on its boot stack).
+pub const XFER_CLASSES: usize = 15;
 
 /// The low bits of a head: how many batches are queued (batches start on a
 /// chunk of 64 bytes, so six bits are free).

@@ -1160,23 +1160,23 @@ fn a_consumers_batches_go_whole_to_the_next_refill() {
     nta.check().unwrap();
     assert_eq!(nta.stats().bytes_held, 0);
 
-    // The bound: a class of 16 chunks (1 KiB blocks) keeps 8 batches.
+    // The bound: a class of 15 chunks (960-byte blocks) keeps 8 batches.
     let n = 12 * free_only;
     let made: Vec<_> = (0..n)
-        .map(|_| nta.alloc(l(16 * 64)).unwrap().as_ptr() as usize)
+        .map(|_| nta.alloc(l(15 * 64)).unwrap().as_ptr() as usize)
         .collect();
     let mut consumer = crate::FrontCache::new();
     for &p in &made {
-        // SAFETY: live 16-chunk allocations of nta's, each freed once.
-        unsafe { consumer.push(&nta, p as *mut u8, 16) };
+        // SAFETY: live 15-chunk allocations of nta's, each freed once.
+        unsafe { consumer.push(&nta, p as *mut u8, 15) };
     }
-    assert_eq!(consumer.count(16), free_only);
+    assert_eq!(consumer.count(15), free_only);
     assert_eq!(
         nta.stats().bytes_held,
-        (8 + 1) * free_only * 16 * 64,
+        (8 + 1) * free_only * 15 * 64,
         "8 batches on the exchange and 1 in the cache; the other 3 went into nta"
     );
-    assert_eq!(nta.stats().exchange_bytes, 8 * free_only * 16 * 64);
+    assert_eq!(nta.stats().exchange_bytes, 8 * free_only * 15 * 64);
     // SAFETY: the cache holds only nta's chunks.
     unsafe { consumer.flush_all(&nta) };
     nta.trim();
