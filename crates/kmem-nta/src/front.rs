@@ -596,9 +596,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.link = link_key(nta.secret());
             self.set_lims();
         }
-        if Self::CHUNK == 64 && self.link != 0 {
+        if Self::CHUNK == 64 && self.link != 0 && self.link == link_key(nta.secret()) {
             // Batches a thread that only frees this class handed back here
-            // (see `exchange`), spliced as they are: no lock.
+            // (see `exchange`), spliced as they are: no lock. (Their links
+            // are under the nta's key; a cache over another nta before has
+            // another key, and takes none.)
             let (h, b) = nta.xfer_take(k);
             if !b.is_null() {
                 let before = self.cls[k].count;
@@ -607,6 +609,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 let p = unsafe { self.splice(b, k) };
                 // The chunks spliced, and the one handed out.
                 nta.xfer_taken(h, (self.cls[k].count - before + 1) as usize * k);
+                // What others handed back is no sign that this thread's
+                // batch outgrew the class: the class's next overflow
+                // flushes half instead of doubling its bound.
+                self.cycled &= !(1 << (k - 1));
                 return p;
             }
         }

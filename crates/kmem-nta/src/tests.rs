@@ -1183,3 +1183,38 @@ fn a_consumers_batches_go_whole_to_the_next_refill() {
     nta.check().unwrap();
     assert_eq!((nta.stats().bytes_held, nta.stats().exchange_bytes), (0, 0));
 }
+
+/// A cache emptied and then used with another nta keeps the first one's
+/// link key: its batches would not decode for the other's refills, so they
+/// go into that nta as before, not onto its exchange.
+#[test]
+fn a_cache_moved_to_another_nta_hands_nothing_to_its_exchange() {
+    let (mut b1, mut b2) = (buf(64), buf(64));
+    let a = Nta::with_config(source(&mut b1), cfg(), Cpus::Fixed(0)).unwrap();
+    let b = Nta::with_config(source(&mut b2), cfg(), Cpus::Fixed(0)).unwrap();
+    let free_only = crate::front::FREE_ONLY as usize;
+    let mut cache = crate::FrontCache::new();
+    // SAFETY: a new cache over `a`; the chunk is a's, given back at once.
+    unsafe {
+        let p = cache.refill(&a, 1);
+        assert!(!p.is_null());
+        cache.push(&a, p, 1);
+        cache.flush_all(&a);
+    }
+    // Class 2, which the cache never refilled: free-only, handed back whole.
+    let v: Vec<_> = (0..2 * free_only)
+        .map(|_| b.alloc(l(128)).unwrap())
+        .collect();
+    for p in &v {
+        // SAFETY: live 2-chunk allocations of b's, each freed once; the
+        // cache now holds only b's chunks.
+        unsafe { cache.push(&b, p.as_ptr(), 2) };
+    }
+    assert_eq!(cache.count(2), free_only, "one batch went back");
+    assert_eq!(b.stats().exchange_bytes, 0, "nothing on b's exchange");
+    // SAFETY: the cache holds only b's chunks.
+    unsafe { cache.flush_all(&b) };
+    b.check().unwrap();
+    a.check().unwrap();
+    assert_eq!(b.stats().bytes_held, 0);
+}

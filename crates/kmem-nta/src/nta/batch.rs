@@ -240,7 +240,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         k: usize,
         link: usize,
     ) -> bool {
-        if k > XFER_CLASSES || self.geo.chunk() != 64 {
+        if k > XFER_CLASSES || self.geo.chunk() != 64 || link != link_key(self.secret()) {
+            // No exchange for the class; or a cache whose links are not
+            // under this nta's key (one closed at thread exit, one used
+            // with another nta): its header would not decode for a taker.
             return false;
         }
         let (node, _) = self.node_of(head as usize);
@@ -280,7 +283,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// `maintain` and `trim`: what a consumer handed back for a producer
     /// that did not come for it).
     ///
-    /// CONTEXT: no heap lock held.
+    /// CONTEXT: any; heap locks are only tried (`free_batch`), so a caller
+    /// may hold one (`maintain` runs from `tick`, which a heap's `grow`
+    /// calls with its lock held): a chunk of a busy heap then goes to its
+    /// semi-free list.
     pub(crate) fn xfer_drain(&self, j: usize) {
         let link = link_key(self.secret());
         for k in 1..=XFER_CLASSES {

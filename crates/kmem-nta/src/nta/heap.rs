@@ -384,8 +384,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     pub fn trim(&self) {
         let grown = self.grown.load(Ordering::Relaxed).min(self.nheaps);
         let g = self.geo;
+        // The exchanges first: their chunks may belong to any heap (and go
+        // to its semi-free list when its lock is busy), so every heap's
+        // pass below sees them.
         for j in 0..grown {
             self.xfer_drain(j);
+        }
+        for j in 0..grown {
             let mut heap = self.slots[j].heap.lock();
             self.drain_slow(&mut heap, j);
             let mut n = heap.nodes;
