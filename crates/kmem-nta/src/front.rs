@@ -596,7 +596,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.link = link_key(nta.secret());
             self.set_lims();
         }
-        if Self::CHUNK == 64 && self.link != 0 && self.link == link_key(nta.secret()) {
+        if Self::CHUNK == 64 && self.link == link_key(nta.secret()) {
             // Batches a thread that only frees this class handed back here
             // (see `exchange`), spliced as they are: no lock. (Their links
             // are under the nta's key; a cache over another nta before has
