@@ -281,13 +281,13 @@ impl<'a> PageAllocator<'a> {
         }
     }
 
-    /// A free: onto the remote list of the CPU that allocated the page when
-    /// that is another CPU of the freeing CPU's bucket (see `cache`); else
-    /// onto the freeing CPU's stack of the page's freelist and colour (by a
-    /// restartable sequence where they run, else under the CPU's lock),
-    /// spilling when that takes the stack above its bound; to a bucket when
-    /// the cache is off or paused, or (NUMA mode) the page's home is another
-    /// bucket.
+    /// A free: onto the freeing CPU's stack of the page's freelist and
+    /// colour (by a restartable sequence where they run, else under the
+    /// CPU's lock); when that stack is at its bound and another CPU of the
+    /// freeing CPU's bucket allocated the page, onto that CPU's remote list
+    /// instead (see `cache`); else spilling when the push takes the stack
+    /// above its bound. To a bucket when the cache is off or paused, or
+    /// (NUMA mode) the page's home is another bucket.
     #[inline]
     fn free_one(&self, ptr: NonNull<u8>, zero: bool) -> Result<()> {
         let i = self.index_of(ptr)?;
@@ -300,10 +300,13 @@ impl<'a> PageAllocator<'a> {
             let k = self.freelist_of(i) * self.p.ncolours + self.colour_of(i);
             let f = self.frame(i);
             f.set_state(cached_state(my, zero));
-            // Back to the CPU that allocated it, if it shares our bucket.
+            // When our stack is at its bound (read without holding it: a
+            // hint), back to the CPU that allocated the page, if it shares
+            // our bucket, rather than a spill.
             let owner = f.next.load(Relaxed) as usize;
             if owner != cpu
                 && owner < self.p.ncpus
+                && self.depth_of(cpu, k) >= pc.high.load(Relaxed) as usize
                 && self.remote_bucket(owner) == my
                 && self.push_remote(owner, i)
             {

@@ -361,24 +361,41 @@ fn the_bound_grows_while_pages_cycle_and_falls_when_idle() {
     a.check().unwrap();
 }
 
-/// Pages another CPU of the bucket frees go back to the CPU that allocated
-/// them (its remote list), which takes them again without a bucket lock;
-/// while paused, and across buckets, the freeing CPU's rule holds.
+/// A page another CPU of the bucket frees stays in that CPU's cache while
+/// its stack is below the bound (the seed's rule); a free that finds the
+/// stack at its bound sends the page back to the CPU that allocated it (its
+/// remote list) instead of spilling, and the owner takes it again without a
+/// bucket lock. While paused, and across buckets, the freeing CPU's rule
+/// holds.
 #[test]
 fn pages_freed_on_another_cpu_return_to_their_owner() {
     let ps = kmem_sys::page_size();
     let t = Topology::uniform(4, 2, 1).unwrap(); // CPUs 0, 1 in package 0
     let cfg = Config::new().colours(4).cache(CacheMode::On);
     let a = PageAllocator::with_config(&t, Cpus::Simulated, 2048 * ps, &cfg).unwrap();
+    let high = a.cache_bound(1);
+    assert!(high >= 4, "room for 16 pages on CPU 0's remote list");
     bind_simulated_cpu(0);
-    let pages: Vec<_> = (0..16).map(|_| a.alloc_page().unwrap()).collect();
-    let mut want: Vec<usize> = pages.iter().map(|p| p.as_ptr() as usize).collect();
+    // Colour by colour in turn: `high` pages of each colour, then 4 more.
+    let pages: Vec<_> = (0..4 * high + 16)
+        .map(|_| a.alloc_page().unwrap())
+        .collect();
+    let (kept, sent) = pages.split_at(4 * high);
+    let mut want: Vec<usize> = sent.iter().map(|p| p.as_ptr() as usize).collect();
     a.flush_caches(); // CPU 0's stacks empty: its next pages are the remote ones
     bind_simulated_cpu(1);
-    for &p in &pages {
+    let locks = a.stats().bucket_locks[0].acquisitions;
+    for &p in kept.iter().chain(sent) {
         // SAFETY: live pages, freed once.
         unsafe { a.free_page(p) }.unwrap();
     }
+    assert_eq!(a.cache_bound(1), high);
+    assert_eq!(a.cached_pages(), 4 * high + 16, "no page spilled");
+    assert_eq!(
+        a.stats().bucket_locks[0].acquisitions,
+        locks,
+        "CPU 1 kept its stacks' fill and sent the rest back without the bucket"
+    );
     a.check().unwrap();
     let before = a.stats();
     bind_simulated_cpu(0);
@@ -393,7 +410,8 @@ fn pages_freed_on_another_cpu_return_to_their_owner() {
     assert_eq!(after.cache_hits - before.cache_hits, 16);
     got.sort();
     want.sort();
-    assert_eq!(got, want, "the same pages came back");
+    assert_eq!(got, want, "the pages sent back came back");
+    assert_eq!(a.cached_pages(), 4 * high, "CPU 1 still holds what it kept");
     a.check().unwrap();
 
     // A CPU of the other package frees into its own cache (the seed's rule).
