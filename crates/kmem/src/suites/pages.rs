@@ -34,6 +34,16 @@
 //! each bucket: kmem took a bucket lock for every page, unlike on the
 //! seed's 48 CPUs in 2 packages, where the cache runs.
 //!
+//! With real CPUs, each row of 2 threads or more also measures how long a
+//! cache line takes to pass between CPUs 0 and 1 (`line_transfer_ns`, case
+//! `real_t{n}`, impl `machine`), just before its samples: a page freed by
+//! another thread costs at least one such transfer (its record was written
+//! by the CPU that allocated it), and virtual machines' hosts change the
+//! figure as they move virtual CPUs. The scaling table gives the bound it
+//! implies (`scaling_bound_one_transfer`: kmem's one-thread time per page
+//! plus one transfer for each page freed by another thread), so that a
+//! curve below linear can be read against what the machine allows.
+//!
 //! All three run interleaved, round by round; medians are reported, with
 //! `scaling_vs_1_thread` (throughput at n threads over throughput at 1) and
 //! a chart of it beside the linear line. Lock figures: kmem's bucket locks
@@ -284,6 +294,61 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work, place: Place) -> Sample
     s
 }
 
+/// One-way latency, in nanoseconds, of a cache line passed between CPUs
+/// `a` and `b`: two threads pinned there take turns writing one word, each
+/// waiting for the other's write. `None` when either cannot be pinned, or
+/// the turns stall (a CPU not running the process).
+///
+/// Every page freed by another thread costs at least one such transfer: the
+/// freeing CPU must read the page's record, which the allocating CPU wrote.
+/// Hosts move virtual CPUs: on the 2-CPU VM this suite was tuned on, the
+/// figure was 32 ns in one hour and 160 ns in the next, and cross-thread
+/// throughput moved with it.
+fn line_transfer_ns(a: usize, b: usize) -> Option<f64> {
+    /// The word the two threads pass, alone on its lines.
+    #[repr(align(128))]
+    struct Line(AtomicUsize);
+    const TURNS: usize = 40_000;
+    let word = Line(AtomicUsize::new(0));
+    let ready = Barrier::new(2);
+    let stalled = AtomicBool::new(false);
+    // Thread `me` writes turns me, me + 2, ...: each after the other's.
+    let turns = |me: usize, cpu: usize| -> Option<u64> {
+        let pinned = kmem_sys::cpu::pin_to_cpu(cpu);
+        ready.wait();
+        if !pinned {
+            stalled.store(true, Ordering::Relaxed);
+            return None;
+        }
+        let t0 = kmem_sys::clock::now_ns();
+        for turn in (me..2 * TURNS).step_by(2) {
+            let mut spins = 0u64;
+            while word.0.load(Ordering::Acquire) != turn {
+                spins += 1;
+                if spins % (1 << 16) == 0
+                    && (stalled.load(Ordering::Relaxed)
+                        || kmem_sys::clock::now_ns() - t0 > 500_000_000)
+                {
+                    stalled.store(true, Ordering::Relaxed);
+                    return None;
+                }
+                std::hint::spin_loop();
+            }
+            word.0.store(turn + 1, Ordering::Release);
+        }
+        Some(kmem_sys::clock::now_ns() - t0)
+    };
+    // Both sides on threads of their own: pinning the caller would pin every
+    // thread it starts later.
+    let (first, second) = std::thread::scope(|s| {
+        let first = s.spawn(|| turns(0, a));
+        let second = s.spawn(|| turns(1, b));
+        (first.join().ok().flatten(), second.join().ok().flatten())
+    });
+    let ns = first?.max(second?);
+    (!stalled.load(Ordering::Relaxed)).then(|| ns as f64 / (2 * TURNS) as f64)
+}
+
 /// Allocates every page `src` has, writes each, and frees them all, the first
 /// half on a CPU of package 0 and the second on one of package 1 (a free puts
 /// the page in the freeing CPU's bucket or list: this leaves half the pages,
@@ -421,9 +486,10 @@ fn kmem_config(place: Place) -> Config {
     }
 }
 
-/// One row of results: threads, and the medians of kmem, kmem NUMA and the
-/// baseline.
-type Row = (usize, Sample, Sample, Sample);
+/// One row of results: threads, the medians of kmem, kmem NUMA and the
+/// baseline, and (real CPUs, 2 threads or more) the line transfer latency
+/// measured just before the row's samples.
+type Row = (usize, Sample, Sample, Sample, Option<f64>);
 
 /// Builds the three allocators for one placement, warms them, and samples
 /// each thread count interleaved; records the measurements with cases
@@ -472,6 +538,13 @@ fn run_placement(
             "{n} threads{}",
             if prefix.is_empty() { "" } else { ", real CPUs" }
         ));
+        // Between real CPUs the cost of a page freed by another thread is a
+        // cache-line transfer, whose latency the host may change between
+        // rows: measure it beside each row (CPUs 0 and 1, the first pair).
+        let line = match place {
+            Place::Real { cpus } if n > 1 && cpus > 1 => line_transfer_ns(0, 1),
+            _ => None,
+        };
         let (mut sk, mut sn, mut sb) = (Vec::new(), Vec::new(), Vec::new());
         {
             let mut cs = [
@@ -495,6 +568,9 @@ fn run_placement(
         }
         let (k, nu, b) = (med(&sk), med(&sn), med(&sb));
         let case = format!("{prefix}t{n}");
+        if let Some(ns) = line {
+            out.measure(&case, "machine", "line_transfer_ns", ns, "ns");
+        }
         for (imp, s) in [("kmem", k), ("kmem_numa", nu), ("baseline", b)] {
             out.measure(&case, imp, "ops_per_s", s.ops_per_s, "ops/s");
             out.measure(&case, imp, "lock_acquisitions", s.acquisitions, "count");
@@ -545,11 +621,11 @@ fn run_placement(
                 );
             }
         }
-        rows.push((n, k, nu, b));
+        rows.push((n, k, nu, b, line));
     }
     // Throughput at n threads over throughput at 1.
-    if let Some(&(1, k1, n1, b1)) = rows.first() {
-        for &(n, k, nu, b) in &rows {
+    if let Some(&(1, k1, n1, b1, _)) = rows.first() {
+        for &(n, k, nu, b, _) in &rows {
             let case = format!("{prefix}t{n}");
             for (imp, s, one) in [("kmem", k, k1), ("kmem_numa", nu, n1), ("baseline", b, b1)] {
                 out.measure(
@@ -567,22 +643,32 @@ fn run_placement(
 
 /// The scaling table and its chart, beside the linear line.
 fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: &str) {
-    let Some(&(1, k1, n1, b1)) = rows.first() else {
+    let Some(&(1, k1, n1, b1, _)) = rows.first() else {
         return;
     };
+    let bounded = rows.iter().any(|r| r.4.is_some());
+    let mut head = vec![
+        "threads",
+        "kmem",
+        "kmem x",
+        "kmem NUMA",
+        "NUMA x",
+        "baseline",
+        "baseline x",
+    ];
+    if bounded {
+        head.extend(["line transfer", "bound x"]);
+    }
     let mut t = Table::new(
         format!(
-            "Scaling on {place}: alloc+free ops/s, and over 1 thread (linear = the thread count)"
+            "Scaling on {place}: alloc+free ops/s, and over 1 thread (linear = the thread count){}",
+            if bounded {
+                "; bound: kmem's 1-thread time per page plus one line transfer per page freed by another thread"
+            } else {
+                ""
+            }
         ),
-        &[
-            "threads",
-            "kmem",
-            "kmem x",
-            "kmem NUMA",
-            "NUMA x",
-            "baseline",
-            "baseline x",
-        ],
+        &head,
     );
     let mut series: [(String, Vec<(f64, f64)>); 4] = [
         ("kmem".into(), Vec::new()),
@@ -590,13 +676,13 @@ fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: &str) {
         ("baseline (uvm_old)".into(), Vec::new()),
         ("linear".into(), Vec::new()),
     ];
-    for &(n, k, nu, b) in rows {
+    for &(n, k, nu, b, line) in rows {
         let x = [
             k.ops_per_s / k1.ops_per_s,
             nu.ops_per_s / n1.ops_per_s,
             b.ops_per_s / b1.ops_per_s,
         ];
-        t.row(vec![
+        let mut cells = vec![
             n.to_string(),
             fmt_num(k.ops_per_s),
             fmt_ratio(x[0]),
@@ -604,7 +690,24 @@ fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: &str) {
             fmt_ratio(x[1]),
             fmt_num(b.ops_per_s),
             fmt_ratio(x[2]),
-        ]);
+        ];
+        if bounded {
+            match line {
+                Some(ns) => {
+                    let bound = cross_bound(n, k1.ops_per_s, k.cross, ns);
+                    out.measure(
+                        format!("{prefix}t{n}"),
+                        "kmem",
+                        "scaling_bound_one_transfer",
+                        bound,
+                        "x",
+                    );
+                    cells.extend([format!("{ns:.0} ns"), fmt_ratio(bound)]);
+                }
+                None => cells.extend(["-".to_string(), "-".to_string()]),
+            }
+        }
+        t.row(cells);
         for (i, v) in x.into_iter().chain([n as f64]).enumerate() {
             series[i].1.push((n as f64, v));
         }
@@ -621,6 +724,15 @@ fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: &str) {
             true,
         ),
     });
+}
+
+/// The most `n` threads can do over one when every page costs what it cost
+/// one thread (`ops1` alloc+free operations a second) and each page freed by
+/// another thread (a `cross` share of them) adds one cache-line transfer of
+/// `line_ns`: a model, which ignores everything else that sharing costs.
+fn cross_bound(n: usize, ops1: f64, cross: f64, line_ns: f64) -> f64 {
+    let page_ns = 2e9 / ops1.max(1.0);
+    n as f64 * page_ns / (page_ns + cross * line_ns)
 }
 
 /// The seed's own figures.
@@ -716,7 +828,7 @@ fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Work) {
         ),
         &["threads", "kmem", "kmem NUMA", "baseline (uvm_old)", "kmem / baseline", "NUMA / baseline", "freed by another thread (kmem, baseline)"],
     );
-    for (n, k, nu, b) in rows {
+    for (n, k, nu, b, _) in rows {
         t.row(vec![
             n.to_string(),
             fmt_num(k.ops_per_s),
@@ -743,7 +855,7 @@ fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Work) {
             "NUMA contended",
         ],
     );
-    for (n, k, nu, b) in rows {
+    for (n, k, nu, b, _) in rows {
         t.row(vec![
             n.to_string(),
             fmt_num(b.acquisitions),
@@ -781,7 +893,7 @@ fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Work) {
             format!("{:.1}%", 100.0 * x)
         }
     };
-    for (n, k, nu, b) in rows {
+    for (n, k, nu, b, _) in rows {
         t.row(vec![
             n.to_string(),
             pct(k.free_local),
@@ -815,7 +927,7 @@ fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Work) {
         String::new(),
         String::new(),
     ]);
-    for (n, k, _, b) in rows.iter().filter(|r| r.0 >= 8) {
+    for (n, k, _, b, _) in rows.iter().filter(|r| r.0 >= 8) {
         t.row(vec![
             format!("{n} threads, baseline"),
             "uvm_old global lock".into(),
@@ -945,5 +1057,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The bound is linear without pages freed by another thread, and each
+    /// transfer takes from it.
+    #[test]
+    fn cross_bound_model() {
+        assert_eq!(cross_bound(2, 100e6, 0.0, 50.0), 2.0);
+        // 20 ns a page, a quarter of the pages 40 ns more: 20 / 30 of linear.
+        let b = cross_bound(3, 100e6, 0.25, 40.0);
+        assert!((b - 2.0).abs() < 1e-9, "{b}");
+    }
+
+    /// Two CPUs pass a line back and forth; a CPU a thread cannot be pinned
+    /// to gives no figure; the caller stays unpinned either way.
+    #[test]
+    fn line_transfer_is_measured_between_two_cpus() {
+        // The CPUs this thread may run on (the affinity mask on Linux).
+        let cpus = kmem_sys::cpu::online_cpus();
+        // Other tests running beside this one may take CPU 0 or 1 long
+        // enough that the turns stall: then there is no figure, not a wrong
+        // one.
+        if cpus >= 2 {
+            if let Some(ns) = line_transfer_ns(0, 1) {
+                assert!(ns > 0.0 && ns.is_finite());
+            }
+        }
+        assert_eq!(line_transfer_ns(usize::MAX / 2, 0), None, "no such CPU");
+        assert_eq!(kmem_sys::cpu::online_cpus(), cpus, "the caller unpinned");
     }
 }
