@@ -25,7 +25,7 @@
 //! over time, its drift and its peak against glibc's.
 
 use super::{Ctx, Suite};
-use crate::harness::{geomean, median};
+use crate::harness::{geomean, line_transfer_ns, median};
 use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
 use crate::preload::{
     compile_workload, find_kmem_malloc, installed_peers, launched_cpu_s, launched_max_rss, Preload,
@@ -200,7 +200,22 @@ impl Suite for MallocSuite {
         }
         ctx.progress
             .set_steps(workload_runs(ctx) + super::churn::BANDS.len());
+        // Workloads that hand blocks between threads (xmalloc, larson) move
+        // with what a cache-line transfer costs, which a VM's host changes
+        // as it moves virtual CPUs: measured before and after.
+        let before = line_transfer_ns(0, 1);
         measure(ctx, &allocs, &mut out);
+        let after = line_transfer_ns(0, 1);
+        for (case, ns) in [("before", before), ("after", after)] {
+            if let Some(ns) = ns {
+                out.measure(case, "machine", "line_transfer_ns", ns, "ns");
+            }
+        }
+        if let (Some(b), Some(a)) = (before, after) {
+            out.notes.push(format!(
+                "one cache-line transfer between CPUs 0 and 1: {b:.0} ns before the workloads, {a:.0} ns after (those that hand blocks between threads move with it)"
+            ));
+        }
         super::churn::measure(ctx, &allocs, &mut out);
         out
     }

@@ -26,7 +26,7 @@ use kmem_pages::{FixedSource, RegionSource};
 
 use super::{Ctx, Suite};
 use crate::baselines::pow2_slab::{Pow2Slab, SlabConfig};
-use crate::harness::{interleave, Contender, Rng};
+use crate::harness::{interleave, line_transfer_ns, Contender, Rng};
 use crate::output::{fmt_num, fmt_ratio, Figure, SuiteOutput, Table};
 use crate::svg;
 
@@ -719,8 +719,19 @@ impl Suite for NtaSuite {
                 "vs jemalloc",
             ],
         );
+        // The two-thread cases pass blocks between CPUs: their figures move
+        // with what a cache-line transfer costs, which a VM's host changes
+        // as it moves virtual CPUs. Measured beside each (CPUs 0 and 1).
+        let mut lines = Vec::new();
         for (case, run) in &cases {
             ctx.progress.step(case);
+            let two_threads = case == "prodcons" || case == "larson_2t";
+            if two_threads {
+                if let Some(ns) = line_transfer_ns(0, 1) {
+                    out.measure(case.as_str(), "machine", "line_transfer_ns", ns, "ns");
+                    lines.push(format!("{ns:.0} ns before {case}"));
+                }
+            }
             let mut cs = contenders(&heaps, &base, run.as_ref());
             let med = interleave(rounds, &mut cs);
             let v = |n: &str| med.iter().find(|m| m.0 == n).map_or(f64::NAN, |m| m.1);
@@ -743,6 +754,12 @@ impl Suite for NtaSuite {
             t.row(row);
         }
         out.tables.push(t);
+        if !lines.is_empty() {
+            out.notes.push(format!(
+                "one cache-line transfer between CPUs 0 and 1: {} (prodcons and larson_2t hand blocks between threads, and their figures, mimalloc's too, move with it)",
+                lines.join(", ")
+            ));
+        }
         KmemNta::flush_thread_cache();
         heaps
             .check()
