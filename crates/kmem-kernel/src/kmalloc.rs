@@ -109,6 +109,19 @@ pub unsafe fn kfree(p: NonNull<u8>, size: usize) {
     }
 }
 
+/// The kernel's idle work for kmalloc: nta's maintenance (batches that a
+/// CPU which only freed a class left on an exchange, frees queued for heaps
+/// that are not running, the shared pool's empty nodes back to the frames).
+/// `os` builds run it every [`kmem_nta::MAINTAIN_MS`] from their slow paths
+/// by the process clock; this kernel has no clock those paths read and no
+/// scheduler tick, so it runs at the kernel's idle points: between tests and
+/// measurements, on CPU 0, with every other CPU halted. (Not from a timer
+/// interrupt: one could land inside an allocator holding a lock that the
+/// maintenance takes.)
+pub fn idle() {
+    NTA.get().maintain();
+}
+
 /// Gives this CPU's front cache back to NTA (chunks of other CPUs' nodes
 /// go to their owners' semi-free lists).
 pub fn flush_this_cpu() {

@@ -586,6 +586,52 @@ fn t_kmalloc() -> Outcome {
     )))
 }
 
+static IDLE_SLOTS: [AtomicUsize; 128] = [const { AtomicUsize::new(0) }; 128];
+
+/// The kernel's idle work (`kmalloc::idle`): blocks that CPU 0 allocated
+/// and CPU 1 only freed go back to nta's exchange of CPU 0's heap in whole
+/// batches, where they wait for CPU 0's next refill of their class; the
+/// idle work frees them. Runs before any other test has CPU 1 allocate
+/// (a class CPU 1 has refilled keeps what it frees, and sends nothing to
+/// an exchange).
+fn t_idle() -> Outcome {
+    if NCPU.load(SeqCst) < 2 {
+        return Ok(text(format_args!("one CPU: no block crosses")));
+    }
+    // Every front cache empty, so every class starts out as one its CPU
+    // only frees.
+    settle_kmalloc();
+    on_all(|c| {
+        if c == 0 {
+            for slot in &IDLE_SLOTS {
+                let p = kmalloc(128).expect("kmalloc");
+                slot.store(p.as_ptr() as usize, SeqCst);
+            }
+        }
+        barrier();
+        if c == 1 {
+            for slot in &IDLE_SLOTS {
+                let p = slot.swap(0, SeqCst) as *mut u8;
+                // SAFETY: 128 bytes CPU 0 allocated for this, freed once.
+                unsafe { kfree(NonNull::new(p).expect("a block"), 128) };
+            }
+        }
+    });
+    let waiting = NTA.get().stats().exchange_bytes;
+    ensure!(
+        waiting > 0,
+        "CPU 1 freed {} of CPU 0's blocks and none reached nta's exchanges",
+        IDLE_SLOTS.len()
+    );
+    crate::kmalloc::idle();
+    let left = NTA.get().stats().exchange_bytes;
+    ensure!(left == 0, "{left} bytes still on nta's exchanges after the idle work");
+    check_all()?;
+    Ok(text(format_args!(
+        "{waiting} bytes of CPU 0's blocks that CPU 1 freed waited on nta's exchange; the idle work freed them"
+    )))
+}
+
 static STRESS_SLOTS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
 
 fn xorshift(s: &mut u64) -> u64 {
@@ -630,10 +676,11 @@ fn stress_free(v: usize) {
 fn settle_kmalloc() {
     on_all(|_| crate::kmalloc::flush_this_cpu());
     // Batches that a CPU which only freed a class handed back whole wait
-    // on nta's exchanges for a refill of the class; this kernel has no
-    // timer running nta's maintenance, so settling runs it (what it frees
-    // of a busy heap goes to that heap's semi-free list, drained next).
-    NTA.get().maintain();
+    // on nta's exchanges for a refill of the class; the kernel's idle work
+    // runs between tests, so settling in the middle of one runs it too
+    // (what it frees of a busy heap goes to that heap's semi-free list,
+    // drained next).
+    crate::kmalloc::idle();
     on_all(|_| crate::kmalloc::drain_this_cpu());
 }
 
@@ -710,7 +757,7 @@ fn t_stress() -> Outcome {
 /// the verdict; returns the number of failures.
 pub fn run_all(ncpus: usize) -> usize {
     NCPU.store(ncpus, SeqCst);
-    let tests: [Test; 10] = [
+    let tests: [Test; 11] = [
         ("boot_smp", t_boot),
         ("frames", t_frames),
         ("page_tables", t_page_tables),
@@ -718,6 +765,9 @@ pub fn run_all(ncpus: usize) -> usize {
         ("tlb_shootdown", t_shootdown),
         ("percpu_gs", t_percpu),
         ("bad_input", t_bad_input),
+        // Before the other tests of kmalloc: CPU 1 has then never refilled
+        // a class (a CPU that has refilled one keeps what it frees of it).
+        ("idle_work", t_idle),
         ("kmalloc_cross_cpu", t_kmalloc),
         ("rust_alloc", t_rust_alloc),
         ("stress_all_cpus", t_stress),
@@ -727,10 +777,12 @@ pub fn run_all(ncpus: usize) -> usize {
         if !run(name, f) {
             failed += 1;
         }
+        crate::kmalloc::idle();
     }
     kprintln!("measurements (cycles per operation, rdtsc):");
     measure();
     measure_cross();
+    crate::kmalloc::idle();
     if !run("checks_after_measurements", || {
         check_all().map(|_| text(format_args!("all five allocators")))
     }) {
