@@ -200,22 +200,7 @@ impl Suite for MallocSuite {
         }
         ctx.progress
             .set_steps(workload_runs(ctx) + super::churn::BANDS.len());
-        // Workloads that hand blocks between threads (xmalloc, larson) move
-        // with what a cache-line transfer costs, which a VM's host changes
-        // as it moves virtual CPUs: measured before and after.
-        let before = line_transfer_ns(0, 1);
         measure(ctx, &allocs, &mut out);
-        let after = line_transfer_ns(0, 1);
-        for (case, ns) in [("before", before), ("after", after)] {
-            if let Some(ns) = ns {
-                out.measure(case, "machine", "line_transfer_ns", ns, "ns");
-            }
-        }
-        if let (Some(b), Some(a)) = (before, after) {
-            out.notes.push(format!(
-                "one cache-line transfer between CPUs 0 and 1: {b:.0} ns before the workloads, {a:.0} ns after (those that hand blocks between threads move with it)"
-            ));
-        }
         super::churn::measure(ctx, &allocs, &mut out);
         out
     }
@@ -230,19 +215,24 @@ fn workload_runs(ctx: &Ctx<'_>) -> usize {
 /// Runs every workload under every allocator (the first must be glibc).
 fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
     let runs = ctx.scale.pick(1, 5, 9);
+    // Seconds of runs each allocator gets at least, per workload (see the
+    // run loop), and the most runs that may take.
+    let budget = ctx.scale.pick(0.0, 0.5, 2.0);
+    const MAX_RUNS: usize = 25;
     let idx = ctx.scale.pick(0, 1, 2);
     let cpus = kmem_sys::cpu::online_cpus().max(1);
 
     let mut time_ratio_glibc: Vec<f64> = Vec::new();
     let mut rss_ratio_glibc: Vec<f64> = Vec::new();
     let mut cpu_ratio_mi: Vec<f64> = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
     // kmem's ratios to each peer, per workload: (peer, time, RSS).
     let mut kmem_to_peer: Vec<(&'static str, Vec<f64>, Vec<f64>)> = crate::preload::PEERS
         .iter()
         .map(|&(p, _, _)| (p, Vec::new(), Vec::new()))
         .collect();
     let mut t = Table::new(
-            format!("Whole programs, median of {runs} interleaved runs (time and CPU time in s, peak RSS in MiB; ratios < 1 are better)"),
+            format!("Whole programs, median of {runs} interleaved runs or more (short programs run until {budget} s, at most {MAX_RUNS} runs; time and CPU time in s, peak RSS in MiB; ratios < 1 are better)"),
             &["workload", "allocator", "time", "CPU", "RSS", "time/glibc", "RSS/glibc", "time/mimalloc", "RSS/mimalloc", "time/jemalloc", "RSS/jemalloc"],
         );
     // Each program runs under a small launcher that reports its own peak
@@ -271,19 +261,41 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                 continue;
             }
         };
+        // Workloads that hand blocks between threads (xmalloc, larson) move
+        // with what a cache-line transfer costs, which a VM's host changes
+        // as it moves virtual CPUs: measured beside each workload.
+        if let Some(ns) = line_transfer_ns(0, 1) {
+            out.measure(case, "machine", "line_transfer_ns", ns, "ns");
+            lines.push(format!("{case} {ns:.0}"));
+        }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut rss: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); allocs.len()];
         let mut sums: Vec<Option<String>> = vec![None; allocs.len()];
         let mut failed: Vec<Option<String>> = vec![None; allocs.len()];
-        for r in 0..runs {
+        // Every allocator runs `runs` times, interleaved; one whose runs are
+        // short runs again, still interleaved with the others that do, until
+        // its runs add up to `budget` (at most `MAX_RUNS`): a program of
+        // 30 ms is at the mercy of a VM's moods (on the development VM
+        // glibc_simple took 28 ms in most runs and 37-40 ms in some, under
+        // every allocator, and five runs of kmem once gave a median of 41).
+        let wants = |i: usize, times: &[Vec<f64>], failed: &[Option<String>]| {
+            failed[i].is_none()
+                && (times[i].len() < runs
+                    || (times[i].iter().sum::<f64>() < budget && times[i].len() < MAX_RUNS))
+        };
+        let mut r = 0;
+        while (0..allocs.len()).any(|i| wants(i, &times, &failed)) {
             for k in 0..allocs.len() {
                 let i = (r + k) % allocs.len();
-                if failed[i].is_some() {
+                if !wants(i, &times, &failed) {
                     continue;
                 }
-                ctx.progress
-                    .detail(&format!("run {}/{runs}, {}", r + 1, allocs[i].name));
+                ctx.progress.detail(&format!(
+                    "run {}/{runs}, {}",
+                    times[i].len() + 1,
+                    allocs[i].name
+                ));
                 let mut cmd = allocs[i].launched(&launcher, &exe);
                 cmd.args(&args);
                 match kmem_sys::process::run_measured(&mut cmd) {
@@ -310,6 +322,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
                     Err(e) => failed[i] = Some(e.to_string()),
                 }
             }
+            r += 1;
         }
         let med_t: Vec<f64> = times.iter().map(|v| median(v)).collect();
         let med_r: Vec<f64> = rss.iter().map(|v| median(v)).collect();
@@ -404,6 +417,12 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         }
     }
     out.tables.push(t);
+    if !lines.is_empty() {
+        out.notes.push(format!(
+            "one cache-line transfer between CPUs 0 and 1, ns, before each workload: {} (those that hand blocks between threads move with it)",
+            lines.join(", ")
+        ));
+    }
     if !time_ratio_glibc.is_empty() {
         let (gt, gr) = (geomean(&time_ratio_glibc), geomean(&rss_ratio_glibc));
         out.measure("geomean", "kmem", "time_ratio_to_glibc", gt, "x");
