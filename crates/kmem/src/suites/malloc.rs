@@ -9,7 +9,9 @@
 //! between threads through a shared table, threads restarted every
 //! iteration),
 //! a glibc-simple-like single-threaded loop, JSON-like trees built and
-//! dropped (most allocations 8-32 bytes), and large blocks (5-25 MiB)
+//! dropped (most allocations 8-32 bytes), phases that build about 50 MB
+//! of small blocks and drop all of it (`burst`: whether freed memory is
+//! kept for the next phase or faulted in again), and large blocks (5-25 MiB)
 //! replaced at random, where giving freed blocks back too soon costs a
 //! page fault per page. Each runs as its own process
 //! under each allocator through `LD_PRELOAD`, several runs interleaved; the
@@ -147,6 +149,18 @@ const WORKLOADS: &[Workload] = &[
         threads: Threads::None,
     },
     Workload {
+        name: "burst",
+        case: "burst",
+        // Phases, blocks per phase (about 50 MB of 16-512 B at quick
+        // scale: past the return policy's 32 MiB floor), sizes.
+        args: [
+            &["3", "20000", "16", "512"],
+            &["20", "200000", "16", "512"],
+            &["40", "400000", "16", "512"],
+        ],
+        threads: Threads::None,
+    },
+    Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
@@ -167,7 +181,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, json-tree, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, json-tree, burst, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
