@@ -620,8 +620,16 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
         }
-        // The fresh chunks of class k are chained as they come, encoded and
-        // keyed; `got` heads the chain (the one to return), `tail` ends it.
+        // The fresh chunks of class k are chained in the order they come,
+        // encoded and keyed: `got` heads the chain (the one to return),
+        // `tail` ends it. In that order because nta carves a node's free
+        // runs lowest first, so the thread gets its blocks at rising
+        // addresses, and a program walks what it allocated in the order it
+        // allocated it (a list, an array of pointers, a tree built depth
+        // first): hardware prefetchers follow a rising stream better than
+        // a falling one. Chained the other way round (each new chunk at the
+        // head), a teardown of 50 MB of 16-512 B blocks in allocation order
+        // read them 2x slower on the development machine (AMD EPYC).
         let mut got: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
@@ -645,15 +653,18 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 *link = link_key(secret);
             }
             if kk == k {
-                // SAFETY: a fresh (or recycled) allocation of k chunks.
+                // SAFETY: a fresh (or recycled) allocation of k chunks, and
+                // `tail` the last one chained before it (ours too).
                 unsafe {
-                    (*e).next = link_encode(got, *link);
+                    (*e).next = link_encode(ptr::null_mut(), *link);
                     (*e).chunks = cache_key(p as usize, secret);
+                    if tail.is_null() {
+                        got = e;
+                    } else {
+                        (*tail).next = link_encode(e, *link);
+                    }
                 }
-                if got.is_null() {
-                    tail = e;
-                }
-                got = e;
+                tail = e;
                 n += 1;
                 return true;
             }

@@ -180,6 +180,39 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
+    /// A refill from fresh nodes hands the class's chunks out at rising
+    /// addresses, the order nta carves them in (see `refill`): the first
+    /// one returned, then every pop after it, each above the one before.
+    #[test]
+    fn fresh_chunks_come_out_at_rising_addresses() {
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        // SAFETY: a cache filled from nta only; every chunk is given back
+        // once.
+        unsafe {
+            for k in [1usize, 2, 5] {
+                let mut got = vec![front.refill(&nta, k) as usize];
+                assert_ne!(got[0], 0);
+                let n = front.count(k);
+                assert!(n >= 1, "the refill kept some of class {k}");
+                for _ in 0..n {
+                    got.push(front.pop_checked(&nta, k) as usize);
+                }
+                assert!(
+                    got.windows(2).all(|w| w[1] >= w[0] + k * 64),
+                    "class {k}: {got:x?}"
+                );
+                for &p in got.iter().rev() {
+                    front.push(&nta, p as *mut u8, k);
+                }
+            }
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
     /// A batch of 1000 one-chunk blocks allocated and freed again and again:
     /// the class grows until the batch fits, and from then on the cycle
     /// never reaches nta; a thread that only frees never grows its class.
