@@ -9,7 +9,7 @@
 //! ```text
 //!   maintain()          the release lock, then every bucket lock
 //!     top trim          free dirty frames above (highest frame in use + pad)
-//!     Decay::check      Now:  dirty free frames, highest first, down to retain
+//!     Decay::check      Now:  dirty free frames, highest first, down to `keep`
 //!                       Tick: those marked OLD, highest first, down to retain;
 //!                             then every dirty free frame is marked OLD
 //!   a purge             madvise(MADV_DONTNEED) of a run of frames; each
