@@ -620,16 +620,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if self.fills[k] < FILL_STEPS {
             self.fills[k] += 1;
         }
-        // The fresh chunks of class k are chained in the order they come,
-        // encoded and keyed: `got` heads the chain (the one to return),
-        // `tail` ends it. In that order because nta carves a node's free
-        // runs lowest first, so the thread gets its blocks at rising
-        // addresses, and a program walks what it allocated in the order it
-        // allocated it (a list, an array of pointers, a tree built depth
-        // first): hardware prefetchers follow a rising stream better than
-        // a falling one. Chained the other way round (each new chunk at the
-        // head), a teardown of 50 MB of 16-512 B blocks in allocation order
-        // read them 2x slower on the development machine (AMD EPYC).
+        // The fresh chunks of class k are chained in the order nta carves
+        // them (lowest first), encoded and keyed: `got` heads the chain
+        // (the one to return), `tail` ends it. Programs walk blocks in the
+        // order they allocated them, and prefetchers follow rising streams
+        // best (see docs/kmem-nta.md: falling, a teardown read 2x slower).
         let mut got: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
