@@ -17,7 +17,7 @@
 //!   free     the range merges with its free neighbours; its pages count as
 //!            freed-and-backed, under the ReturnPolicy (kmem_core::decay):
 //!            past `retain` they go back within the delay, past the limit
-//!            at once, highest addresses first (madvise(MADV_DONTNEED))
+//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED))
 //! ```
 //!
 //! A program that frees and allocates large blocks in turn reuses backed
@@ -494,8 +494,9 @@ impl Large {
         match s.decay.check(s.dirty_pages * ps, s.busy, now) {
             Due::Nothing => {}
             Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
-            Due::Tick { keep } => {
+            Due::Tick { keep, limit } => {
                 s.recent_max = 0;
+                self.purge_down_to(s, limit / ps, Map::Dirty);
                 self.purge_down_to(s, keep / ps, Map::Old);
                 Self::age(s, ps);
             }

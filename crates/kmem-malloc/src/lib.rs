@@ -26,7 +26,7 @@
 //! **Returning memory** ([`options`] has the policy in one sentence): nta's
 //! region and the large arena each keep freed memory backed up to `retain`
 //! bytes; what is freed beyond that and not reused goes back to the OS
-//! (`madvise(MADV_DONTNEED)`) within `decay` ms, at once past a limit, and
+//! (`madvise(MADV_DONTNEED)`) within `decay` ms, at the next tick past a limit, and
 //! at once when it lies well above the highest block in use. The clock is
 //! read on slow paths and every 256 frees into a front cache (nta's
 //! maintenance, which also finishes frees stranded on idle heaps); there is

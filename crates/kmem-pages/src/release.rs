@@ -3,15 +3,16 @@
 //! address space ([`PageAllocator::new`] and [`GlobalPages`](crate::GlobalPages))
 //! keeps freed pages backed for reuse up to the policy's `retain` bytes;
 //! what is freed beyond that and not reused goes back within its delay; at
-//! once past its limit; and free pages more than its top pad above the
+//! the next tick past its limit; and free pages more than its top pad above the
 //! highest frame in use go back at once.
 //!
 //! ```text
 //!   maintain()          the release lock, then every bucket lock
 //!     top trim          free dirty frames above (highest frame in use + pad)
 //!     Decay::check      Now:  dirty free frames, highest first, down to `keep`
-//!                       Tick: those marked OLD, highest first, down to retain;
-//!                             then every dirty free frame is marked OLD
+//!                       Tick: as Now, down to the limit; then those marked
+//!                             OLD, highest first, down to retain; then every
+//!                             dirty free frame is marked OLD
 //!   a purge             madvise(MADV_DONTNEED) of a run of frames; each
 //!                       becomes known zero (ZERO, the zeroed end of its list)
 //! ```
@@ -188,7 +189,8 @@ impl PageAllocator<'_> {
                 Due::Now { keep } => {
                     self.purge_from_top(&mut g, &mut dirty, keep / ps, false, 0, &mut purge)
                 }
-                Due::Tick { keep } => {
+                Due::Tick { keep, limit } => {
+                    self.purge_from_top(&mut g, &mut dirty, limit / ps, false, 0, &mut purge);
                     self.purge_from_top(&mut g, &mut dirty, keep / ps, true, 0, &mut purge);
                     // Every dirty free frame is old now.
                     for f in fr {

@@ -623,8 +623,8 @@ mod region_source {
     /// given back with `MADV_DONTNEED` at once (and then reads zero); smaller
     /// ones stay backed for reuse under the source's [`ReturnPolicy`]:
     /// beyond its `retain` bytes they go back within its delay (checked on
-    /// every allocation and free), and at once past its limit, highest
-    /// addresses first. [`purge`](Self::purge) gives back every free dirty
+    /// every allocation and free), and at its next tick past its limit,
+    /// highest addresses first. [`purge`](Self::purge) gives back every free dirty
     /// page now.
     pub struct RegionSource {
         runs: Runs,
@@ -762,7 +762,8 @@ mod region_source {
             match m.decay.check(m.dirty_free * ps, m.in_use * ps, now) {
                 Due::Nothing => {}
                 Due::Now { keep } => self.purge_locked(m, keep / ps, false),
-                Due::Tick { keep } => {
+                Due::Tick { keep, limit } => {
+                    self.purge_locked(m, limit / ps, false);
                     self.purge_locked(m, keep / ps, true);
                     m.age();
                 }
