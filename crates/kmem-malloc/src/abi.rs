@@ -37,9 +37,8 @@ pub(crate) fn malloc_in(size: usize) -> *mut u8 {
         }
     } else if mode == T_SECURE && size <= FRONT_MAX {
         let k = if size == 0 { 1 } else { (size + 63) >> 6 };
-        // SAFETY: this thread's cache, holding only NTA's chunks; no other
-        // borrow is live.
-        let p = unsafe { (*t.front.get()).pop_checked(&NTA, k) };
+        // SAFETY: this thread's cache; no other borrow is live.
+        let p = unsafe { (*t.front.get()).pop(k) };
         if !p.is_null() {
             return p;
         }

@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// [`NTA`]'s shape as constants, from the configuration it is built from
-/// (for `Nta::lookup_unlocked_fixed`).
+/// (for `Nta::lookup_live_fixed`).
 const NTA_CHUNK_SHIFT: u32 = GLOBAL_CONFIG.chunk_size.trailing_zeros();
 const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
 
@@ -29,7 +29,10 @@ const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
 /// block up again; or a tiny block onto its slab's list (this thread's
 /// slab) or remote list (another's). False for anything else (null
 /// included), with nothing changed: the caller then takes [`free_in`],
-/// which checks and does it all.
+/// which checks and does it all. The block is looked up in nta's maps
+/// alone, its own words never read (a cache miss on every free of a block
+/// not touched lately): a block freed twice is caught when the cache takes
+/// it off again (kmem-nta's front module, "Double frees").
 #[inline(always)]
 pub(crate) fn free_fast(a: usize) -> bool {
     let t = thread();
@@ -39,8 +42,9 @@ pub(crate) fn free_fast(a: usize) -> bool {
     if NTA_SPAN.known_to_contain(a) {
         // SAFETY: a lies in nta's reservation, which stays mapped whole;
         // NTA is built from GLOBAL_CONFIG, whose shape the shifts are.
-        match unsafe { NTA.lookup_unlocked_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
-            // SAFETY: a live block of k chunks of NTA's (just looked up)
+        match unsafe { NTA.lookup_live_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
+            // SAFETY: a block of k chunks of NTA's, live in its maps (just
+            // looked up; one parked in a cache is caught when taken off),
             // that the caller gives up; NTA's chunks are the front cache's
             // 64 bytes; this thread's cache holds only NTA's chunks.
             Ok(k) if k <= FRONT_CLASSES => unsafe {

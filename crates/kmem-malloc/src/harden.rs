@@ -2,10 +2,12 @@
 //! `KMEM_OPTIONS=secure` (both may be on).
 //!
 //! ```text
-//!   always     front-cache links encoded with a per-process secret and checked
-//!              on every pop; double, foreign, interior and stale frees abort
-//!              with one line on every path (nta's bitmaps and parked marks,
-//!              the large arena's busy map)
+//!   always     front-cache links encoded with a per-process secret, checked
+//!              on every pop with the chunk's key; double, foreign, interior
+//!              and stale frees abort with one line on every path (nta's
+//!              bitmaps and parked marks, the large arena's busy map; a
+//!              small block freed twice on `free`'s fast path, unless twice
+//!              in a row, when it is taken off the cache again)
 //!   debug      junk: 0xd0 in every new block (calloc's stay zero), 0xdf over
 //!              every freed one; a canary after every block: the request
 //!              grows by 16 bytes, the bytes between the requested end and
@@ -16,8 +18,9 @@
 //!              thread (`debug=N`, default 65536: a check walks every node)
 //!   secure     a PROT_NONE guard page after every large block; a refilled
 //!              front-cache class is shuffled (the next addresses cannot be
-//!              told from the node's layout); every pop also checks the
-//!              chunk's key (its second word), not only its link
+//!              told from the node's layout); every free is looked up with
+//!              the check of the chunk's parked mark (a double free aborts
+//!              at the free itself, not when the chunk is taken off a cache)
 //! ```
 //!
 //! Debug mode routes every call through the slow paths (`malloc`'s inline
@@ -275,15 +278,14 @@ pub(crate) fn alloc_hardened(t: &Thread, size: usize, align: usize, zero: bool) 
     p
 }
 
-/// A pop from the thread's cache in hardened mode: the chunk's key is
-/// checked; in secure mode a refilled class is shuffled before the first
-/// chunk is taken from it.
+/// A pop from the thread's cache in hardened mode (the chunk's key checked,
+/// as every pop does); in secure mode a refilled class is shuffled before
+/// the first chunk is taken from it.
 pub(crate) fn pop_hardened(t: &Thread, k: usize) -> *mut u8 {
     // SAFETY: this thread's cache; no other borrow is live; it holds only
     // NTA's chunks.
     let f = unsafe { &mut *t.front.get() };
-    // SAFETY: as above.
-    let p = unsafe { f.pop_checked(&NTA, k) };
+    let p = f.pop(k);
     if !p.is_null() {
         return p;
     }
@@ -297,8 +299,8 @@ pub(crate) fn pop_hardened(t: &Thread, k: usize) -> *mut u8 {
     unsafe {
         f.push(&NTA, p, k);
         f.shuffle(k, || next_random(&t.rng));
-        f.pop_checked(&NTA, k)
     }
+    f.pop(k)
 }
 
 /// The bytes a hardened block may use: the block less its guard page

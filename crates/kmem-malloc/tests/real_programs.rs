@@ -257,6 +257,17 @@ fn bad_frees_abort_with_one_line() {
 #include <stdio.h>
 #include <string.h>
 #include <stdint.h>
+#include <pthread.h>
+/* Frees a block, 299 others of its size, then the first again, and exits:
+   its cache goes back to the allocator with the block on it twice. */
+static void *double_at_exit(void *arg) {
+  (void)arg;
+  char *v[300];
+  for (int i = 0; i < 300; i++) v[i] = malloc(100);
+  for (int i = 0; i < 300; i++) free(v[i]);
+  free(v[0]);
+  return 0;
+}
 int main(int argc, char **argv) {
   int local = 0;
   char *p = malloc(100), *big = malloc(1 << 20), *mid = malloc(100000), *t = malloc(40);
@@ -264,6 +275,21 @@ int main(int argc, char **argv) {
   const char *what = argv[1];
   if (!strcmp(what, "stack")) free(&local);
   else if (!strcmp(what, "double")) { free(p); free(p); }
+  else if (!strcmp(what, "double-apart")) {
+    /* Another free between the two: the block is on the cache twice, and
+       handing it out the second time must not happen. (Volatile: the
+       compiler drops a malloc whose block is only freed.) */
+    char *volatile q = malloc(100);
+    free(p); free(q); free(p);
+    char *volatile sink;
+    for (int i = 0; i < 3; i++) sink = malloc(100);
+    (void)sink;
+  }
+  else if (!strcmp(what, "double-exit")) {
+    pthread_t th;
+    if (pthread_create(&th, 0, double_at_exit, 0) != 0) return 2;
+    pthread_join(th, 0);
+  }
   else if (!strcmp(what, "middle")) free(p + 64);
   else if (!strcmp(what, "big-double")) { free(big); free(big); }
   else if (!strcmp(what, "big-middle")) free(big + 4096);
@@ -352,6 +378,8 @@ fn bad_frees_in_mode(exe: &Path, mode: &str) {
     for case in [
         "stack",
         "double",
+        "double-apart",
+        "double-exit",
         "middle",
         "big-double",
         "big-middle",

@@ -68,10 +68,25 @@
 //! refills, so its free-only hand-backs advance the same clock.
 //!
 //! **Double frees.** A cached chunk's second word holds a key derived from
-//! its address and the allocator's secret; every path that hands a chunk out
-//! clears that word. A chunk pushed while it carries its key was pushed
-//! before and not handed out since: a double free, which aborts with one
-//! line naming the pointer, whichever thread's cache holds it.
+//! its address and the allocator's secret, written by the push. Every path
+//! that takes a chunk off a cache checks that key and clears it: `pop`
+//! (which hands it out), the flush into nta (`Nta::free_batch`), a class's
+//! hand-back and the exchange's batches (taken by a refill, then popped or
+//! flushed). A push does not read the chunk: it only refuses the chunk on
+//! top of its class (`free(p); free(p)`). A chunk freed twice is then on
+//! two lists, or twice on one, and whichever takes it second finds no key:
+//! it aborts with one line naming the pointer, before the chunk is handed
+//! out twice or freed into its node twice. nta's checked paths
+//! ([`Nta::free`], `lookup_unlocked`, and with them kmem-malloc's `free`
+//! off its fast path, `realloc` and secure mode) still refuse a parked
+//! chunk at the free itself.
+//!
+//! Why not at the push: reading the key there was a load of the freed
+//! block, and a loop that frees blocks it has not touched lately (200,000
+//! blocks of 16-512 bytes built long before) missed the cache on each one:
+//! 268 ms, against 145 ms without the read (mimalloc 50; glibc, whose
+//! tcache reads a key at free, 483). The pop reads the chunk's first word
+//! anyway (its link), and the key shares its line.
 //!
 //! **Encoded links.** A cached chunk's first word, its link to the next one,
 //! is stored as `next ^ link_key`, where the key comes from the allocator's
@@ -99,7 +114,8 @@ use core::ptr;
 use kmem_core::{CpuSource, Error, PageSource};
 
 use crate::nta::{
-    bad_free, cache_key, fatal_corruption, link_decode, link_encode, link_key, Nta, Semi,
+    bad_free, cache_key_from, fatal_unmarked, key_base, link_decode, link_encode, link_key, Nta,
+    Semi,
 };
 
 mod classes;
@@ -144,6 +160,9 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The key of the encoded links (see the module documentation); 0 until
     /// the first chunk arrives.
     link: usize,
+    /// The secret's part of each chunk's cache key ([`key_base`]), set with
+    /// `link`.
+    kbase: usize,
     bytes: usize,
     /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
     pushes: u8,
@@ -229,6 +248,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let () = Self::SHAPE;
         FrontCacheOf {
             link: 0,
+            kbase: 0,
             bytes: 0,
             pushes: 0,
             refills: 0,
@@ -259,6 +279,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     #[inline(always)]
     fn limit(&self, k: usize) -> u32 {
         Self::class_limit(k, self.grow[k])
+    }
+
+    /// Sets the link key and the cache keys' base from nta's `secret`.
+    #[cold]
+    fn set_keys(&mut self, secret: usize) {
+        self.link = link_key(secret);
+        self.kbase = key_base(secret);
     }
 
     /// [`set_lim`](Self::set_lim) of every class (the link key was set).
@@ -292,10 +319,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     }
 
     /// Takes a chunk of class `k` (1..`N`), or null when the
-    /// class is empty or out of range.
+    /// class is empty or out of range. A chunk without its key (freed twice,
+    /// its other copy taken already, or written after its free) aborts with
+    /// one line (see "Double frees"), as does a link that does not decode
+    /// (see "Encoded links").
     #[inline(always)]
     pub fn pop(&mut self, k: usize) -> *mut u8 {
-        let link = self.link;
+        let (link, kbase) = (self.link, self.kbase);
         let Some(c) = self.cls.get_mut(k) else {
             return ptr::null_mut();
         };
@@ -303,6 +333,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if !p.is_null() {
             // SAFETY: cached chunks are allocated chunks this cache owns.
             unsafe {
+                if (*p).chunks != cache_key_from(p as usize, kbase) {
+                    fatal_unmarked(p as usize);
+                }
                 c.head = link_decode(p, (*p).next, link, Self::CHUNK);
                 (*p).next = ptr::null_mut();
                 (*p).chunks = 0;
@@ -311,30 +344,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.bytes -= k << SHIFT;
         }
         p.cast()
-    }
-
-    /// [`pop`](Self::pop) with the checks of a hardened allocator: the
-    /// chunk must still carry its key (a cached chunk's second word, see
-    /// "Double frees"), so that a use after free that wrote over the second
-    /// word, not only the link, aborts with one line instead of handing the
-    /// chunk out.
-    ///
-    /// # Safety
-    /// Every chunk in the cache belongs to `nta`.
-    #[inline]
-    pub unsafe fn pop_checked<P: PageSource, C: CpuSource>(
-        &mut self,
-        nta: &Nta<P, C>,
-        k: usize,
-    ) -> *mut u8 {
-        let Some(p) = self.cls.get(k).map(|c| c.head) else {
-            return ptr::null_mut();
-        };
-        // SAFETY: a cached chunk of ours holds at least 16 bytes.
-        if !p.is_null() && unsafe { (*p).chunks } != cache_key(p as usize, nta.secret()) {
-            fatal_corruption(p as usize);
-        }
-        self.pop(k)
     }
 
     /// Puts class `k`'s chunks in a random order (Fisher-Yates over its
@@ -381,8 +390,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// [`push`](Self::push) when it needs nothing but the class's list: no
     /// flush, no look at nta's clock, a link key already set; otherwise
     /// false, and nothing changed (the caller then takes its slow path,
-    /// which pushes). A chunk that carries its key aborts as in `push`. Has
-    /// no call in it, so that a caller's fast path needs no stack frame.
+    /// which pushes). The chunk on top of its class aborts as in `push`.
+    /// Has no call in it, so that a caller's fast path needs no stack frame.
     ///
     /// # Safety
     /// As [`push`](Self::push).
@@ -396,24 +405,17 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if nta.geometry().chunk_shift != SHIFT {
             return false;
         }
-        let key = cache_key(p as usize, nta.secret());
-        // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        if unsafe { (*p.cast::<Semi>()).chunks } == key {
-            bad_free(Error::DoubleFree { addr: p as u64 });
-        }
-        // SAFETY: forwarded contract; the chunk was checked above.
+        // SAFETY: forwarded contract; the chunk size was checked above.
         unsafe { self.try_push_looked_up(nta, p, k) }
     }
 
-    /// [`try_push`](Self::try_push) for a chunk the caller has just found
-    /// live with [`Nta::lookup_unlocked`] (or `lookup_unlocked_fixed`),
-    /// which refuses a chunk that carries its cache key: the double-free
-    /// check and the chunk-size check are not repeated. kmem-malloc's
-    /// `free` uses it.
+    /// [`try_push`](Self::try_push) without the chunk-size check, for a
+    /// caller that knows `nta`'s chunks are the cache's: kmem-malloc's
+    /// `free`, after it found the block live in nta's maps
+    /// ([`Nta::lookup_live_fixed`]).
     ///
     /// # Safety
-    /// As [`push`](Self::push); `nta`'s chunks are `1 << SHIFT` bytes, and
-    /// `p` was found live by a lookup since it was last handed out.
+    /// As [`push`](Self::push); `nta`'s chunks are `1 << SHIFT` bytes.
     #[inline(always)]
     pub unsafe fn try_push_looked_up<P: PageSource, C: CpuSource>(
         &mut self,
@@ -426,6 +428,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if self.bytes >= Self::BYTES || self.pushes == 1 {
             return false;
         }
+        let key = cache_key_from(p as usize, self.kbase);
         let c = &mut self.cls[k];
         // `lim` is 0 for a class this thread only frees and before the link
         // key is set: those pushes are the out-of-line path's.
@@ -433,7 +436,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             return false;
         }
         let e: *mut Semi = p.cast();
-        let key = cache_key(p as usize, nta.secret());
+        if e == c.head {
+            bad_free(Error::DoubleFree { addr: p as u64 });
+        }
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
         unsafe {
             (*e).next = link_encode(c.head, link);
@@ -447,8 +452,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     }
 
     /// Gives a chunk of class `k` to the cache (flushing half the class to
-    /// `nta` first when it is full). A chunk that carries its key (pushed
-    /// before and not handed out since) aborts with one line naming it.
+    /// `nta` first when it is full). The chunk on top of its class (pushed
+    /// just before) aborts with one line naming it; one pushed twice
+    /// further apart aborts when it is taken off (see "Double frees").
     ///
     /// # Safety
     /// `p` is a live allocation of exactly `k` chunks of `nta` that the
@@ -464,17 +470,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: forwarded contract.
             return unsafe { free_now(nta, p) };
         }
-        let key = cache_key(p as usize, nta.secret());
-        // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        if unsafe { (*p.cast::<Semi>()).chunks } == key {
-            bad_free(Error::DoubleFree { addr: p as u64 });
-        }
-        // SAFETY: forwarded contract; the chunk was checked above.
-        unsafe { self.push_unchecked(nta, p, k, key) }
+        // SAFETY: forwarded contract; the chunk size was checked above.
+        unsafe { self.push_unchecked(nta, p, k) }
     }
 
-    /// [`push`](Self::push) of a chunk the caller has just found live with
-    /// [`Nta::lookup_unlocked`] (or `lookup_unlocked_fixed`), when
+    /// [`push`](Self::push) without the chunk-size check, when
     /// [`try_push_looked_up`](Self::try_push_looked_up) said no: out of
     /// line, so that a caller's fast path can end in a jump here instead of
     /// looking the chunk up again on its slow path.
@@ -489,26 +489,29 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
-        let key = cache_key(p as usize, nta.secret());
         // SAFETY: forwarded contract.
-        unsafe { self.push_unchecked(nta, p, k, key) }
+        unsafe { self.push_unchecked(nta, p, k) }
     }
 
-    /// The body of the pushes, past their checks: onto the stock of class
-    /// `k`, or onto its hand-back list while this thread has never
+    /// The body of the pushes, past the chunk-size check: onto the stock of
+    /// class `k`, or onto its hand-back list while this thread has never
     /// refilled it, making room first when the class is at its bound.
     ///
     /// # Safety
-    /// As [`push`](Self::push), the chunk checked; `key` is its cache key.
+    /// As [`push`](Self::push), `nta`'s chunks the cache's size.
     #[inline(always)]
     unsafe fn push_unchecked<P: PageSource, C: CpuSource>(
         &mut self,
         nta: &Nta<P, C>,
         p: *mut u8,
         k: usize,
-        key: usize,
     ) {
         let e: *mut Semi = p.cast();
+        // Before a flush can take the top chunk away (and free it into its
+        // node while this second push keeps it).
+        if e == *self.list(k) {
+            bad_free(Error::DoubleFree { addr: p as u64 });
+        }
         let c = self.cls[k].count;
         let full = if self.only_frees(k) {
             c >= FREE_ONLY
@@ -520,10 +523,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             unsafe { self.overflow(nta, k) };
         }
         if self.link == 0 {
-            self.link = link_key(nta.secret());
+            self.set_keys(nta.secret());
             self.set_lims();
         }
-        let link = self.link;
+        let (link, key) = (self.link, cache_key_from(p as usize, self.kbase));
         if self.only_frees(k) && self.back[k].is_null() {
             self.back_tail[k] = e;
         }
@@ -588,12 +591,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.bytes -= (self.cls[k].count as usize * k) << SHIFT;
             self.cls[k].count = 0;
             // SAFETY: the whole hand-back chain of class k, nta's chunks.
-            unsafe { nta.free_batch(head, k, self.link) };
+            unsafe { nta.free_batch(head, k, self.link, self.kbase) };
         }
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
         if self.link == 0 && nta.secret() != 0 {
-            self.link = link_key(nta.secret());
+            self.set_keys(nta.secret());
             self.set_lims();
         }
         if Self::CHUNK == 64 && self.link == link_key(nta.secret()) {
@@ -629,30 +632,31 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
         let link_before = self.link;
-        let (cls, bytes, link, grow, refilled) = (
+        if self.link == 0 && nta.secret() != 0 {
+            self.set_keys(nta.secret());
+        }
+        let (cls, bytes, link, kbase, grow, refilled) = (
             &mut self.cls,
             &mut self.bytes,
             &mut self.link,
+            &mut self.kbase,
             &self.grow,
             self.refilled,
         );
-        let mut secret = nta.secret();
-        if *link == 0 && secret != 0 {
-            *link = link_key(secret);
-        }
         nta.alloc_batch(k, want, |p, kk| {
             let e: *mut Semi = p.cast();
-            if secret == 0 {
+            if *link == 0 {
                 // The first node was made by this very batch.
-                secret = nta.secret();
+                let secret = nta.secret();
                 *link = link_key(secret);
+                *kbase = key_base(secret);
             }
             if kk == k {
                 // SAFETY: a fresh (or recycled) allocation of k chunks, and
                 // `tail` the last one chained before it (ours too).
                 unsafe {
                     (*e).next = link_encode(ptr::null_mut(), *link);
-                    (*e).chunks = cache_key(p as usize, secret);
+                    (*e).chunks = cache_key_from(p as usize, *kbase);
                     if tail.is_null() {
                         got = e;
                     } else {
@@ -675,7 +679,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: an allocation of kk chunks handed to us.
             unsafe {
                 (*e).next = link_encode(cls[kk].head, *link);
-                (*e).chunks = cache_key(p as usize, secret);
+                (*e).chunks = cache_key_from(p as usize, *kbase);
             }
             cls[kk].head = e;
             cls[kk].count += 1;
@@ -789,7 +793,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // producer's); else, or when it is full, into nta.
             // SAFETY: a chain of n cached chunks of k chunks each.
             if !(free_only && nta.xfer_push(head, tail, n as usize, k, link)) {
-                nta.free_batch(head, k, link);
+                nta.free_batch(head, k, link, self.kbase);
             }
         }
         self.cls[k].count -= n;
@@ -857,7 +861,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lim(k);
             self.cycled &= !(1 << (k - 1));
             // SAFETY: the whole class chain, nta's chunks.
-            unsafe { nta.free_batch(head, k, self.link) };
+            unsafe { nta.free_batch(head, k, self.link, self.kbase) };
         }
     }
 
@@ -867,6 +871,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// should be empty ([`flush_all`](Self::flush_all) first).
     pub fn close(&mut self) {
         self.link = 0;
+        self.kbase = 0;
         self.refilled = 0;
         self.cycled = 0;
         self.set_lims();
@@ -885,7 +890,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 *self.list(k) = ptr::null_mut();
                 self.cls[k].count = 0;
                 // SAFETY: the whole class chain, nta's chunks.
-                unsafe { nta.free_batch(head, k, self.link) };
+                unsafe { nta.free_batch(head, k, self.link, self.kbase) };
             }
             self.fills[k] = 0;
             self.grow[k] = 0;

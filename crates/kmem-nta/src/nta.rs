@@ -177,7 +177,7 @@ struct Free {
 ///
 /// The second word is never a plain number, so that a chunk freed a second
 /// time while it waits is recognised: on a semi-free list it holds
-/// [`semi_tag`]`(chunk, k)`, in a front cache [`cache_key`]`(chunk)`, both
+/// [`semi_tag`]`(chunk, k)`, in a front cache [`cache_key_from`]`(chunk)`, both
 /// keyed by the allocator's secret. Every path that hands a chunk out
 /// overwrites that word, so a live allocation carries neither mark unless
 /// its owner writes one (it would have to know the secret).
@@ -276,17 +276,26 @@ pub(crate) fn link_decode(e: *mut Semi, stored: *mut Semi, link: usize, align: u
     next as *mut Semi
 }
 
-/// The second word of a chunk parked in a front cache: the semi-free mark
-/// of a length of 0 chunks, which no queued chunk carries, so that
+/// What [`cache_key_from`] takes from the secret, computed once: a front
+/// cache keeps it beside its link key, so that a pop checks a key with a
+/// rotate, a xor and a compare.
+#[inline(always)]
+pub(crate) fn key_base(secret: usize) -> usize {
+    secret ^ SEMI_SALT
+}
+
+/// The second word of a chunk parked in a front cache, from the secret's
+/// [`key_base`]: the semi-free mark of a length of 0 chunks
+/// (`semi_tag(addr, 0, secret)`), which no queued chunk carries, so that
 /// [`parked`] tells both marks with one compare.
 #[inline(always)]
-pub(crate) fn cache_key(addr: usize, secret: usize) -> usize {
-    semi_tag(addr, 0, secret)
+pub(crate) fn cache_key_from(addr: usize, base: usize) -> usize {
+    addr.rotate_left(23) ^ base
 }
 
 /// True when the allocation of `k` chunks at `addr` carries the mark of a
 /// chunk that waits, freed already: parked in a front cache
-/// ([`cache_key`], the mark of length 0) or queued on a semi-free list
+/// ([`cache_key_from`], the mark of length 0) or queued on a semi-free list
 /// ([`semi_tag`], of length `k`). Every path that hands a chunk out clears
 /// the word, so a live allocation carries no mark unless its owner writes
 /// one (it would need the secret); one compare (`<= k`) covers both, and
@@ -518,6 +527,25 @@ pub(crate) fn fatal_corruption(addr: usize) -> ! {
     #[cfg(not(feature = "os"))]
     panic!(
         "kmem-nta: free chunk {:#x} was overwritten (use after free or overflow)",
+        addr
+    )
+}
+
+/// A chunk taken off a front cache, an exchange or a semi-free list did not
+/// carry its mark (the cache key, the semi-free tag): it was freed a second
+/// time and its other copy taken already, or written after its free. Found
+/// before the chunk could be handed out twice or freed into its node again:
+/// abort with one line.
+#[cold]
+#[inline(never)]
+pub(crate) fn fatal_unmarked(addr: usize) -> ! {
+    #[cfg(feature = "os")]
+    kmem_sys::abort_with(format_args!(
+        "kmem-nta: free chunk {addr:#x} lost its mark (double free, or use after free)"
+    ));
+    #[cfg(not(feature = "os"))]
+    panic!(
+        "kmem-nta: free chunk {:#x} lost its mark (double free, or use after free)",
         addr
     )
 }

@@ -616,7 +616,7 @@ fn free_batch_from_cpu1<P: PageSource>(nta: &Nta<P>, ptrs: &[usize], k: usize) {
                 head = e;
             }
             // SAFETY: a chain of live allocations of k chunks each.
-            unsafe { nta.free_batch(head, k, 0) };
+            unsafe { nta.free_batch(head, k, 0, 0) };
         });
     });
 }
@@ -1016,6 +1016,11 @@ fn free_of_a_chunk_parked_in_a_front_cache_is_a_double_free() {
         assert_eq!(nta.free(q), df);
         assert_eq!(nta.free_sized(q, l(64)), df);
         assert_eq!(nta.usable_size(q).map(|_| ()), df);
+        assert_eq!(look(&nta, p as usize).map(|_| ()), df);
+        // The maps alone read it live: a push after this lookup is caught
+        // when the cache takes the chunk off (the front module's "Double
+        // frees").
+        assert_eq!(nta.lookup_live_fixed::<6, 15>(p as usize), Ok(1));
         nta.check().unwrap();
         // Still parked, handed out once, clean.
         assert_eq!(front.pop(1), p);

@@ -151,7 +151,7 @@ mod shuffle_tests {
             let n = front.count(1);
             assert_eq!(n, 109);
             let order = |f: &mut FrontCache| {
-                let v: Vec<usize> = (0..n).map(|_| f.pop_checked(&nta, 1) as usize).collect();
+                let v: Vec<usize> = (0..n).map(|_| f.pop(1) as usize).collect();
                 for &p in v.iter().rev() {
                     f.push(&nta, p as *mut u8, 1);
                 }
@@ -197,7 +197,7 @@ mod shuffle_tests {
                 let n = front.count(k);
                 assert!(n >= 1, "the refill kept some of class {k}");
                 for _ in 0..n {
-                    got.push(front.pop_checked(&nta, k) as usize);
+                    got.push(front.pop(k) as usize);
                 }
                 assert!(
                     got.windows(2).all(|w| w[1] >= w[0] + k * 64),
@@ -228,7 +228,7 @@ mod shuffle_tests {
             let mut frees_seen = Vec::new();
             for _ in 0..6 {
                 for _ in 0..1000 {
-                    let mut p = front.pop_checked(&nta, 1);
+                    let mut p = front.pop(1);
                     if p.is_null() {
                         p = front.refill(&nta, 1);
                     }
@@ -258,7 +258,7 @@ mod shuffle_tests {
             // through this one, are handed back in batches of FREE_ONLY.
             let mut other = FrontCache::new();
             for _ in 0..1000 {
-                let mut p = other.pop_checked(&nta, 2);
+                let mut p = other.pop(2);
                 if p.is_null() {
                     p = other.refill(&nta, 2);
                 }
@@ -304,7 +304,7 @@ mod shuffle_tests {
             // the nta fuzz target: the shuffle walked a stock of 8 from a
             // null head).
             front.shuffle(1, || 7);
-            assert!(front.pop_checked(&nta, 1).is_null());
+            assert!(front.pop(1).is_null());
             let before = nta.stats().frees;
             let mine = front.refill(&nta, 1);
             assert!(!mine.is_null());
@@ -318,7 +318,7 @@ mod shuffle_tests {
             nta.check().unwrap();
             // The class is the thread's own now: its frees are its stock.
             front.push(&nta, mine, 1);
-            assert_eq!(front.pop_checked(&nta, 1), mine);
+            assert_eq!(front.pop(1), mine);
             front.push(&nta, mine, 1);
             front.flush_all(&nta);
         }

@@ -10,8 +10,8 @@ use crate::front::FREE_ONLY;
 use crate::node::{bits, end_map, used_map, Node};
 
 use super::{
-    bad_free, link_decode, link_key, prefetch_ahead, semi_len, semi_tag, skip_word, Heap, Nta,
-    Semi, SKIP,
+    bad_free, cache_key_from, fatal_unmarked, key_base, link_decode, link_key, prefetch_ahead,
+    semi_len, semi_tag, skip_word, Heap, Nta, Semi, SKIP,
 };
 
 /// Batches of class `k` an exchange holds at most: about 256 KiB of them
@@ -52,6 +52,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 unsafe {
                     let next = (*e).next;
                     let kk = semi_len(e as usize, (*e).chunks, self.secret());
+                    if kk == 0 || kk > self.geo.max {
+                        // Not a semi-free tag: freed again (onto a front
+                        // cache, which wrote its words) while it waited.
+                        fatal_unmarked(e as usize);
+                    }
                     prefetch_ahead(e, kk << self.geo.chunk_shift);
                     let (node, idx) = self.node_of(e as usize);
                     if let Err(x) = self.validate(node, idx, kk, e as usize) {
@@ -119,11 +124,21 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Frees a chain of allocations of `k` chunks each, linked through their
     /// first word (encoded under key `link`, 0 for plain pointers): the
     /// calling CPU's under one lock, others' onto their owners' semi-free
-    /// lists, one compare-and-swap per owner run.
+    /// lists, one compare-and-swap per owner run. A front cache's chain
+    /// (`link` not 0) carries each chunk's cache key, from key base
+    /// `kbase`: an entry without it (freed twice, its other copy taken off
+    /// already, or written after its free) aborts with one line, and each
+    /// key is cleared as its entry is taken.
     ///
     /// # Safety
     /// Every entry is a live allocation of `k` chunks that the caller gives up.
-    pub(crate) unsafe fn free_batch(&self, mut head: *mut Semi, k: usize, link: usize) {
+    pub(crate) unsafe fn free_batch(
+        &self,
+        mut head: *mut Semi,
+        k: usize,
+        link: usize,
+        kbase: usize,
+    ) {
         let h = self.current_heap();
         // Taken at the first chunk of our own (a consumer that only frees
         // other CPUs' chunks never touches its heap's lock).
@@ -152,6 +167,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // SAFETY: entries are live allocations we give up.
             unsafe {
                 let e = head;
+                // The key before the link: an entry met a second time may
+                // have been released already, its words rewritten.
+                if link != 0 {
+                    if (*e).chunks != cache_key_from(e as usize, kbase) {
+                        fatal_unmarked(e as usize);
+                    }
+                    (*e).chunks = 0;
+                }
                 head = link_decode(e, (*e).next, link, chunk);
                 let (node, idx) = self.node_of(e as usize);
                 let owner = (*node).owner as usize;
@@ -300,7 +323,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 unsafe {
                     let h = exchange::open(b, link, FREE_ONLY as usize);
                     self.xfer_taken(j, h.n * k);
-                    self.free_batch(b, k, link);
+                    self.free_batch(b, k, link, key_base(self.secret()));
                     b = h.below;
                 }
             }

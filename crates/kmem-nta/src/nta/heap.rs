@@ -13,7 +13,7 @@ use crate::remote::RemoteList;
 
 #[cfg(any(feature = "os", doc))]
 use super::MAINTAIN_MS;
-use super::{bad_free, prefetch_ahead, semi_len, Free, Heap, Nta, Semi, NODE_POOL};
+use super::{bad_free, fatal_unmarked, prefetch_ahead, semi_len, Free, Heap, Nta, Semi, NODE_POOL};
 
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- the heap algorithms (caller holds the heap's lock) ---------------
@@ -564,6 +564,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             unsafe {
                 let next = (*e).next;
                 let k = semi_len(e as usize, (*e).chunks, self.secret());
+                if k == 0 || k > self.geo.max {
+                    // Not a semi-free tag: freed again (onto a front cache,
+                    // which wrote its words) while it waited.
+                    fatal_unmarked(e as usize);
+                }
                 prefetch_ahead(e, k << self.geo.chunk_shift);
                 let (node, idx) = self.node_of(e as usize);
                 match self.validate(node, idx, k, e as usize) {

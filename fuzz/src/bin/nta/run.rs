@@ -327,9 +327,9 @@ impl Run<'_> {
         let g = self.m.g;
         let k = class as usize % (FRONT_CLASSES + 2);
         let c = &mut self.caches[which];
-        // The top bit of `class`: the hardened pop (the key checked) after
-        // a shuffle of the class (secure mode's order).
-        let mut p = if class >= 128 {
+        // The top bit of `class`: a shuffle of the class first (secure
+        // mode's order).
+        if class >= 128 {
             let mut r = class as u64;
             c.shuffle(k, || {
                 r = r
@@ -337,11 +337,8 @@ impl Run<'_> {
                     .wrapping_add(1442695040888963407);
                 r >> 17
             });
-            // SAFETY: the caches only ever hold nta's chunks.
-            unsafe { c.pop_checked(nta, k) }
-        } else {
-            c.pop(k)
-        };
+        }
+        let mut p = c.pop(k);
         if p.is_null() {
             // SAFETY: the caches only ever hold nta's chunks.
             p = unsafe { c.refill(nta, k) };
