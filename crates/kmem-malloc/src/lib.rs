@@ -28,7 +28,7 @@
 //! bytes; what is freed beyond that and not reused goes back to the OS
 //! (`madvise(MADV_DONTNEED)`) within `decay` ms, at the next tick past a limit, and
 //! at once when it lies well above the highest block in use. The clock is
-//! read on slow paths and every 256 frees into a front cache (nta's
+//! read on slow paths and every 63 frees into a front cache (nta's
 //! maintenance, which also finishes frees stranded on idle heaps); there is
 //! no background thread. `malloc_trim` gives everything back.
 //!

@@ -114,8 +114,8 @@ use core::ptr;
 use kmem_core::{CpuSource, Error, PageSource};
 
 use crate::nta::{
-    bad_free, cache_key_from, fatal_unmarked, key_base, link_decode, link_encode, link_key, Nta,
-    Semi,
+    bad_free, cache_key_from, double_free, fatal_unmarked, key_base, link_decode, link_encode,
+    link_key, Nta, Semi,
 };
 
 mod classes;
@@ -125,6 +125,30 @@ pub use classes::{
     front_class, tiny_class, FREE_ONLY, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX,
     IDLE_SCAN, TICK_PUSHES, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
 };
+
+/// Writes a chunk's two words (its link and its key) with one store where
+/// the target has one: a free of a block the program has not touched lately
+/// misses the cache on the store, later stores wait behind it in the store
+/// buffer, and one entry fewer per free lets more frees overlap.
+///
+/// # Safety
+/// `e` points to 16 writable bytes.
+#[inline(always)]
+unsafe fn write_words(e: *mut Semi, next: usize, key: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is part of x86_64; the caller's contract covers the
+    // 16 bytes (an unaligned store).
+    unsafe {
+        use core::arch::x86_64::{_mm_set_epi64x, _mm_storeu_si128};
+        _mm_storeu_si128(e.cast(), _mm_set_epi64x(key as i64, next as i64));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*e).next = next as *mut Semi;
+        (*e).chunks = key;
+    }
+}
 
 /// `push` over an allocator whose chunks are not [`FRONT_CHUNK`] bytes:
 /// the chunk is freed at once, checked as [`Nta::free`] checks (a bad free
@@ -163,9 +187,11 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The secret's part of each chunk's cache key ([`key_base`]), set with
     /// `link`.
     kbase: usize,
+    /// Bytes of the chunks held (multiples of the chunk size) plus, in the
+    /// low [`PUSH_BITS`](Self::PUSH_BITS), the pushes since the last look at
+    /// nta's clock: one counter written per push instead of two (see
+    /// [`TICK_PUSHES`]).
     bytes: usize,
-    /// Pushes, wrapping: every [`TICK_PUSHES`]th looks at nta's clock.
-    pushes: u8,
     /// Refills of the whole cache and hand-backs of free-only classes
     /// (wrapping): the clock of idleness.
     refills: u16,
@@ -230,6 +256,9 @@ impl<const SHIFT: u32, const N: usize> Default for FrontCacheOf<SHIFT, N> {
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// Chunk size in bytes.
     pub const CHUNK: usize = 1 << SHIFT;
+    /// The low bits of `bytes` that count pushes: every
+    /// `PUSH_BITS`th push looks at nta's clock.
+    const PUSH_BITS: usize = (1 << SHIFT) - 1;
     /// Classes: 1 to `CLASSES` chunks.
     pub const CLASSES: usize = N - 1;
     /// Most bytes the cache holds: [`BYTES`](Self::BYTES) for 64-byte chunks, less
@@ -250,7 +279,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             link: 0,
             kbase: 0,
             bytes: 0,
-            pushes: 0,
             refills: 0,
             refilled: 0,
             cycled: 0,
@@ -310,7 +338,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
 
     /// Bytes of chunks the cache holds.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.bytes & !Self::PUSH_BITS
     }
 
     /// Chunks held in class `k` (0 for a class out of range).
@@ -424,8 +452,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) -> bool {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
-        let link = self.link;
-        if self.bytes >= Self::BYTES || self.pushes == 1 {
+        let (link, b) = (self.link, self.bytes);
+        // The push that completes a round of pushes looks at the clock: the
+        // out-of-line path's.
+        if b >= Self::BYTES || b & Self::PUSH_BITS == Self::PUSH_BITS - 1 {
             return false;
         }
         let key = cache_key_from(p as usize, self.kbase);
@@ -437,17 +467,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
         let e: *mut Semi = p.cast();
         if e == c.head {
-            bad_free(Error::DoubleFree { addr: p as u64 });
+            double_free(p as usize);
         }
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        unsafe {
-            (*e).next = link_encode(c.head, link);
-            (*e).chunks = key;
-        }
+        unsafe { write_words(e, link_encode(c.head, link) as usize, key) };
         c.head = e;
         c.count += 1;
-        self.bytes += k << SHIFT;
-        self.pushes = self.pushes.wrapping_sub(1);
+        self.bytes = b + (k << SHIFT) + 1;
         true
     }
 
@@ -538,11 +564,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
         *list = e;
         self.cls[k].count += 1;
-        self.bytes += k << SHIFT;
-        let t = self.pushes.wrapping_sub(1);
-        self.pushes = t;
-        if t == 0 {
+        let t = self.bytes + (k << SHIFT) + 1;
+        if t & Self::PUSH_BITS == Self::PUSH_BITS {
+            self.bytes = t & !Self::PUSH_BITS;
             nta.tick();
+        } else {
+            self.bytes = t;
         }
     }
 

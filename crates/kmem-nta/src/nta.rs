@@ -515,6 +515,14 @@ pub(crate) fn bad_free(e: Error) -> ! {
     panic!("kmem-nta: bad free: {}", e)
 }
 
+/// [`bad_free`] of a double free of `addr`, for a hit path: no error value
+/// built on its stack.
+#[cold]
+#[inline(never)]
+pub(crate) fn double_free(addr: usize) -> ! {
+    bad_free(Error::DoubleFree { addr: addr as u64 })
+}
+
 /// Heap metadata in a freed chunk was overwritten (found where the chunk at
 /// `addr` was about to be handed out): the allocator cannot continue safely.
 #[cold]

@@ -98,11 +98,13 @@ pub const fn tiny_class(size: usize) -> Option<usize> {
     }
 }
 
-/// Pushes between two looks at nta's maintenance clock (the wrap of a
-/// byte): a thread whose frees and allocations all hit its cache (an idle
-/// server's trickle) still lets nta finish stranded remote frees and give
-/// memory back.
-pub const TICK_PUSHES: usize = 256;
+/// Pushes between two looks at nta's maintenance clock for a cache of
+/// 64-byte chunks (16-byte chunks: 15): a thread whose frees and
+/// allocations all hit its cache (an idle server's trickle) still lets nta
+/// finish stranded remote frees and give memory back. The count lives in
+/// the low bits of the cache's byte count, which chunk sizes leave free, so
+/// that a push writes one counter; a look reads a coarse clock (a few ns).
+pub const TICK_PUSHES: usize = 63;
 
 /// Refills between two looks for idle classes, and the idleness (in
 /// refills of the cache) that sends a class back.

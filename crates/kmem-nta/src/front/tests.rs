@@ -408,7 +408,7 @@ mod shuffle_tests {
             while front.count(1) > 0 {
                 v.push(front.pop(1));
             }
-            front.pushes = 1;
+            front.bytes = (front.bytes & !FrontCache::PUSH_BITS) | (FrontCache::PUSH_BITS - 1);
             assert!(!front.try_push(&nta, v[0], 1));
             for q in v {
                 front.push(&nta, q, 1);

@@ -314,7 +314,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Runs [`maintain`](Self::maintain) when [`MAINTAIN_MS`] have passed
     /// since it last ran (`os` builds; without a clock only explicit calls
     /// run it). Called from the slow paths (every 16th refill batch of a
-    /// heap, new and empty nodes) and by front caches every 256 pushes.
+    /// heap, new and empty nodes) and by front caches every 63 pushes.
     #[inline]
     pub(crate) fn tick(&self) {
         #[cfg(feature = "os")]
