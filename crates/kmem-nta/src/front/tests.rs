@@ -1,6 +1,7 @@
 //! The front caches' tests: bounds and classes, and caches over real ntas
 //! (`shuffle_tests`).
 
+use super::classes::fill_count;
 use super::*;
 
 #[test]
