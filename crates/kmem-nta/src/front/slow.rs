@@ -8,6 +8,7 @@ use kmem_core::{CpuSource, PageSource};
 
 use super::classes::{fill_count, FILL_STEPS};
 use super::{FrontCacheOf, FREE_ONLY, IDLE_SCAN};
+use super::write_words;
 use crate::nta::{cache_key_from, key_base, link_decode, link_encode, link_key, Nta, Semi};
 
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
@@ -78,11 +79,15 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.fills[k] += 1;
         }
         // The fresh chunks of class k are chained in the order nta carves
-        // them (lowest first), encoded and keyed: `got` heads the chain
-        // (the one to return), `tail` ends it. Programs walk blocks in the
-        // order they allocated them, and prefetchers follow rising streams
-        // best (see docs/kmem-nta.md: falling, a teardown read 2x slower).
+        // them (lowest first), encoded and keyed: `got` is the first (the
+        // one to return), `rest` the second, `tail` the last. Programs walk
+        // blocks in the order they allocated them, and prefetchers follow
+        // rising streams best (see docs/kmem-nta.md: falling, a teardown
+        // read 2x slower). Each chunk is written once, when the next one
+        // is known (its link and key in one store): the chunks are cold,
+        // and every store waits for its line.
         let mut got: *mut Semi = ptr::null_mut();
+        let mut rest: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
         let link_before = self.link;
@@ -106,16 +111,20 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 *kbase = key_base(secret);
             }
             if kk == k {
-                // SAFETY: a fresh (or recycled) allocation of k chunks, and
-                // `tail` the last one chained before it (ours too).
-                unsafe {
-                    (*e).next = link_encode(ptr::null_mut(), *link);
-                    (*e).chunks = cache_key_from(p as usize, *kbase);
-                    if tail.is_null() {
-                        got = e;
-                    } else {
-                        (*tail).next = link_encode(e, *link);
-                    }
+                if got.is_null() {
+                    got = e;
+                } else if rest.is_null() {
+                    rest = e;
+                } else {
+                    // SAFETY: `tail`, chained before, is ours (a fresh or
+                    // recycled allocation of k chunks); its link is `e`.
+                    unsafe {
+                        write_words(
+                            tail,
+                            link_encode(e, *link) as usize,
+                            cache_key_from(tail as usize, *kbase),
+                        )
+                    };
                 }
                 tail = e;
                 n += 1;
@@ -149,17 +158,17 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             return ptr::null_mut();
         }
         // Keep all but the first; return that one, both its words clear.
-        // SAFETY: got heads n fresh chunks of ours, `tail` the last of them.
+        // SAFETY: got, rest ..= tail are the n fresh chunks of ours; all
+        // but got and tail are written already.
         unsafe {
-            let rest = link_decode(got, (*got).next, self.link, Self::CHUNK);
             if !rest.is_null() {
-                (*tail).next = link_encode(self.cls[k].head, self.link);
+                let key = cache_key_from(tail as usize, self.kbase);
+                write_words(tail, link_encode(self.cls[k].head, self.link) as usize, key);
                 self.cls[k].head = rest;
                 self.cls[k].count += n - 1;
                 self.bytes += ((n - 1) as usize * k) << SHIFT;
             }
-            (*got).next = ptr::null_mut();
-            (*got).chunks = 0;
+            write_words(got, 0, 0);
         }
         got.cast()
     }
