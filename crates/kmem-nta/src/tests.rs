@@ -616,7 +616,7 @@ fn free_batch_from_cpu1<P: PageSource>(nta: &Nta<P>, ptrs: &[usize], k: usize) {
                 head = e;
             }
             // SAFETY: a chain of live allocations of k chunks each.
-            unsafe { nta.free_batch(head, k, 0, 0) };
+            unsafe { nta.free_batch(head, usize::MAX, k, 0, 0) };
         });
     });
 }

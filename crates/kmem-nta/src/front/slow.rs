@@ -7,8 +7,8 @@ use core::ptr;
 use kmem_core::{CpuSource, PageSource};
 
 use super::classes::{fill_count, FILL_STEPS};
-use super::{FrontCacheOf, FREE_ONLY, IDLE_SCAN};
 use super::write_words;
+use super::{FrontCacheOf, FREE_ONLY, IDLE_SCAN};
 use crate::nta::{cache_key_from, key_base, link_decode, link_encode, link_key, Nta, Semi};
 
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
@@ -46,7 +46,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.bytes -= (self.cls[k].count as usize * k) << SHIFT;
             self.cls[k].count = 0;
             // SAFETY: the whole hand-back chain of class k, nta's chunks.
-            unsafe { nta.free_batch(head, k, self.link, self.kbase) };
+            unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
         }
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
@@ -229,31 +229,24 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if n == 0 {
             return;
         }
-        let link = self.link;
-        let free_only = self.only_frees(k);
-        let list = self.list(k);
-        let head = *list;
-        let mut tail = head;
+        let (link, kbase) = (self.link, self.kbase);
+        let head = *self.list(k);
         // SAFETY: the class holds count >= n entries.
         unsafe {
-            if free_only {
-                // The whole hand-back list: its tail is known, its link null.
-                tail = self.back_tail[k];
+            if self.only_frees(k) {
+                // The whole hand-back list: its tail is known, its link
+                // null. Its blocks go whole to the exchange of the heap that
+                // made them, for its next refill of the class (the
+                // producer's); or into nta when that exchange is full.
+                let tail = self.back_tail[k];
                 *self.list(k) = ptr::null_mut();
                 debug_assert!(link_decode(tail, (*tail).next, link, Self::CHUNK).is_null());
-            } else {
-                for _ in 1..n {
-                    tail = link_decode(tail, (*tail).next, link, Self::CHUNK);
+                if !nta.xfer_push(head, tail, n as usize, k, link) {
+                    nta.free_batch(head, usize::MAX, k, link, kbase);
                 }
-                *list = link_decode(tail, (*tail).next, link, Self::CHUNK);
-                (*tail).next = link_encode(ptr::null_mut(), link);
-            }
-            // A free-only class's blocks go whole to the exchange of the
-            // heap that made them, for its next refill of the class (the
-            // producer's); else, or when it is full, into nta.
-            // SAFETY: a chain of n cached chunks of k chunks each.
-            if !(free_only && nta.xfer_push(head, tail, n as usize, k, link)) {
-                nta.free_batch(head, k, link, self.kbase);
+            } else {
+                // The first n into nta, in one walk that finds the cut too.
+                *self.list(k) = nta.free_batch(head, n as usize, k, link, kbase);
             }
         }
         self.cls[k].count -= n;
@@ -321,7 +314,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lim(k);
             self.cycled &= !(1 << (k - 1));
             // SAFETY: the whole class chain, nta's chunks.
-            unsafe { nta.free_batch(head, k, self.link, self.kbase) };
+            unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
         }
     }
 
@@ -338,7 +331,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 *self.list(k) = ptr::null_mut();
                 self.cls[k].count = 0;
                 // SAFETY: the whole class chain, nta's chunks.
-                unsafe { nta.free_batch(head, k, self.link, self.kbase) };
+                unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
             }
             self.fills[k] = 0;
             self.grow[k] = 0;

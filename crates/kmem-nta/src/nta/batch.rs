@@ -121,10 +121,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         got
     }
 
-    /// Frees a chain of allocations of `k` chunks each, linked through their
-    /// first word (encoded under key `link`, 0 for plain pointers): the
-    /// calling CPU's under one lock, others' onto their owners' semi-free
-    /// lists, one compare-and-swap per owner run. A front cache's chain
+    /// Frees the first `n` allocations (all, up to a null link, when fewer)
+    /// of a chain of allocations of `k` chunks each, linked through their
+    /// first word (encoded under key `link`, 0 for plain pointers), and
+    /// returns the rest of the chain (null when it ended): the calling
+    /// CPU's under one lock, others' onto their owners' semi-free lists, one
+    /// compare-and-swap per owner run. A flush of part of a front cache's
+    /// class walks its chain once this way (the cut and the frees). A front cache's chain
     /// (`link` not 0) carries each chunk's cache key, from key base
     /// `kbase`: an entry without it (freed twice, its other copy taken off
     /// already, or written after its free) aborts with one line, and each
@@ -135,10 +138,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     pub(crate) unsafe fn free_batch(
         &self,
         mut head: *mut Semi,
+        n: usize,
         k: usize,
         link: usize,
         kbase: usize,
-    ) {
+    ) -> *mut Semi {
         let h = self.current_heap();
         // Taken at the first chunk of our own (a consumer that only frees
         // other CPUs' chunks never touches its heap's lock).
@@ -163,7 +167,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // after the run's release, and caught.
         let mut pend_node: *mut Node = ptr::null_mut();
         let (mut lo, mut hi, mut pend_n) = (0usize, 0usize, 0u64);
-        while !head.is_null() {
+        let mut left = n;
+        while left > 0 && !head.is_null() {
+            left -= 1;
             // SAFETY: entries are live allocations we give up.
             unsafe {
                 let e = head;
@@ -241,6 +247,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             unsafe { self.semi_push(run.0, run.1, run.2) };
         }
         drop(local);
+        head
     }
 
     // ---- the exchange of whole batches (see `exchange`) -------------------
@@ -323,7 +330,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 unsafe {
                     let h = exchange::open(b, link, FREE_ONLY as usize);
                     self.xfer_taken(j, h.n * k);
-                    self.free_batch(b, k, link, key_base(self.secret()));
+                    self.free_batch(b, usize::MAX, k, link, key_base(self.secret()));
                     b = h.below;
                 }
             }
