@@ -210,11 +210,16 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     cls: [Class; N],
     /// Each class's hand-back list, while this thread has never refilled
     /// the class: frees of blocks others made, handed back whole (see
-    /// "Bounds"); `cls[k].count` counts it then. A class's chunks are on
-    /// one of the two lists, never both.
+    /// "Bounds"); `cls[k].count` counts it then, and `cls[k].lim` is
+    /// [`FREE_ONLY`], so that those pushes are inline too (a consumer's
+    /// every free). A class's chunks are on one of the two lists, never
+    /// both.
     back: [*mut Semi; N],
     /// The last chunk of each hand-back list (the first pushed), so that
-    /// handing the list back whole needs no walk.
+    /// handing the list back whole needs no walk (a walk of 32 entries
+    /// pushed a while ago took a tenth of a consumer's time). Set by every
+    /// push onto an empty list, stock or hand-back (one branch, no test of
+    /// which); meaningful for hand-back lists only.
     back_tail: [*mut Semi; N],
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
     fills: [u8; N],
@@ -329,13 +334,16 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
     }
 
-    /// Sets class `k`'s inline bound (`Class::lim`) from its state: its
-    /// bound once this thread has refilled it and the link key is set, else
-    /// 0. Called wherever either changes.
+    /// Sets class `k`'s inline bound (`Class::lim`) from its state: 0
+    /// until the link key is set; then [`FREE_ONLY`] while this thread only
+    /// frees the class (its hand-back list), its bound once it refilled it.
+    /// Called wherever either changes.
     #[inline]
     fn set_lim(&mut self, k: usize) {
-        self.cls[k].lim = if self.only_frees(k) || self.link == 0 {
+        self.cls[k].lim = if self.link == 0 {
             0
+        } else if self.only_frees(k) {
+            FREE_ONLY
         } else {
             self.limit(k)
         };
@@ -464,19 +472,26 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             return false;
         }
         let key = cache_key_from(p as usize, self.kbase);
+        let only = self.refilled & (1 << (k - 1)) == 0;
         let c = &mut self.cls[k];
-        // `lim` is 0 for a class this thread only frees and before the link
-        // key is set: those pushes are the out-of-line path's.
+        // `lim` is 0 before the link key is set: those pushes are the
+        // out-of-line path's.
         if c.count >= c.lim {
             return false;
         }
+        // The class's stock, or its hand-back list while this thread only
+        // frees it.
+        let head = if only { &mut self.back[k] } else { &mut c.head };
         let e: *mut Semi = p.cast();
-        if e == c.head {
+        if e == *head {
             double_free(p as usize);
         }
+        if head.is_null() {
+            self.back_tail[k] = e;
+        }
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        unsafe { write_words(e, link_encode(c.head, link) as usize, key) };
-        c.head = e;
+        unsafe { write_words(e, link_encode(*head, link) as usize, key) };
+        *head = e;
         c.count += 1;
         self.bytes = b + (k << SHIFT) + 1;
         true
@@ -558,15 +573,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lims();
         }
         let (link, key) = (self.link, cache_key_from(p as usize, self.kbase));
-        if self.only_frees(k) && self.back[k].is_null() {
+        if self.list(k).is_null() {
             self.back_tail[k] = e;
         }
         let list = self.list(k);
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        unsafe {
-            (*e).next = link_encode(*list, link);
-            (*e).chunks = key;
-        }
+        unsafe { write_words(e, link_encode(*list, link) as usize, key) };
         *list = e;
         self.cls[k].count += 1;
         let t = self.bytes + (k << SHIFT) + 1;
