@@ -30,7 +30,8 @@
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
 //! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first, a
-//! cache at most [`FRONT_BYTES`] (8 MiB) in all. A class the thread has
+//! cache at most [`FRONT_BYTES`] (8 MiB) in all (looked at every
+//! [`TICK_PUSHES`] pushes: up to that many blocks past it for a moment). A class the thread has
 //! never refilled keeps at most [`FREE_ONLY`] entries and hands them back
 //! all at once: a thread that frees what others allocate (the consumer of
 //! a queue) gets its frees batched without holding a stock it would never
@@ -466,9 +467,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     ) -> bool {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
         let (link, b) = (self.link, self.bytes);
-        // The push that completes a round of pushes looks at the clock: the
-        // out-of-line path's.
-        if b >= Self::BYTES || b & Self::PUSH_BITS == Self::PUSH_BITS - 1 {
+        // The push that completes a round of pushes is the out-of-line
+        // path's: it looks at the clock, and at the cache's byte bound (so
+        // an inline push never tests it: the bound holds within a round,
+        // at most `PUSH_BITS - 1` blocks past it).
+        if b & Self::PUSH_BITS == Self::PUSH_BITS - 1 {
             return false;
         }
         let key = cache_key_from(p as usize, self.kbase);
