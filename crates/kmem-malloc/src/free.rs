@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// [`NTA`]'s shape as constants, from the configuration it is built from
-/// (for `Nta::lookup_live_fixed`).
+/// (for `Nta::lookup_common_fixed`).
 const NTA_CHUNK_SHIFT: u32 = GLOBAL_CONFIG.chunk_size.trailing_zeros();
 const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
 
@@ -42,12 +42,12 @@ pub(crate) fn free_fast(a: usize) -> bool {
     if NTA_SPAN.known_to_contain(a) {
         // SAFETY: a lies in nta's reservation, which stays mapped whole;
         // NTA is built from GLOBAL_CONFIG, whose shape the shifts are.
-        match unsafe { NTA.lookup_live_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
+        match unsafe { NTA.lookup_common_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
             // SAFETY: a block of k chunks of NTA's, live in its maps (just
             // looked up; one parked in a cache is caught when taken off),
             // that the caller gives up; NTA's chunks are the front cache's
             // 64 bytes; this thread's cache holds only NTA's chunks.
-            Ok(k) if k <= FRONT_CLASSES => unsafe {
+            Some(k) if k <= FRONT_CLASSES => unsafe {
                 let f = &mut *t.front.get();
                 if !f.try_push_looked_up(&NTA, a as *mut u8, k) {
                     f.push_looked_up(&NTA, a as *mut u8, k);

@@ -454,7 +454,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// [`try_push`](Self::try_push) without the chunk-size check, for a
     /// caller that knows `nta`'s chunks are the cache's: kmem-malloc's
     /// `free`, after it found the block live in nta's maps
-    /// ([`Nta::lookup_live_fixed`]).
+    /// ([`Nta::lookup_common_fixed`]).
     ///
     /// # Safety
     /// As [`push`](Self::push); `nta`'s chunks are `1 << SHIFT` bytes.

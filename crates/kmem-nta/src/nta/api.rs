@@ -343,34 +343,114 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe { self.lookup_in::<true>(g, addr) }
     }
 
-    /// [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed) from the
-    /// node's maps alone: the chunk's own words are not read, so a chunk
-    /// parked in a front cache or queued on a semi-free list reads live
-    /// (and its length). For a caller that pushes the chunk onto a front
-    /// cache, where a chunk freed twice is caught when it is taken off (see
-    /// the front module's "Double frees"): reading the chunk's second word
-    /// here was a cache miss on every free of a block the program had not
-    /// touched lately (a loop that frees 200,000 blocks it built long
-    /// before: 268 ms with the read, 145 ms without; mimalloc 50).
-    /// kmem-malloc's `free` uses it.
+    /// The common case of [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed),
+    /// from the node's maps alone: `Some(k)` when `addr` starts a live
+    /// allocation of `k` chunks that ends in its 64-chunk word of the maps
+    /// or the next (every block of up to 65 chunks but a node's first);
+    /// `None` for
+    /// anything else, good or bad, which the caller settles on its checked
+    /// path. The chunk's own words are not read, so a chunk parked in a
+    /// front cache or queued on a semi-free list reads live: for a caller
+    /// that pushes it onto a front cache, where a chunk freed twice is
+    /// caught when it is taken off (the front module's "Double frees").
+    /// Reading the chunk's second word here was a cache miss on every free
+    /// of a block the program had not touched lately (a loop that frees
+    /// 200,000 blocks it built long before: 268 ms with the read, 145 ms
+    /// without; mimalloc 50). kmem-malloc's `free` uses it.
     ///
     /// # Safety
     /// As [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed).
     #[inline(always)]
-    pub unsafe fn lookup_live_fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>(
+    pub unsafe fn lookup_common_fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>(
         &self,
         addr: usize,
-    ) -> Result<usize> {
+    ) -> Option<usize> {
         let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
         debug_assert_eq!(*g, self.geo);
         // SAFETY: forwarded contract; the caller vouches for the geometry.
-        unsafe { self.lookup_in::<false>(g, addr) }
+        unsafe { self.lookup_common(g, addr) }
+    }
+
+    /// The lookup's common case over geometry `g` (this allocator's): the
+    /// node's seal and kind, the chunk alignment, then a word or two of
+    /// each map: chunk idx in use, the chunk before it free or an
+    /// allocation's end, and an end bit in idx's word or the next. `None`
+    /// for anything else (a header chunk or the node's first data chunk, a
+    /// block longer than that, a bad pointer).
+    #[inline(always)]
+    unsafe fn lookup_common(&self, g: &Geometry, addr: usize) -> Option<usize> {
+        let node = addr & !g.node_mask();
+        let (node, idx) = (node as *mut Node, (addr - node) >> g.chunk_shift);
+        let secret = self.secret();
+        if load_check(node) != seal(node as usize, secret)
+            || secret == 0
+            || addr & (g.chunk() - 1) != 0
+        {
+            return None;
+        }
+        // SAFETY: a live node of ours (its seal) holds its maps; idx is in
+        // range (below nchunks by construction of node_of).
+        unsafe {
+            if (*node).kind != KIND_SMALL {
+                return None;
+            }
+            let (used, end) = (used_map(node), end_map(node, g));
+            let (w, b) = (idx / 64, idx % 64);
+            let (u, e) = (bits::word(used, w), bits::word(end, w));
+            if (u >> b) & 1 == 0 {
+                return None;
+            }
+            // The chunk before: in use and not an allocation's end means
+            // addr is inside an allocation (or the header).
+            let inside = if b != 0 {
+                (u & !e) >> (b - 1)
+            } else if w != 0 {
+                (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63
+            } else {
+                return None;
+            };
+            if inside & 1 != 0 {
+                return None;
+            }
+            let from = e >> b;
+            if from != 0 {
+                return Some(from.trailing_zeros() as usize + 1);
+            }
+            // Ends in the next word (a block across a word boundary).
+            if w + 1 >= g.words {
+                return None;
+            }
+            let next = bits::word(end, w + 1);
+            if next == 0 {
+                return None;
+            }
+            Some(64 - b + next.trailing_zeros() as usize + 1)
+        }
     }
 
     /// The lookup over geometry `g` (this allocator's); with `PARKED`, a
     /// chunk that carries a parked mark is a double free.
     #[inline(always)]
     unsafe fn lookup_in<const PARKED: bool>(&self, g: &Geometry, addr: usize) -> Result<usize> {
+        // SAFETY: forwarded contract.
+        let k = match unsafe { self.lookup_common(g, addr) } {
+            Some(k) => k,
+            // SAFETY: forwarded contract.
+            None => unsafe { self.lookup_bits(g, addr)? },
+        };
+        // SAFETY: a live allocation of k chunks at addr (found above).
+        if PARKED && unsafe { parked(addr, k, self.secret()) } {
+            return Err(Error::DoubleFree { addr: addr as u64 });
+        }
+        Ok(k)
+    }
+
+    /// The lookup past its common case, bit by bit: the length of the
+    /// allocation that starts at `addr`, or why there is none. Out of line,
+    /// so that the common case keeps its registers.
+    #[cold]
+    #[inline(never)]
+    unsafe fn lookup_bits(&self, g: &Geometry, addr: usize) -> Result<usize> {
         let node = addr & !g.node_mask();
         let (node, idx) = (node as *mut Node, (addr - node) >> g.chunk_shift);
         let secret = self.secret();
@@ -399,11 +479,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if last == g.nchunks {
                 return Err(bad);
             }
-            let k = last + 1 - idx;
-            if PARKED && parked(addr, k, secret) {
-                return Err(Error::DoubleFree { addr: addr as u64 });
-            }
-            Ok(k)
+            Ok(last + 1 - idx)
         }
     }
 
