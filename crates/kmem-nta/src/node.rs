@@ -368,6 +368,61 @@ pub(crate) fn end_map(node: *mut Node, g: &Geometry) -> *mut u64 {
     used_map(node).wrapping_add(g.words)
 }
 
+/// The length in chunks of the allocation that starts at chunk `idx`, read
+/// from a word or two of the maps `used` and `end` (of `words` words each):
+/// chunk idx in use, the chunk before it free or an allocation's end, and
+/// an end bit in idx's word or the next. `None` for anything else (a header
+/// chunk or the node's first data chunk, a longer block, a chunk that
+/// starts nothing), which the caller settles bit by bit. The common case of
+/// `free`'s lookup: every test on a pair of words at once. (The batch
+/// paths' validation through it: no change in instructions, kept bit by
+/// bit.)
+///
+/// # Safety
+/// The maps are a live node's; `idx` is below its chunks.
+#[inline(always)]
+pub(crate) unsafe fn start_len(
+    used: *const u64,
+    end: *const u64,
+    idx: usize,
+    words: usize,
+) -> Option<usize> {
+    let (w, b) = (idx / 64, idx % 64);
+    // SAFETY: idx and the words read lie in the maps (the caller's
+    // contract; w - 1 and w + 1 are looked at only when they exist).
+    unsafe {
+        let (u, e) = (bits::word(used, w), bits::word(end, w));
+        if (u >> b) & 1 == 0 {
+            return None;
+        }
+        // The chunk before: in use and not an allocation's end means idx is
+        // inside an allocation (or the header).
+        let inside = if b != 0 {
+            (u & !e) >> (b - 1)
+        } else if w != 0 {
+            (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63
+        } else {
+            return None;
+        };
+        if inside & 1 != 0 {
+            return None;
+        }
+        let from = e >> b;
+        if from != 0 {
+            return Some(from.trailing_zeros() as usize + 1);
+        }
+        // Ends in the next word (a block across a word boundary).
+        if w + 1 >= words {
+            return None;
+        }
+        let next = bits::word(end, w + 1);
+        if next == 0 {
+            return None;
+        }
+        Some(64 - b + next.trailing_zeros() as usize + 1)
+    }
+}
+
 #[inline(always)]
 pub(crate) fn load_check(node: *const Node) -> usize {
     // SAFETY: callers pass an address inside memory the allocator's source

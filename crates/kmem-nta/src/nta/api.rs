@@ -8,7 +8,7 @@ use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, Error, PageSource, Result};
 
 use crate::node::{
-    bits, end_map, load_check, seal, seal_freed, used_map, Geometry, Node, KIND_SMALL,
+    bits, end_map, load_check, seal, seal_freed, start_len, used_map, Geometry, Node, KIND_SMALL,
 };
 
 use super::{bad_free, parked, semi_tag, skip_word, Nta, Semi};
@@ -372,11 +372,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// The lookup's common case over geometry `g` (this allocator's): the
-    /// node's seal and kind, the chunk alignment, then a word or two of
-    /// each map: chunk idx in use, the chunk before it free or an
-    /// allocation's end, and an end bit in idx's word or the next. `None`
-    /// for anything else (a header chunk or the node's first data chunk, a
-    /// block longer than that, a bad pointer).
+    /// node's seal and kind, the chunk alignment, then the maps' common
+    /// case ([`start_len`]). `None` for anything else.
     #[inline(always)]
     unsafe fn lookup_common(&self, g: &Geometry, addr: usize) -> Option<usize> {
         let node = addr & !g.node_mask();
@@ -394,37 +391,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if (*node).kind != KIND_SMALL {
                 return None;
             }
-            let (used, end) = (used_map(node), end_map(node, g));
-            let (w, b) = (idx / 64, idx % 64);
-            let (u, e) = (bits::word(used, w), bits::word(end, w));
-            if (u >> b) & 1 == 0 {
-                return None;
-            }
-            // The chunk before: in use and not an allocation's end means
-            // addr is inside an allocation (or the header).
-            let inside = if b != 0 {
-                (u & !e) >> (b - 1)
-            } else if w != 0 {
-                (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63
-            } else {
-                return None;
-            };
-            if inside & 1 != 0 {
-                return None;
-            }
-            let from = e >> b;
-            if from != 0 {
-                return Some(from.trailing_zeros() as usize + 1);
-            }
-            // Ends in the next word (a block across a word boundary).
-            if w + 1 >= g.words {
-                return None;
-            }
-            let next = bits::word(end, w + 1);
-            if next == 0 {
-                return None;
-            }
-            Some(64 - b + next.trailing_zeros() as usize + 1)
+            start_len(used_map(node), end_map(node, g), idx, g.words)
         }
     }
 
