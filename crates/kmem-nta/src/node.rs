@@ -497,4 +497,52 @@ mod tests {
             assert!(!bits::test(p, 0));
         }
     }
+
+    /// `start_len` against the maps read bit by bit, over nodes of random
+    /// allocations (1 to 130 chunks, free gaps between) and every chunk:
+    /// where it answers, the answer is the allocation's length; it answers
+    /// for every allocation start of up to 65 chunks whose chunk before is
+    /// not the header's last.
+    #[test]
+    fn start_len_matches_the_maps_bit_by_bit() {
+        let (hdr, n) = (5usize, 1024usize);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for _ in 0..200 {
+            let (mut used, mut end) = (vec![0u64; n / 64], vec![0u64; n / 64]);
+            let (u, e) = (used.as_mut_ptr(), end.as_mut_ptr());
+            // SAFETY: every index below is under n, inside the maps.
+            unsafe {
+                bits::set_range(u, 0, hdr);
+                let mut starts = vec![];
+                let mut i = hdr;
+                while i < n {
+                    i += rnd(3) as usize;
+                    let long = rnd(4) == 0;
+                    let k = 1 + rnd(if long { 130 } else { 8 }) as usize;
+                    if i + k > n {
+                        break;
+                    }
+                    bits::set_range(u, i, k);
+                    bits::set(e, i + k - 1);
+                    starts.push((i, k));
+                    i += k;
+                }
+                for idx in 0..n {
+                    let start = starts.iter().find(|s| s.0 == idx).map(|s| s.1);
+                    let got = start_len(u, e, idx, n / 64);
+                    if let Some(k) = got {
+                        assert_eq!(Some(k), start, "chunk {idx}");
+                    } else if let Some(k) = start {
+                        assert!(k > 65 || idx == hdr, "chunk {idx}: {k} chunks not found");
+                    }
+                }
+            }
+        }
+    }
 }
