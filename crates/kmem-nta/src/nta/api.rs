@@ -318,7 +318,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     #[inline(always)]
     pub unsafe fn lookup_unlocked(&self, addr: usize) -> Result<usize> {
         // SAFETY: forwarded contract; the geometry is this allocator's.
-        unsafe { self.lookup_in::<true>(&self.geo, addr) }
+        unsafe { self.lookup_in(&self.geo, addr) }
     }
 
     /// [`lookup_unlocked`](Self::lookup_unlocked) for an allocator whose
@@ -340,7 +340,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
         debug_assert_eq!(*g, self.geo);
         // SAFETY: forwarded contract; the caller vouches for the geometry.
-        unsafe { self.lookup_in::<true>(g, addr) }
+        unsafe { self.lookup_in(g, addr) }
     }
 
     /// The common case of [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed),
@@ -395,10 +395,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
     }
 
-    /// The lookup over geometry `g` (this allocator's); with `PARKED`, a
-    /// chunk that carries a parked mark is a double free.
+    /// The lookup over geometry `g` (this allocator's): a chunk that
+    /// carries a parked mark is a double free.
     #[inline(always)]
-    unsafe fn lookup_in<const PARKED: bool>(&self, g: &Geometry, addr: usize) -> Result<usize> {
+    unsafe fn lookup_in(&self, g: &Geometry, addr: usize) -> Result<usize> {
         // SAFETY: forwarded contract.
         let k = match unsafe { self.lookup_common(g, addr) } {
             Some(k) => k,
@@ -406,7 +406,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             None => unsafe { self.lookup_bits(g, addr)? },
         };
         // SAFETY: a live allocation of k chunks at addr (found above).
-        if PARKED && unsafe { parked(addr, k, self.secret()) } {
+        if unsafe { parked(addr, k, self.secret()) } {
             return Err(Error::DoubleFree { addr: addr as u64 });
         }
         Ok(k)
