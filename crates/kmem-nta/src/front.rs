@@ -29,9 +29,10 @@
 //! `calloc`, which is kmem-malloc itself). All-zero bytes are a valid empty
 //! cache ([`FrontCache::new`]), so zero-initialised TLS needs no constructor.
 //!
-//! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first, a
-//! cache at most [`FRONT_BYTES`] (8 MiB) in all (looked at every
-//! [`TICK_PUSHES`] pushes: up to that many blocks past it for a moment). A class the thread has
+//! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first. A
+//! class grows only while the bounds of all the classes this thread
+//! allocates from stay within [`FRONT_BYTES`] (8 MiB) together, so that
+//! the hits keep no byte count (see [`FrontCacheOf::bound_bytes`]). A class the thread has
 //! never refilled keeps at most [`FREE_ONLY`] entries and hands them back
 //! all at once: a thread that frees what others allocate (the consumer of
 //! a queue) gets its frees batched without holding a stock it would never
@@ -193,11 +194,13 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The secret's part of each chunk's cache key ([`key_base`]), set with
     /// `link`.
     kbase: usize,
-    /// Bytes of the chunks held (multiples of the chunk size) plus, in the
-    /// low [`PUSH_BITS`](Self::PUSH_BITS), the pushes since the last look at
-    /// nta's clock: one counter written per push instead of two (see
-    /// [`TICK_PUSHES`]).
-    bytes: usize,
+    /// Pushes left before the next look at nta's clock (see
+    /// [`TICK_PUSHES`]): the push that finds 0 is the out-of-line path's,
+    /// which looks and starts the next round. The hits keep no byte count:
+    /// the bytes held are bounded by the classes' bounds (see
+    /// [`bound_bytes`](Self::bound_bytes)), and counted only when asked
+    /// ([`bytes`](Self::bytes)).
+    round: usize,
     /// Refills of the whole cache and hand-backs of free-only classes
     /// (wrapping): the clock of idleness.
     refills: u16,
@@ -267,9 +270,6 @@ impl<const SHIFT: u32, const N: usize> Default for FrontCacheOf<SHIFT, N> {
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// Chunk size in bytes.
     pub const CHUNK: usize = 1 << SHIFT;
-    /// The low bits of `bytes` that count pushes: every
-    /// `PUSH_BITS`th push looks at nta's clock.
-    const PUSH_BITS: usize = (1 << SHIFT) - 1;
     /// Classes: 1 to `CLASSES` chunks.
     pub const CLASSES: usize = N - 1;
     /// Most bytes the cache holds: [`BYTES`](Self::BYTES) for 64-byte chunks, less
@@ -289,7 +289,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         FrontCacheOf {
             link: 0,
             kbase: 0,
-            bytes: 0,
+            round: 0,
             refills: 0,
             refilled: 0,
             cycled: 0,
@@ -320,11 +320,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         Self::class_limit(k, self.grow[k])
     }
 
-    /// Sets the link key and the cache keys' base from nta's `secret`.
+    /// Sets the link key and the cache keys' base from nta's `secret`, and
+    /// starts the first round of pushes.
     #[cold]
     fn set_keys(&mut self, secret: usize) {
         self.link = link_key(secret);
         self.kbase = key_base(secret);
+        self.round = TICK_PUSHES;
     }
 
     /// [`set_lim`](Self::set_lim) of every class (the link key was set).
@@ -350,9 +352,27 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         };
     }
 
-    /// Bytes of chunks the cache holds.
+    /// Bytes of chunks the cache holds (stock and hand-back lists): counted
+    /// now, class by class (the hits keep no byte count).
     pub fn bytes(&self) -> usize {
-        self.bytes & !Self::PUSH_BITS
+        (1..N)
+            .map(|k| (self.cls[k].count as usize * k) << SHIFT)
+            .sum()
+    }
+
+    /// The bounds of the classes this thread has refilled, in bytes,
+    /// together. A class grows only while this stays within
+    /// [`BYTES`](Self::BYTES) (see "Classes grow"); a class refilled for the
+    /// first time adds its base bound (all base bounds together come to
+    /// under a third of `BYTES`). The stock stays within it (a class holds
+    /// more only right after a refill that spliced batches from the
+    /// exchange, and flushes at its next push); the hand-back lists add at
+    /// most [`FREE_ONLY`] entries per class the thread never refilled.
+    pub fn bound_bytes(&self) -> usize {
+        (1..N)
+            .filter(|&k| !self.only_frees(k))
+            .map(|k| (self.limit(k) as usize * k) << SHIFT)
+            .sum()
     }
 
     /// Chunks held in class `k` (0 for a class out of range).
@@ -383,7 +403,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 (*p).chunks = 0;
             }
             c.count -= 1;
-            self.bytes -= k << SHIFT;
         }
         p.cast()
     }
@@ -466,12 +485,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) -> bool {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
-        let (link, b) = (self.link, self.bytes);
-        // The push that completes a round of pushes is the out-of-line
-        // path's: it looks at the clock, and at the cache's byte bound (so
-        // an inline push never tests it: the bound holds within a round,
-        // at most `PUSH_BITS - 1` blocks past it).
-        if b & Self::PUSH_BITS == Self::PUSH_BITS - 1 {
+        let (link, round) = (self.link, self.round);
+        // The push that ends a round is the out-of-line path's: it looks at
+        // the clock.
+        if round == 0 {
             return false;
         }
         let key = cache_key_from(p as usize, self.kbase);
@@ -496,7 +513,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         unsafe { write_words(e, link_encode(*head, link) as usize, key) };
         *head = e;
         c.count += 1;
-        self.bytes = b + (k << SHIFT) + 1;
+        self.round = round - 1;
         true
     }
 
@@ -567,7 +584,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         } else {
             c >= self.limit(k)
         };
-        if full || self.bytes >= Self::BYTES {
+        if full {
             // SAFETY: forwarded contract (the cache's chunks are nta's).
             unsafe { self.overflow(nta, k) };
         }
@@ -584,12 +601,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         unsafe { write_words(e, link_encode(*list, link) as usize, key) };
         *list = e;
         self.cls[k].count += 1;
-        let t = self.bytes + (k << SHIFT) + 1;
-        if t & Self::PUSH_BITS == Self::PUSH_BITS {
-            self.bytes = t & !Self::PUSH_BITS;
+        if self.round == 0 {
+            self.round = TICK_PUSHES - 1;
             nta.tick();
         } else {
-            self.bytes = t;
+            self.round -= 1;
         }
     }
 

@@ -11,8 +11,9 @@ pub(super) const SHIFT: u32 = FRONT_CHUNK.trailing_zeros();
 pub const FRONT_CLASSES: usize = 64;
 /// Largest request the front cache serves.
 pub const FRONT_MAX: usize = FRONT_CLASSES * FRONT_CHUNK;
-/// Most bytes one thread's front cache holds (a class grows to at most
-/// half of it; see "Classes grow" in the front cache's documentation).
+/// Most bytes one thread's front cache holds: the classes' bounds stay
+/// within it together, and a class grows to at most half of it (see
+/// "Bounds" and "Classes grow" in the front cache's documentation).
 ///
 /// 8 MiB, so that a batch of 1000 blocks of up to 4 KiB, allocated and
 /// freed again and again, stays in the cache: at 1 MiB the 512-byte to
@@ -98,12 +99,11 @@ pub const fn tiny_class(size: usize) -> Option<usize> {
     }
 }
 
-/// Pushes between two looks at nta's maintenance clock for a cache of
-/// 64-byte chunks (16-byte chunks: 15): a thread whose frees and
-/// allocations all hit its cache (an idle server's trickle) still lets nta
-/// finish stranded remote frees and give memory back. The count lives in
-/// the low bits of the cache's byte count, which chunk sizes leave free, so
-/// that a push writes one counter; a look reads a coarse clock (a few ns).
+/// Pushes between two looks at nta's maintenance clock: a thread whose
+/// frees and allocations all hit its cache (an idle server's trickle) still
+/// lets nta finish stranded remote frees and give memory back. A push
+/// counts down one counter (the cache keeps no byte count on its hits); a
+/// look reads a coarse clock (a few ns).
 pub const TICK_PUSHES: usize = 63;
 
 /// Refills between two looks for idle classes, and the idleness (in

@@ -43,7 +43,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // The class's first refill: what this thread freed of it so far
             // (others' blocks) goes back, and its stock starts empty.
             let head = core::mem::replace(&mut self.back[k], ptr::null_mut());
-            self.bytes -= (self.cls[k].count as usize * k) << SHIFT;
             self.cls[k].count = 0;
             // SAFETY: the whole hand-back chain of class k, nta's chunks.
             unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
@@ -94,11 +93,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if self.link == 0 && nta.secret() != 0 {
             self.set_keys(nta.secret());
         }
-        let (cls, bytes, link, kbase, grow, refilled) = (
+        let (cls, link, kbase, round, grow, refilled) = (
             &mut self.cls,
-            &mut self.bytes,
             &mut self.link,
             &mut self.kbase,
+            &mut self.round,
             &self.grow,
             self.refilled,
         );
@@ -109,6 +108,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 let secret = nta.secret();
                 *link = link_key(secret);
                 *kbase = key_base(secret);
+                *round = super::TICK_PUSHES;
             }
             if kk == k {
                 if got.is_null() {
@@ -135,7 +135,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             if kk > Self::CLASSES
                 || refilled & (1 << (kk - 1)) == 0
                 || cls[kk].count >= Self::class_limit(kk, grow[kk])
-                || *bytes >= Self::BYTES
             {
                 return false;
             }
@@ -146,7 +145,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             }
             cls[kk].head = e;
             cls[kk].count += 1;
-            *bytes += kk << SHIFT;
             true
         });
         if link_before == 0 {
@@ -166,17 +164,17 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 write_words(tail, link_encode(self.cls[k].head, self.link) as usize, key);
                 self.cls[k].head = rest;
                 self.cls[k].count += n - 1;
-                self.bytes += ((n - 1) as usize * k) << SHIFT;
             }
             write_words(got, 0, 0);
         }
         got.cast()
     }
 
-    /// Class `k` is at its bound (or the cache at [`BYTES`](Self::BYTES)): a class
-    /// this thread refilled since it last overflowed doubles its bound
-    /// instead, up to [`MAX_LIMITS`](Self::MAX_LIMITS), while the cache has room; otherwise
-    /// half of it goes back ([`flush`](Self::flush)).
+    /// Class `k` is at its bound: a class this thread refilled since it
+    /// last overflowed doubles its bound instead, up to
+    /// [`MAX_LIMITS`](Self::MAX_LIMITS), while the classes' bounds together
+    /// stay within [`BYTES`](Self::BYTES) ([`bound_bytes`](Self::bound_bytes));
+    /// otherwise half of it goes back ([`flush`](Self::flush)).
     ///
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
@@ -191,10 +189,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let cycled = self.cycled & bit != 0;
         self.cycled &= !bit;
         if cycled
-            && self.bytes < Self::BYTES
             && !self.only_frees(k)
             && self.limit(k) < Self::MAX_LIMITS[k]
             && self.cls[k].count >= self.limit(k)
+            && self.bound_bytes()
+                + ((Self::class_limit(k, self.grow[k] + 1) - self.limit(k)) as usize * k << SHIFT)
+                <= Self::BYTES
         {
             self.grow[k] += 1;
             self.set_lim(k);
@@ -250,7 +250,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             }
         }
         self.cls[k].count -= n;
-        self.bytes -= (n as usize * k) << SHIFT;
     }
 
     /// Splices the batches from `b` down (taken from an exchange, links
@@ -269,7 +268,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 (*h.tail).next = link_encode(self.cls[k].head, link);
                 self.cls[k].head = b;
                 self.cls[k].count += h.n as u32;
-                self.bytes += (h.n * k) << SHIFT;
                 b = h.below;
             }
         }
@@ -307,7 +305,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 continue;
             }
             *self.list(k) = ptr::null_mut();
-            self.bytes -= (self.cls[k].count as usize * k) << SHIFT;
             self.cls[k].count = 0;
             self.fills[k] = 0;
             self.grow[k] = 0;
@@ -338,6 +335,5 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lim(k);
         }
         self.cycled = 0;
-        self.bytes = 0;
     }
 }

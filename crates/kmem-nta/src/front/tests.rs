@@ -16,7 +16,7 @@ fn limits_are_bounded() {
     let base: usize = (1..=FRONT_CLASSES)
         .map(|k| LIMITS[k] as usize * k * FRONT_CHUNK)
         .sum();
-    assert!(base < FRONT_BYTES / 2);
+    assert!(base < FRONT_BYTES / 3);
     let grown: usize = (1..=FRONT_CLASSES)
         .map(|k| MAX_LIMITS[k] as usize * k * FRONT_CHUNK)
         .sum();
@@ -379,6 +379,65 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
+    /// A class that churns ever larger batches grows only while the bounds
+    /// of the classes this thread allocates from stay within the cache's
+    /// bytes together: with two classes grown to half the cache each (all
+    /// of it), a third stays at its base bound; with them at their base, it
+    /// grows.
+    #[test]
+    fn growth_stops_at_the_cache_bytes() {
+        let grown_limit = |preset: bool| {
+            let mut b = vec![0u64; (24 << 20) / 8];
+            let nta = nta_over(&mut b);
+            let mut front = FrontCache::new();
+            // SAFETY: a cache over nta only; every block is given back once.
+            unsafe {
+                for k in [1usize, 2] {
+                    let p = front.refill(&nta, k);
+                    front.push(&nta, p, k);
+                    if preset {
+                        // Grown to the most a class may hold: half the cache.
+                        while front.limit(k) < FrontCache::MAX_LIMITS[k] {
+                            front.grow[k] += 1;
+                        }
+                        front.set_lim(k);
+                    }
+                }
+                let k = 4;
+                let mut v = Vec::new();
+                // Ten batches of 512 blocks (128 KiB), allocated then freed:
+                // each overflow after a refill may double the bound. Few
+                // enough refills that classes 1 and 2 do not go idle.
+                for _ in 0..10 {
+                    for _ in 0..512 {
+                        let mut p = front.pop(k);
+                        if p.is_null() {
+                            p = front.refill(&nta, k);
+                        }
+                        assert!(!p.is_null());
+                        v.push(p);
+                    }
+                    for p in v.drain(..) {
+                        front.push(&nta, p, k);
+                    }
+                    // Growth keeps the bounds within the bytes; a class
+                    // refilled the first time adds its base bound to them.
+                    let base = FrontCache::LIMITS[k] as usize * k * FrontCache::CHUNK;
+                    assert!(front.bound_bytes() <= FrontCache::BYTES + base);
+                    assert!(front.bytes() <= front.bound_bytes());
+                }
+                let got = front.limit(k);
+                front.flush_all(&nta);
+                assert_eq!(front.bytes(), 0);
+                nta.check().unwrap();
+                assert_eq!(nta.stats().bytes_held, 0);
+                got
+            }
+        };
+        assert!(grown_limit(false) >= 4 * FrontCache::LIMITS[4]);
+        assert_eq!(grown_limit(true), FrontCache::LIMITS[4]);
+    }
+
     /// `try_push` does what `push` does while that needs only the list, and
     /// refuses (changing nothing) where `push` would flush or look at the
     /// clock.
@@ -409,7 +468,7 @@ mod shuffle_tests {
             while front.count(1) > 0 {
                 v.push(front.pop(1));
             }
-            front.bytes = (front.bytes & !FrontCache::PUSH_BITS) | (FrontCache::PUSH_BITS - 1);
+            front.round = 0;
             assert!(!front.try_push(&nta, v[0], 1));
             for q in v {
                 front.push(&nta, q, 1);
