@@ -193,7 +193,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             && self.limit(k) < Self::MAX_LIMITS[k]
             && self.cls[k].count >= self.limit(k)
             && self.bound_bytes()
-                + ((Self::class_limit(k, self.grow[k] + 1) - self.limit(k)) as usize * k << SHIFT)
+                + (((Self::class_limit(k, self.grow[k] + 1) - self.limit(k)) as usize * k) << SHIFT)
                 <= Self::BYTES
         {
             self.grow[k] += 1;
