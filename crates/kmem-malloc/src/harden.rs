@@ -73,6 +73,8 @@ pub(crate) fn enable(o: &Options) {
     KEY.store(random_word() | 1, Relaxed);
     CHECK_EVERY.store(o.check_every, Relaxed);
     MODES.store(m, Relaxed);
+    // Every batch a cache gives back to nta is validated entry by entry.
+    crate::NTA.set_strict(true);
 }
 
 /// The modes on (0 in the default build).

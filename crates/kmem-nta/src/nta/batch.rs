@@ -3,6 +3,7 @@
 
 use core::ptr;
 
+use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, LockGuard, PageSource};
 
 use crate::exchange::{self, XFER_CLASSES};
@@ -131,7 +132,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// (`link` not 0) carries each chunk's cache key, from key base
     /// `kbase`: an entry without it (freed twice, its other copy taken off
     /// already, or written after its free) aborts with one line, and each
-    /// key is cleared as its entry is taken.
+    /// key is cleared as its entry is taken. A keyed chain's entries are
+    /// validated against the maps only when the allocator is strict
+    /// ([`set_strict`](Self::set_strict)); a plain chain's always.
     ///
     /// # Safety
     /// Every entry is a live allocation of `k` chunks that the caller gives up.
@@ -167,6 +170,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // after the run's release, and caught.
         let mut pend_node: *mut Node = ptr::null_mut();
         let (mut lo, mut hi, mut pend_n) = (0usize, 0usize, 0u64);
+        // A plain chain (no keys) is validated always; a keyed one (a front
+        // cache's) when the allocator is strict (see `set_strict`).
+        let strict = link == 0 || cfg!(debug_assertions) || self.strict.load(Ordering::Relaxed);
         let mut left = n;
         while left > 0 && !head.is_null() {
             left -= 1;
@@ -198,8 +204,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                             self.release_run(heap, pend_node, lo, hi - lo, pend_n);
                             pend_n = 0;
                         }
-                        if let Err(x) = self.validate(node, idx, k, e as usize) {
-                            bad_free(x);
+                        if strict {
+                            if let Err(x) = self.validate(node, idx, k, e as usize) {
+                                bad_free(x);
+                            }
                         }
                         if pend_n == 0 {
                             (pend_node, lo, hi) = (node, idx, idx + k);
