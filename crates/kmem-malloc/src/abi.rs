@@ -29,13 +29,21 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[inline(always)]
 pub(crate) fn malloc_in(size: usize) -> *mut u8 {
     let t = thread();
-    let mode = t.mode.get();
-    if mode == T_FAST {
+    if t.mode.get() == T_FAST {
         let p = pop_fast(t, size);
         if !p.is_null() {
             return p;
         }
-    } else if mode == T_SECURE && size <= FRONT_MAX {
+        return alloc_slow(size, MIN_ALIGN, false);
+    }
+    malloc_other(t, size)
+}
+
+/// `malloc` on a thread not in `T_FAST` (new, hardened, direct, pow2):
+/// out of line, so that the fast path tests the mode once.
+#[inline(never)]
+fn malloc_other(t: &Thread, size: usize) -> *mut u8 {
+    if t.mode.get() == T_SECURE && size <= FRONT_MAX {
         let k = if size == 0 { 1 } else { (size + 63) >> 6 };
         // SAFETY: this thread's cache; no other borrow is live.
         let p = unsafe { (*t.front.get()).pop(k) };
