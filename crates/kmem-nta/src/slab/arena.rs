@@ -379,10 +379,36 @@ impl<P: PageSource> SlabArena<P> {
         // SAFETY: the slab lives while b is out (it counts as used).
         if unsafe { (*s).owner.load(Ordering::Relaxed) } == ORPHAN_ID {
             // SAFETY: forwarded contract.
-            if unsafe { self.orphan_free(s, b) } {
-                return;
-            }
+            return unsafe { self.push_remote_orphan(s, b) };
         }
+        // SAFETY: forwarded contract.
+        unsafe { self.push_remote_list(s, b) }
+    }
+
+    /// [`push_remote`](Self::push_remote) to a slab whose owner exited:
+    /// out of line, so that the free that inlines `push_remote` makes no
+    /// call on its other paths and needs no stack frame (six instructions
+    /// on every tiny free).
+    ///
+    /// # Safety
+    /// As [`push_remote`](Self::push_remote).
+    #[cold]
+    #[inline(never)]
+    unsafe fn push_remote_orphan(&self, s: *mut Slab, b: *mut Block) {
+        // SAFETY: forwarded contract.
+        if unsafe { self.orphan_free(s, b) } {
+            return;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.push_remote_list(s, b) }
+    }
+
+    /// Pushes `b` on `s`'s remote list (one compare-and-swap).
+    ///
+    /// # Safety
+    /// As [`push_remote`](Self::push_remote).
+    #[inline(always)]
+    unsafe fn push_remote_list(&self, s: *mut Slab, b: *mut Block) {
         let link = self.link();
         // SAFETY: as above.
         let r = unsafe { &(*s).remote.0 };
