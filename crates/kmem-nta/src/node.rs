@@ -392,20 +392,18 @@ pub(crate) unsafe fn start_len(
     // contract; w - 1 and w + 1 are looked at only when they exist).
     unsafe {
         let (u, e) = (bits::word(used, w), bits::word(end, w));
-        if (u >> b) & 1 == 0 {
+        // The chunks that start something in this word: in use, and the
+        // chunk before not in use or an allocation's end (in use and not an
+        // end means inside an allocation, or the header). One mask for the
+        // word; bit 0's chunk before lies in the word before.
+        let starts = u & !((u & !e) << 1);
+        if (starts >> b) & 1 == 0 {
             return None;
         }
-        // The chunk before: in use and not an allocation's end means idx is
-        // inside an allocation (or the header).
-        let inside = if b != 0 {
-            (u & !e) >> (b - 1)
-        } else if w != 0 {
-            (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63
-        } else {
-            return None;
-        };
-        if inside & 1 != 0 {
-            return None;
+        if b == 0 {
+            if w == 0 || (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63 != 0 {
+                return None;
+            }
         }
         let from = e >> b;
         if from != 0 {
