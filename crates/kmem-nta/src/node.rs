@@ -400,10 +400,8 @@ pub(crate) unsafe fn start_len(
         if (starts >> b) & 1 == 0 {
             return None;
         }
-        if b == 0 {
-            if w == 0 || (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63 != 0 {
-                return None;
-            }
+        if b == 0 && (w == 0 || (bits::word(used, w - 1) & !bits::word(end, w - 1)) >> 63 != 0) {
+            return None;
         }
         let from = e >> b;
         if from != 0 {

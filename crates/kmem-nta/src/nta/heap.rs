@@ -358,16 +358,29 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 self.drain_slow(&mut heap, j);
             }
         }
-        if let Some(mut pool) = self.pool.try_lock() {
-            let mut nodes = [0usize; NODE_POOL];
-            let n = pool.n;
-            nodes[..n].copy_from_slice(&pool.nodes[..n]);
-            pool.n = 0;
+        // The pool's nodes go back a few at a time, taken under the lock
+        // and given back without it (a small array on the stack: this runs
+        // inside `malloc` and `free`, on whatever stack the program gave
+        // the thread).
+        // At most a pool's worth of rounds, should other CPUs refill it
+        // meanwhile.
+        for _ in 0..NODE_POOL.div_ceil(32) {
+            let Some(mut pool) = self.pool.try_lock() else {
+                break;
+            };
+            let mut nodes = [0usize; 32];
+            let n = pool.n.min(nodes.len());
+            let left = pool.n - n;
+            nodes[..n].copy_from_slice(&pool.nodes[left..pool.n]);
+            pool.n = left;
             drop(pool);
             for &a in &nodes[..n] {
                 // SAFETY: pooled nodes are empty nodes of ours, now held by
                 // nobody.
                 unsafe { self.give_back(a as *mut Node) };
+            }
+            if left == 0 {
+                break;
             }
         }
         self.source.maintain();
