@@ -180,8 +180,8 @@ unsafe fn free_now<P: PageSource, C: CpuSource>(nta: &Nta<P, C>, p: *mut u8) {
 /// documentation; [`FrontCache`] and [`TinyCache`] are the two in use.
 ///
 /// **Layout.** What a hit reads and writes sits together: the fields of
-/// the whole cache that every pop and push looks at (the link key, the
-/// bytes held, the push clock) in the first line, and each class's head,
+/// the whole cache that the hits look at (the keys, the pushes left in the
+/// round, which classes were refilled) in the first line, and each class's head,
 /// count and current bound in one 16-byte record. With a field per array
 /// (heads, counts, bounds, doublings), a push touched five lines of the
 /// cache and a pop three; under a program whose own data keeps evicting
