@@ -165,9 +165,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // their bits untouched (so each next one validates as it would
         // alone). Released as one run (`release_run`) when the chain moves
         // elsewhere: blocks made one after another and freed together are
-        // coalesced and listed once. An entry extends the run only from
-        // outside it, so an entry twice in the chain is validated again
-        // after the run's release, and caught.
+        // coalesced and listed once. An entry twice in a keyed chain finds
+        // its key cleared the second time and aborts; in a plain chain (or
+        // a strict allocator's) an entry extends the run only from outside
+        // it, so it is validated again after the run's release, and caught.
         let mut pend_node: *mut Node = ptr::null_mut();
         let (mut lo, mut hi, mut pend_n) = (0usize, 0usize, 0u64);
         // A plain chain (no keys) is validated always; a keyed one (a front

@@ -155,7 +155,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     ///
     /// # Safety
     /// The caller holds `heap`'s lock, `node` is one of its nodes, and the
-    /// chunks are `allocs` live allocations (validated) that nothing uses.
+    /// chunks are `allocs` live allocations (validated, or vouched for by
+    /// their cache keys: see `free_batch`) that nothing uses.
     #[inline]
     pub(super) unsafe fn release_run(
         &self,
@@ -361,14 +362,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // The pool's nodes go back a few at a time, taken under the lock
         // and given back without it (a small array on the stack: this runs
         // inside `malloc` and `free`, on whatever stack the program gave
-        // the thread).
-        // At most a pool's worth of rounds, should other CPUs refill it
-        // meanwhile.
-        for _ in 0..NODE_POOL.div_ceil(32) {
+        // the thread), in at most a pool's worth of rounds, should other
+        // CPUs refill it meanwhile.
+        const AT_ONCE: usize = 32;
+        for _ in 0..NODE_POOL.div_ceil(AT_ONCE) {
             let Some(mut pool) = self.pool.try_lock() else {
                 break;
             };
-            let mut nodes = [0usize; 32];
+            let mut nodes = [0usize; AT_ONCE];
             let n = pool.n.min(nodes.len());
             let left = pool.n - n;
             nodes[..n].copy_from_slice(&pool.nodes[left..pool.n]);
