@@ -3,7 +3,7 @@
 //! orphans, and the check of a slab.
 
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 
 use kmem_core::{Lock, PageSource, Result};
 
@@ -26,6 +26,7 @@ impl<P: PageSource> SlabArena<P> {
             link: AtomicUsize::new(0),
             span_lo: AtomicUsize::new(0),
             span_len: AtomicUsize::new(0),
+            hints: [const { CachePadded(AtomicBool::new(false)) }; HINTS],
         }
     }
 
@@ -377,12 +378,41 @@ impl<P: PageSource> SlabArena<P> {
     #[inline(always)]
     pub(super) unsafe fn push_remote(&self, s: *mut Slab, b: *mut Block) {
         // SAFETY: the slab lives while b is out (it counts as used).
-        if unsafe { (*s).owner.load(Ordering::Relaxed) } == ORPHAN_ID {
+        let owner = unsafe { (*s).owner.load(Ordering::Relaxed) };
+        if owner == ORPHAN_ID {
             // SAFETY: forwarded contract.
             return unsafe { self.push_remote_orphan(s, b) };
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.push_remote_list(s, b) }
+        // SAFETY: forwarded contract; the slab's class is fixed while b is
+        // out.
+        unsafe {
+            if self.push_remote_list(s, b) {
+                self.raise_hint(owner, (*s).div.load(Ordering::Relaxed) as usize);
+            }
+        }
+    }
+
+    /// Raises the "remote frees waiting" flag of owner `id`'s class `c`
+    /// (see [`HINTS`]), after a push that made a slab's remote list
+    /// non-empty: with Release, so that the owner that lowers the flag
+    /// (Acquire) sees the push. Read first: a raised flag stays unwritten,
+    /// so that frees by many threads do not all take its line.
+    #[inline(always)]
+    pub(super) fn raise_hint(&self, id: usize, c: usize) {
+        let h = &self.hints[hint_of(id, c)].0;
+        if !h.load(Ordering::Relaxed) {
+            h.store(true, Ordering::Release);
+        }
+    }
+
+    /// Lowers the flag of owner `id`'s class `c` and says whether it was
+    /// raised: a remote free may wait on one of the owner's full slabs of
+    /// the class. Every push that raised it before is visible after this
+    /// (Acquire).
+    #[inline]
+    pub(super) fn take_hint(&self, id: usize, c: usize) -> bool {
+        let h = &self.hints[hint_of(id, c)].0;
+        h.load(Ordering::Relaxed) && h.swap(false, Ordering::Acquire)
     }
 
     /// [`push_remote`](Self::push_remote) to a slab whose owner exited:
@@ -399,16 +429,19 @@ impl<P: PageSource> SlabArena<P> {
         if unsafe { self.orphan_free(s, b) } {
             return;
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.push_remote_list(s, b) }
+        // SAFETY: forwarded contract. Adoption collects the list, so no
+        // owner's flag is due (an adopter that took the slab meanwhile
+        // finds the block at its next look, see SCAN_ANYWAY).
+        unsafe { self.push_remote_list(s, b) };
     }
 
-    /// Pushes `b` on `s`'s remote list (one compare-and-swap).
+    /// Pushes `b` on `s`'s remote list (one compare-and-swap); true when
+    /// the list was empty before.
     ///
     /// # Safety
     /// As [`push_remote`](Self::push_remote).
     #[inline(always)]
-    unsafe fn push_remote_list(&self, s: *mut Slab, b: *mut Block) {
+    unsafe fn push_remote_list(&self, s: *mut Slab, b: *mut Block) -> bool {
         let link = self.link();
         // SAFETY: as above.
         let r = unsafe { &(*s).remote.0 };
@@ -418,7 +451,7 @@ impl<P: PageSource> SlabArena<P> {
             // b nor the slab is touched (its owner may release it).
             unsafe { (*b).next = encode(h, link) };
             match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
+                Ok(_) => return h.is_null(),
                 Err(x) => h = x,
             }
         }

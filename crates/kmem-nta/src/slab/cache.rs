@@ -18,6 +18,7 @@ impl SlabCache {
             empty: ptr::null_mut(),
             nempty: 0,
             nslabs: 0,
+            unscanned: 0,
         }
     }
 
@@ -108,21 +109,41 @@ impl SlabCache {
             return s;
         }
         // Full slabs, oldest first, rotating: remote frees make them useful.
-        let mut n = 0;
-        while !cl.full.is_null() && n < SCAN {
-            let s = cl.full;
-            // SAFETY: a member of the list, ours.
-            unsafe {
-                if !(*s).remote.0.load(Ordering::Relaxed).is_null() {
-                    arena.collect(s);
-                    if !(*s).free.is_null() {
-                        remove(&mut cl.full, s);
-                        return s;
+        // Looked at when a free raised the class's flag since the last look
+        // (or once in SCAN_ANYWAY slow allocations); a look for a raised
+        // flag that stops before it went round raises it again for the
+        // next one.
+        self.unscanned += 1;
+        let hinted = !cl.full.is_null() && arena.take_hint(self.id, c);
+        if hinted || (!cl.full.is_null() && self.unscanned >= SCAN_ANYWAY) {
+            self.unscanned = 0;
+            let first = cl.full;
+            let mut n = 0;
+            loop {
+                let s = cl.full;
+                // SAFETY: a member of the list, ours.
+                unsafe {
+                    if !(*s).remote.0.load(Ordering::Relaxed).is_null() {
+                        arena.collect(s);
+                        if !(*s).free.is_null() {
+                            remove(&mut cl.full, s);
+                            arena.raise_hint(self.id, c);
+                            return s;
+                        }
                     }
+                    cl.full = (*s).next;
                 }
-                cl.full = (*s).next;
+                n += 1;
+                if cl.full == first {
+                    break;
+                }
+                if n == SCAN {
+                    if hinted {
+                        arena.raise_hint(self.id, c);
+                    }
+                    break;
+                }
             }
-            n += 1;
         }
         // SAFETY: forwarded.
         if let Some(s) = unsafe { arena.adopt(c, self.id) } {

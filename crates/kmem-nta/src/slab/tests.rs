@@ -168,6 +168,52 @@ fn remote_frees_come_back_to_the_owner() {
 }
 
 #[test]
+fn a_remote_free_into_a_full_slab_raises_its_owners_flag() {
+    let a = arena();
+    let mut owner = SlabCache::new();
+    let mut other = SlabCache::new();
+    // Two slabs of 16-byte blocks and more: the first ones are full.
+    let ps: Vec<*mut u8> = (0..10_000).map(|_| alloc(&mut owner, &a, 1)).collect();
+    let id = owner.id;
+    assert!(!a.take_hint(id, 1), "no free yet");
+    // SAFETY: a live block of a's, in a full slab of the owner's.
+    unsafe { other.free(&a, ps[0]) };
+    assert!(
+        a.take_hint(id, 1),
+        "raised by the push that filled the list"
+    );
+    assert!(!a.take_hint(id, 1), "lowered by the take");
+    // A second free into the same (non-empty) list leaves it down; the
+    // owner's look that finds the list takes both blocks.
+    // SAFETY: as above.
+    unsafe { other.free(&a, ps[1]) };
+    assert!(!a.take_hint(id, 1));
+    a.raise_hint(id, 1);
+    // Both come back before the owner takes a new slab.
+    let slabs = a.stats().slabs;
+    let mut again = Vec::new();
+    while !(again.contains(&ps[0]) && again.contains(&ps[1])) {
+        again.push(alloc(&mut owner, &a, 1));
+        assert_eq!(
+            a.stats().slabs,
+            slabs,
+            "a new slab while a full one had room"
+        );
+    }
+    for &p in ps[2..].iter().chain(&again) {
+        // SAFETY: live blocks of a's.
+        unsafe { owner.free(&a, p) };
+    }
+    // SAFETY: the caches' slabs are a's.
+    unsafe {
+        owner.check(&a).unwrap();
+        owner.abandon(&a);
+        other.abandon(&a);
+    }
+    assert_eq!(a.stats().slabs, 0);
+}
+
+#[test]
 fn an_exited_threads_slabs_are_adopted_or_given_back() {
     let a = arena();
     let mut gone = SlabCache::new();
