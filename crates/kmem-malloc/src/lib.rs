@@ -510,19 +510,21 @@ impl Span {
     /// True when `a` lies in `src`'s reservation (this span's source).
     #[inline(always)]
     fn contains(&self, src: &MallocSource, a: usize) -> bool {
-        let lo = self.lo.load(Ordering::Relaxed);
-        if lo != 0 {
-            return a.wrapping_sub(lo) < self.len.load(Ordering::Relaxed);
+        let len = self.len.load(Ordering::Acquire);
+        if len != 0 {
+            return a.wrapping_sub(self.lo.load(Ordering::Relaxed)) < len;
         }
         self.contains_slow(src, a)
     }
 
     /// As [`contains`](Self::contains) once the range is known; false
-    /// before (no call: for `free_fast`).
+    /// before (no call: for `free_fast`). The length is read first: while
+    /// it is 0 nothing is inside whatever `lo` reads, and once it is set
+    /// `lo` (stored before it) is too, so there is no test of `lo`.
     #[inline(always)]
     fn known_to_contain(&self, a: usize) -> bool {
-        let lo = self.lo.load(Ordering::Relaxed);
-        lo != 0 && a.wrapping_sub(lo) < self.len.load(Ordering::Relaxed)
+        let len = self.len.load(Ordering::Acquire);
+        a.wrapping_sub(self.lo.load(Ordering::Relaxed)) < len
     }
 
     #[cold]
@@ -530,8 +532,9 @@ impl Span {
         match src.span() {
             Some((base, pages)) => {
                 let (lo, len) = (base.as_ptr() as usize, pages * src.page_size());
-                self.len.store(len, Ordering::Relaxed);
+                // `lo` first: a reader that sees the length sees it too.
                 self.lo.store(lo, Ordering::Relaxed);
+                self.len.store(len, Ordering::Release);
                 a.wrapping_sub(lo) < len
             }
             None => false,

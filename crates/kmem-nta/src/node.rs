@@ -148,15 +148,19 @@ pub(crate) fn mix(x: usize) -> usize {
     (x ^ (x >> 31)) as usize
 }
 
-/// The live seal of a header at `addr` for an allocator with `secret`.
+/// The live seal of a header at `addr` for an allocator with `secret`:
+/// `addr ^ secret`. The secret is odd ([`new_secret`]) and headers are
+/// aligned, so a seal is odd: never the 0 of memory no header was written
+/// to, nor a [`seal_freed`].
 ///
-/// Telling it needs the secret, whatever it is made of; a mix (a multiply
-/// and a shift) hides the secret no better than a rotation, since it can be
-/// inverted too, and it sat on every `free`'s path, so the seal is the
-/// rotation of `addr ^ secret` with a salt.
+/// Telling it needs the secret, whatever it is made of; any mix of the two
+/// that can be computed on `free`'s path can be inverted, so one header read
+/// gives the secret away under a multiply, a rotation or a plain `xor`
+/// alike. The rotation with a salt this was before cost three instructions
+/// on every `free` and hid nothing more.
 #[inline(always)]
 pub(crate) fn seal(addr: usize, secret: usize) -> usize {
-    (addr ^ secret).rotate_left(29) ^ SEAL_SALT
+    addr ^ secret
 }
 
 /// The seal written when a header's run goes back to the source: the live
@@ -165,8 +169,6 @@ pub(crate) fn seal(addr: usize, secret: usize) -> usize {
 pub(crate) fn seal_freed(addr: usize, secret: usize) -> usize {
     seal(addr, secret) ^ 0x0f0f_f0f0_dead_beef
 }
-
-const SEAL_SALT: usize = 0x3c6e_f372_fe94_f82b_u64 as usize;
 
 /// Raw bitmap operations on a node's maps. All indexes are in range (the
 /// callers derive them from a node's geometry); nothing here checks.
