@@ -181,8 +181,8 @@ unsafe fn free_now<P: PageSource, C: CpuSource>(nta: &Nta<P, C>, p: *mut u8) {
 ///
 /// **Layout.** What a hit reads and writes sits together: the fields of
 /// the whole cache that the hits look at (the keys, the pushes left in the
-/// round, which classes were refilled) in the first line, and each class's head,
-/// count and current bound in one 16-byte record. With a field per array
+/// round) in the first line, and each class's head, count and current bound
+/// in one 16-byte record. With a field per array
 /// (heads, counts, bounds, doublings), a push touched five lines of the
 /// cache and a pop three; under a program whose own data keeps evicting
 /// them (larson's 2.5 MB of live blocks), they were the free's misses.
@@ -195,8 +195,8 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// `link`.
     kbase: usize,
     /// Pushes left before the next look at nta's clock (see
-    /// [`TICK_PUSHES`]): the push that finds 0 is the out-of-line path's,
-    /// which looks and starts the next round. The hits keep no byte count:
+    /// [`TICK_PUSHES`]): the inline push that counts it down past 0 goes
+    /// out of line, which looks and starts the next round. The hits keep no byte count:
     /// the bytes held are bounded by the classes' bounds (see
     /// [`bound_bytes`](Self::bound_bytes)), and counted only when asked
     /// ([`bytes`](Self::bytes)).
@@ -214,16 +214,17 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     cls: [Class; N],
     /// Each class's hand-back list, while this thread has never refilled
     /// the class: frees of blocks others made, handed back whole (see
-    /// "Bounds"); `cls[k].count` counts it then, and `cls[k].lim` is
-    /// [`FREE_ONLY`], so that those pushes are inline too (a consumer's
-    /// every free). A class's chunks are on one of the two lists, never
-    /// both.
+    /// "Bounds"); `cls[k].count` counts it then, and `cls[k].lim` is 0, so
+    /// that those pushes take the out-of-line path and the inline push
+    /// knows one list (choosing between the two was six of its
+    /// instructions, and tracking the hand-back tail two more, on every
+    /// free). A class's chunks are on one of the two lists, never both.
     back: [*mut Semi; N],
     /// The last chunk of each hand-back list (the first pushed), so that
     /// handing the list back whole needs no walk (a walk of 32 entries
     /// pushed a while ago took a tenth of a consumer's time). Set by every
-    /// push onto an empty list, stock or hand-back (one branch, no test of
-    /// which); meaningful for hand-back lists only.
+    /// out-of-line push onto an empty list; meaningful for hand-back lists
+    /// only.
     back_tail: [*mut Semi; N],
     /// Refills of each class so far (saturating at [`FILL_STEPS`]).
     fills: [u8; N],
@@ -338,15 +339,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     }
 
     /// Sets class `k`'s inline bound (`Class::lim`) from its state: 0
-    /// until the link key is set; then [`FREE_ONLY`] while this thread only
-    /// frees the class (its hand-back list), its bound once it refilled it.
-    /// Called wherever either changes.
+    /// until the link key is set and while this thread only frees the
+    /// class (its pushes go onto the hand-back list, out of line), its
+    /// bound once it refilled it. Called wherever either changes.
     #[inline]
     fn set_lim(&mut self, k: usize) {
-        self.cls[k].lim = if self.link == 0 {
+        self.cls[k].lim = if self.link == 0 || self.only_frees(k) {
             0
-        } else if self.only_frees(k) {
-            FREE_ONLY
         } else {
             self.limit(k)
         };
@@ -485,35 +484,29 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) -> bool {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
-        let (link, round) = (self.link, self.round);
         // The push that ends a round is the out-of-line path's: it looks at
-        // the clock.
-        if round == 0 {
+        // the clock. One subtraction in memory and a branch on its borrow.
+        let (round, ended) = self.round.overflowing_sub(1);
+        self.round = round;
+        if ended {
             return false;
         }
-        let key = cache_key_from(p as usize, self.kbase);
-        let only = self.refilled & (1 << (k - 1)) == 0;
+        let (link, key) = (self.link, cache_key_from(p as usize, self.kbase));
         let c = &mut self.cls[k];
-        // `lim` is 0 before the link key is set: those pushes are the
-        // out-of-line path's.
+        // `lim` is 0 before the link key is set and while this thread only
+        // frees the class (its hand-back list): those pushes are the
+        // out-of-line path's, and this one knows one list, the stock.
         if c.count >= c.lim {
             return false;
         }
-        // The class's stock, or its hand-back list while this thread only
-        // frees it.
-        let head = if only { &mut self.back[k] } else { &mut c.head };
         let e: *mut Semi = p.cast();
-        if e == *head {
+        if e == c.head {
             double_free(p as usize);
         }
-        if head.is_null() {
-            self.back_tail[k] = e;
-        }
         // SAFETY: the chunk holds at least 16 bytes and is ours now.
-        unsafe { write_words(e, link_encode(*head, link) as usize, key) };
-        *head = e;
+        unsafe { write_words(e, link_encode(c.head, link) as usize, key) };
+        c.head = e;
         c.count += 1;
-        self.round = round - 1;
         true
     }
 
@@ -601,7 +594,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         unsafe { write_words(e, link_encode(*list, link) as usize, key) };
         *list = e;
         self.cls[k].count += 1;
-        if self.round == 0 {
+        // 0, or past a round's length: the inline path counted this push
+        // down from 0 (it wrapped) before it sent it here.
+        if self.round == 0 || self.round > TICK_PUSHES {
             self.round = TICK_PUSHES - 1;
             nta.tick();
         } else {
