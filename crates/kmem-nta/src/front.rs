@@ -120,8 +120,8 @@ use core::ptr;
 use kmem_core::{CpuSource, Error, PageSource};
 
 use crate::nta::{
-    bad_free, cache_key_from, double_free, fatal_unmarked, key_base, link_decode, link_encode,
-    link_key, Nta, Semi,
+    bad_free, cache_key_from, double_free, fatal_corruption, fatal_unmarked, key_base, link_decode,
+    link_encode, link_key, Nta, Semi,
 };
 
 mod classes;
@@ -155,6 +155,27 @@ unsafe fn write_words(e: *mut Semi, next: usize, key: usize) {
         (*e).next = next as *mut Semi;
         (*e).chunks = key;
     }
+}
+
+/// A pop that found chunk `p` without its key, or (`bad_link`) with a link
+/// that does not decode: aborts with one line.
+///
+/// Typed as returning a non-null pointer (a null `p`, which no pop passes,
+/// would come back as a dangling one) so that the pop can return what it
+/// returns: the caller's null test folds away and the call becomes a jump
+/// in tail position. A call to a function that never returns needs the
+/// caller's stack aligned, and `malloc` paid a push and a pop for it on
+/// every hit.
+#[cold]
+#[inline(never)]
+fn refuse_pop(p: *mut Semi, bad_link: bool) -> ptr::NonNull<u8> {
+    if !p.is_null() {
+        if bad_link {
+            fatal_corruption(p as usize);
+        }
+        fatal_unmarked(p as usize);
+    }
+    ptr::NonNull::dangling()
 }
 
 /// `push` over an allocator whose chunks are not [`FRONT_CHUNK`] bytes:
@@ -395,9 +416,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: cached chunks are allocated chunks this cache owns.
             unsafe {
                 if (*p).chunks != cache_key_from(p as usize, kbase) {
-                    fatal_unmarked(p as usize);
+                    return refuse_pop(p, false).as_ptr();
                 }
-                c.head = link_decode(p, (*p).next, link, Self::CHUNK);
+                let next = (*p).next as usize ^ link;
+                if next & (Self::CHUNK - 1) != 0 {
+                    return refuse_pop(p, true).as_ptr();
+                }
+                c.head = next as *mut Semi;
                 (*p).next = ptr::null_mut();
                 (*p).chunks = 0;
             }

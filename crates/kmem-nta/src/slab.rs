@@ -314,10 +314,31 @@ fn encode(next: *mut Block, key: usize) -> usize {
 #[inline(always)]
 fn decode(b: *mut Block, stored: usize, key: usize) -> *mut Block {
     let next = stored ^ key;
-    if next != 0 && ((next ^ b as usize) >= SLAB_SIZE || next % SLAB_GRANULE != 0) {
+    if !links_in_slab(b, next) {
         fatal_corruption(b as usize);
     }
     next as *mut Block
+}
+
+/// True when the decoded link `next` of block `b` is null or a block of
+/// `b`'s slab at a granule.
+#[inline(always)]
+fn links_in_slab(b: *mut Block, next: usize) -> bool {
+    next == 0 || ((next ^ b as usize) < SLAB_SIZE && next % SLAB_GRANULE == 0)
+}
+
+/// [`decode`]'s abort for a pop: typed as returning a non-null pointer (a
+/// null `b`, which no pop passes, would come back as a dangling one), so
+/// that the pop returns what it returns and reaches it by a jump: `malloc`
+/// then needs no stack frame on its hits (see the front cache's
+/// `refuse_pop`).
+#[cold]
+#[inline(never)]
+fn refuse_link(b: *mut Block) -> ptr::NonNull<u8> {
+    if !b.is_null() {
+        fatal_corruption(b as usize);
+    }
+    ptr::NonNull::dangling()
 }
 
 /// Adds `s` at the tail of the circular list at `head`.

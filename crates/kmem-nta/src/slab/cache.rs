@@ -42,7 +42,12 @@ impl SlabCache {
         unsafe {
             let b = (*s).free;
             if !b.is_null() {
-                (*s).free = decode(b, (*b).next, arena.link());
+                let next = (*b).next ^ arena.link();
+                if !links_in_slab(b, next) {
+                    // A jump, not a call (see `refuse_link`).
+                    return refuse_link(b).as_ptr();
+                }
+                (*s).free = next as *mut Block;
                 (*b).next = 0;
                 (*b).key = 0;
                 (*s).used += 1;
