@@ -573,6 +573,30 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
+        // The common reason to be here: a class this thread only frees (a
+        // consumer's every free), onto its hand-back list with room. The
+        // inline path counted this push in the round already.
+        if self.only_frees(k) && self.link != 0 && self.cls[k].count < FREE_ONLY {
+            let e: *mut Semi = p.cast();
+            let head = self.back[k];
+            if e == head {
+                double_free(p as usize);
+            }
+            if head.is_null() {
+                self.back_tail[k] = e;
+            }
+            let key = cache_key_from(p as usize, self.kbase);
+            // SAFETY: the chunk holds at least 16 bytes and is ours now.
+            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
+            self.back[k] = e;
+            self.cls[k].count += 1;
+            if self.round > TICK_PUSHES {
+                // The inline path's count wrapped: this push ends the round.
+                self.round = TICK_PUSHES - 1;
+                nta.tick();
+            }
+            return;
+        }
         // SAFETY: forwarded contract.
         unsafe { self.push_unchecked(nta, p, k) }
     }
