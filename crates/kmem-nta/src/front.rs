@@ -573,30 +573,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) {
         debug_assert_eq!(nta.geometry().chunk_shift, SHIFT);
-        // The common reason to be here: a class this thread only frees (a
-        // consumer's every free), onto its hand-back list with room. The
-        // inline path counted this push in the round already.
-        if self.only_frees(k) && self.link != 0 && self.cls[k].count < FREE_ONLY {
-            let e: *mut Semi = p.cast();
-            let head = self.back[k];
-            if e == head {
-                double_free(p as usize);
-            }
-            if head.is_null() {
-                self.back_tail[k] = e;
-            }
-            let key = cache_key_from(p as usize, self.kbase);
-            // SAFETY: the chunk holds at least 16 bytes and is ours now.
-            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
-            self.back[k] = e;
-            self.cls[k].count += 1;
-            if self.round > TICK_PUSHES {
-                // The inline path's count wrapped: this push ends the round.
-                self.round = TICK_PUSHES - 1;
-                nta.tick();
-            }
-            return;
-        }
         // SAFETY: forwarded contract.
         unsafe { self.push_unchecked(nta, p, k) }
     }
@@ -615,6 +591,24 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         k: usize,
     ) {
         let e: *mut Semi = p.cast();
+        // The common reason to be here: a class this thread only frees (a
+        // consumer's every free), onto its hand-back list with room.
+        if self.only_frees(k) && self.link != 0 && self.cls[k].count < FREE_ONLY {
+            let head = self.back[k];
+            if e == head {
+                double_free(p as usize);
+            }
+            if head.is_null() {
+                self.back_tail[k] = e;
+            }
+            let key = cache_key_from(p as usize, self.kbase);
+            // SAFETY: the chunk holds at least 16 bytes and is ours now.
+            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
+            self.back[k] = e;
+            self.cls[k].count += 1;
+            self.count_push(nta);
+            return;
+        }
         // Before a flush can take the top chunk away (and free it into its
         // node while this second push keeps it).
         if e == *self.list(k) {
@@ -643,8 +637,16 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         unsafe { write_words(e, link_encode(*list, link) as usize, key) };
         *list = e;
         self.cls[k].count += 1;
-        // 0, or past a round's length: the inline path counted this push
-        // down from 0 (it wrapped) before it sent it here.
+        self.count_push(nta);
+    }
+
+    /// Counts an out-of-line push in the round, and ends the round (a look
+    /// at nta's clock) at 0, or past a round's length: the inline path
+    /// counted the push down from 0 (it wrapped) before it sent it here.
+    /// A push the inline path counted and sent here for another reason is
+    /// counted twice: the round ends a little early.
+    #[inline(always)]
+    fn count_push<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
         if self.round == 0 || self.round > TICK_PUSHES {
             self.round = TICK_PUSHES - 1;
             nta.tick();
