@@ -44,7 +44,7 @@
 //! of handing out foreign memory.
 
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicUsize};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU8, AtomicUsize};
 
 use kmem_core::{CachePadded, Error, Lock, PageSource};
 
@@ -139,9 +139,10 @@ struct Slab {
     /// Blocks carved so far: blocks at index `bump` and later were never
     /// handed out.
     bump: AtomicU32,
-    /// Reciprocal of the class in granules (`ceil(2^32 / div)`): a block's
-    /// index is its granule index * mul >> 32, exact below 2^16 granules.
-    mul: AtomicUsize,
+    /// With `rot`, what turns a byte offset past the header into a block
+    /// index (see [`block_index`]): the inverse of the block size's odd
+    /// part, modulo 2^64.
+    inv: AtomicUsize,
     /// Blocks the slab holds.
     cap: u16,
     /// The class in granules (1 to 3).
@@ -150,6 +151,8 @@ struct Slab {
     state: u8,
     /// Class (1 to 3).
     class: u8,
+    /// The block size's power of two (see `inv`).
+    rot: AtomicU8,
     /// The owner's id; [`ORPHAN_ID`] while orphaned.
     owner: AtomicUsize,
     /// [`seal`] of the slab's address while it is live, else 0.
@@ -173,6 +176,39 @@ fn seal(addr: usize, secret: usize) -> usize {
     // The secret is odd and the address a multiple of SLAB_SIZE: never 0,
     // which a given-back (or never made) slab's header reads.
     addr ^ secret
+}
+
+/// A slab's `inv` and `rot` for blocks of `c` granules: the block size is
+/// `odd << rot` with `odd` odd, and `inv` is `odd`'s inverse modulo 2^64
+/// (Newton's iteration: `odd` is its own inverse to 3 bits, and each step
+/// doubles the bits).
+const fn index_key(c: usize) -> (usize, u8) {
+    let size = c * SLAB_GRANULE;
+    let rot = size.trailing_zeros();
+    let odd = size >> rot;
+    let mut inv = odd;
+    let mut i = 0;
+    while i < 5 {
+        inv = inv.wrapping_mul(2usize.wrapping_sub(odd.wrapping_mul(inv)));
+        i += 1;
+    }
+    (inv, rot as u8)
+}
+
+/// The index of the block at byte offset `off` past a slab's header, or a
+/// number of at least 2^58 when `off` is no block's start (a slab holds
+/// fewer than 2^12 blocks): one multiply and one rotation check the
+/// alignment and the divisibility together. The multiply maps the
+/// multiples of `odd << rot` to their quotients shifted left by `rot`; a
+/// rotation right by `rot` brings those down, and brings any offset with a
+/// low bit set (misaligned) to the top. Among aligned offsets, multiplying
+/// by `odd`'s inverse is a bijection modulo 2^(64 - rot) that sends the
+/// multiples of `odd` to the quotients below 2^(64 - rot) / odd and the
+/// rest above them. An offset below 0 (a pointer into the header) wraps to
+/// one of the two cases.
+#[inline(always)]
+fn block_index(off: usize, inv: usize, rot: u8) -> usize {
+    off.wrapping_mul(inv).rotate_right(rot as u32)
 }
 
 /// The key a free block at `addr` carries in its second word.
@@ -301,6 +337,19 @@ fn error(a: usize, v: u8) -> Error {
 #[inline(never)]
 fn refuse(a: usize, v: u8) -> ! {
     bad_free(error(a, v))
+}
+
+/// [`refuse`] for a free: it returns as far as the compiler knows (only for
+/// address 0, which no free passes), so that the free reaches it by a jump
+/// in tail position and keeps no stack frame (a call to a function that
+/// never returns needs the caller's stack aligned: a push and a pop on
+/// every tiny free).
+#[cold]
+#[inline(never)]
+fn refuse_free(a: usize, v: u8) {
+    if a != 0 {
+        refuse(a, v);
+    }
 }
 
 /// Link `next` stored under `key`.

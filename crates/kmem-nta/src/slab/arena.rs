@@ -3,7 +3,9 @@
 //! orphans, and the check of a slab.
 
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+};
 
 use kmem_core::{Lock, PageSource, Result};
 
@@ -180,12 +182,12 @@ impl<P: PageSource> SlabArena<P> {
             if (*s).seal.load(Ordering::Relaxed) != seal(s as usize, secret) || secret == 0 {
                 return ptr::null_mut();
             }
-            let g = a.wrapping_sub(s as usize + HDR) / SLAB_GRANULE;
-            let idx = g.wrapping_mul((*s).mul.load(Ordering::Relaxed)) >> 32;
-            if a % SLAB_GRANULE != 0
-                || idx * (*s).div.load(Ordering::Relaxed) as usize != g
-                || idx >= (*s).bump.load(Ordering::Relaxed) as usize
-            {
+            let idx = block_index(
+                a.wrapping_sub(s as usize + HDR),
+                (*s).inv.load(Ordering::Relaxed),
+                (*s).rot.load(Ordering::Relaxed),
+            );
+            if idx >= (*s).bump.load(Ordering::Relaxed) as usize {
                 return ptr::null_mut();
             }
         }
@@ -240,8 +242,9 @@ impl<P: PageSource> SlabArena<P> {
             (*s).bump.store(0, Ordering::Relaxed);
             (*s).cap = ((SLAB_SIZE - HDR) / (c * SLAB_GRANULE)) as u16;
             (*s).div.store(c as u16, Ordering::Relaxed);
-            (*s).mul
-                .store((1usize << 32).div_ceil(c), Ordering::Relaxed);
+            let (inv, rot) = index_key(c);
+            (*s).inv.store(inv, Ordering::Relaxed);
+            (*s).rot.store(rot, Ordering::Relaxed);
         }
     }
 
@@ -257,6 +260,7 @@ impl<P: PageSource> SlabArena<P> {
         let s: *mut Slab = p.as_ptr().cast();
         let div = c as u16;
         let size = c * SLAB_GRANULE;
+        let (inv, rot) = index_key(c);
         // SAFETY: SLAB_SIZE fresh bytes of ours, aligned to SLAB_SIZE.
         unsafe {
             s.write(Slab {
@@ -265,9 +269,10 @@ impl<P: PageSource> SlabArena<P> {
                 state: S_CUR,
                 class: c as u8,
                 bump: AtomicU32::new(0),
-                mul: AtomicUsize::new((1usize << 32).div_ceil(div as usize)),
+                inv: AtomicUsize::new(inv),
                 cap: ((SLAB_SIZE - HDR) / size) as u16,
                 div: AtomicU16::new(div),
+                rot: AtomicU8::new(rot),
                 owner: AtomicUsize::new(id),
                 seal: AtomicUsize::new(0),
                 next: ptr::null_mut(),

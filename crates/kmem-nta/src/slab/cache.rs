@@ -182,7 +182,11 @@ impl SlabCache {
     #[inline(always)]
     pub unsafe fn free<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
         // SAFETY: forwarded contract.
-        let (s, b) = unsafe { arena.take(p) };
+        let (s, b, v) = unsafe { arena.verdict(p) };
+        if v != OK {
+            // A jump, not a call (see `refuse_free`).
+            return refuse_free(p as usize, v);
+        }
         // SAFETY: b is a live block of slab s, keyed now, ours to free.
         unsafe { self.put(arena, s, b) };
     }

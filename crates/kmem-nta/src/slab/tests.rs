@@ -40,6 +40,25 @@ fn classes() {
 }
 
 #[test]
+fn block_index_finds_block_starts_and_nothing_else() {
+    for c in 1..=SLAB_CLASSES {
+        let (inv, rot) = index_key(c);
+        let size = c * SLAB_GRANULE;
+        let cap = (SLAB_SIZE - HDR) / size;
+        // Every byte of the slab, the header's included (offsets below 0).
+        for a in 0..SLAB_SIZE {
+            let off = a.wrapping_sub(HDR);
+            let got = block_index(off, inv, rot);
+            if a >= HDR && (a - HDR) % size == 0 {
+                assert_eq!(got, (a - HDR) / size, "class {c}, byte {a}");
+            } else {
+                assert!(got >= cap, "class {c}, byte {a}: {got}");
+            }
+        }
+    }
+}
+
+#[test]
 fn blocks_are_distinct_aligned_and_kept() {
     let a = arena();
     let mut t = SlabCache::new();
