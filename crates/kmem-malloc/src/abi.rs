@@ -70,17 +70,20 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 /// slabs up to `SLAB_MAX`, nta's 64-byte chunks up to `FRONT_MAX`), or
 /// null: a miss, or a size the caches do not serve. `malloc`'s and
 /// `calloc`'s hit.
+///
+/// The classes come from `size - 1`: a request of 0 bytes wraps to the
+/// largest size, which no cache serves, and takes the slow path (which
+/// gives it the smallest block), so that the hits need no test for it.
 #[inline(always)]
 fn pop_fast(t: &Thread, size: usize) -> *mut u8 {
-    if size <= SLAB_MAX {
-        let c = if size == 0 { 1 } else { (size + 15) >> 4 };
-        // SAFETY: this thread's slabs, SLABS'; no other borrow is live; c
-        // is 1 to 3.
-        unsafe { (*t.slabs.get()).pop(&SLABS, c) }
-    } else if size <= FRONT_MAX {
-        let k = if size == 0 { 1 } else { (size + 63) >> 6 };
+    let m = size.wrapping_sub(1);
+    if m < SLAB_MAX {
+        // SAFETY: this thread's slabs, SLABS'; no other borrow is live; the
+        // class is 1 to 3.
+        unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) }
+    } else if m < FRONT_MAX {
         // SAFETY: this thread's cache; no other borrow is live.
-        unsafe { (*t.front.get()).pop(k) }
+        unsafe { (*t.front.get()).pop((m >> 6) + 1) }
     } else {
         ptr::null_mut()
     }

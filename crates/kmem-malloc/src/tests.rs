@@ -37,6 +37,31 @@ fn sizes_alignment_and_usable_size() {
 }
 
 #[test]
+fn zero_byte_requests_are_distinct_blocks() {
+    // malloc(0) skips the caches' hits (its class comes from size - 1,
+    // which wraps) and takes the slow path: still a block of its own.
+    // SAFETY: C calls with valid arguments.
+    unsafe {
+        let ps: Vec<*mut u8> = (0..200).map(|_| malloc(0) as *mut u8).collect();
+        let mut seen: Vec<usize> = ps.iter().map(|&p| p as usize).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), ps.len(), "distinct");
+        for &p in &ps {
+            assert!(!p.is_null() && p as usize % 16 == 0);
+            p.write(1);
+        }
+        let c = calloc(0, 8);
+        assert!(!c.is_null());
+        free(c);
+        for &p in &ps {
+            free(p.cast());
+        }
+    }
+    check().unwrap();
+}
+
+#[test]
 fn calloc_zeroes_and_refuses_overflow() {
     // SAFETY: C calls with valid arguments.
     unsafe {
