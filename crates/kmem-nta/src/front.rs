@@ -490,6 +490,34 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if nta.geometry().chunk_shift != SHIFT {
             return false;
         }
+        // A class this thread only frees, with room on its hand-back list
+        // (`lim` is 0 for it once the key is set): inline here, unlike in
+        // `try_push_looked_up`. `KmemNta`'s way out of line goes through
+        // its thread-local a second time, and a consumer's every free took
+        // it: bench nta's prodcons fell from 82-95 M operations a second to
+        // 61-88 M.
+        let c = &mut self.cls[k];
+        if c.lim == 0 && self.link != 0 && c.count < FREE_ONLY {
+            let (round, ended) = self.round.overflowing_sub(1);
+            self.round = round;
+            if ended {
+                return false;
+            }
+            let e: *mut Semi = p.cast();
+            let head = self.back[k];
+            if e == head {
+                double_free(p as usize);
+            }
+            if head.is_null() {
+                self.back_tail[k] = e;
+            }
+            let key = cache_key_from(p as usize, self.kbase);
+            // SAFETY: the chunk holds at least 16 bytes and is ours now.
+            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
+            self.back[k] = e;
+            c.count += 1;
+            return true;
+        }
         // SAFETY: forwarded contract; the chunk size was checked above.
         unsafe { self.try_push_looked_up(nta, p, k) }
     }
