@@ -503,19 +503,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             if ended {
                 return false;
             }
-            let e: *mut Semi = p.cast();
-            let head = self.back[k];
-            if e == head {
-                double_free(p as usize);
-            }
-            if head.is_null() {
-                self.back_tail[k] = e;
-            }
-            let key = cache_key_from(p as usize, self.kbase);
-            // SAFETY: the chunk holds at least 16 bytes and is ours now.
-            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
-            self.back[k] = e;
-            c.count += 1;
+            // SAFETY: forwarded contract; the class is one this thread only
+            // frees, with room, and the key is set (the test above).
+            unsafe { self.push_back_list(p, k) };
             return true;
         }
         // SAFETY: forwarded contract; the chunk size was checked above.
@@ -622,18 +612,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         // The common reason to be here: a class this thread only frees (a
         // consumer's every free), onto its hand-back list with room.
         if self.only_frees(k) && self.link != 0 && self.cls[k].count < FREE_ONLY {
-            let head = self.back[k];
-            if e == head {
-                double_free(p as usize);
-            }
-            if head.is_null() {
-                self.back_tail[k] = e;
-            }
-            let key = cache_key_from(p as usize, self.kbase);
-            // SAFETY: the chunk holds at least 16 bytes and is ours now.
-            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
-            self.back[k] = e;
-            self.cls[k].count += 1;
+            // SAFETY: forwarded contract; the test above.
+            unsafe { self.push_back_list(p, k) };
             self.count_push(nta);
             return;
         }
@@ -666,6 +646,30 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         *list = e;
         self.cls[k].count += 1;
         self.count_push(nta);
+    }
+
+    /// Pushes chunk `p` onto class `k`'s hand-back list (the round is the
+    /// caller's to count). The chunk on top of the list (pushed just
+    /// before) aborts with one line.
+    ///
+    /// # Safety
+    /// As [`push`](Self::push); this thread only frees class `k`, its list
+    /// has room (below [`FREE_ONLY`]) and the link key is set.
+    #[inline(always)]
+    unsafe fn push_back_list(&mut self, p: *mut u8, k: usize) {
+        let e: *mut Semi = p.cast();
+        let head = self.back[k];
+        if e == head {
+            double_free(p as usize);
+        }
+        if head.is_null() {
+            self.back_tail[k] = e;
+        }
+        let key = cache_key_from(p as usize, self.kbase);
+        // SAFETY: the chunk holds at least 16 bytes and is ours now.
+        unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
+        self.back[k] = e;
+        self.cls[k].count += 1;
     }
 
     /// Counts an out-of-line push in the round, and ends the round (a look

@@ -173,15 +173,27 @@ fn remote_frees_come_back_to_the_owner() {
         .filter(|&&p| old.contains(&(p as usize)))
         .count();
     assert!(reused >= ps.len() - (SLAB_SIZE - HDR) / 16, "{reused}");
-    for &p in &again {
-        // SAFETY: live blocks of a's.
-        unsafe { owner.free(&a, p) };
+    finish(&a, &mut owner, &mut other, &again);
+}
+
+/// Frees `live` (the owner's blocks), checks both caches, gives their
+/// slabs up, and checks that none is left.
+fn finish(
+    a: &SlabArena<RegionSource>,
+    owner: &mut SlabCache,
+    other: &mut SlabCache,
+    live: &[*mut u8],
+) {
+    for &p in live {
+        // SAFETY: live blocks of a's, the owner's to free.
+        unsafe { owner.free(a, p) };
     }
-    // SAFETY: as above.
+    // SAFETY: the caches' slabs are a's.
     unsafe {
-        owner.check(&a).unwrap();
-        owner.abandon(&a);
-        other.abandon(&a);
+        owner.check(a).unwrap();
+        other.check(a).unwrap();
+        owner.abandon(a);
+        other.abandon(a);
     }
     assert_eq!(a.stats().slabs, 0);
 }
@@ -219,17 +231,8 @@ fn a_remote_free_into_a_full_slab_raises_its_owners_flag() {
             "a new slab while a full one had room"
         );
     }
-    for &p in ps[2..].iter().chain(&again) {
-        // SAFETY: live blocks of a's.
-        unsafe { owner.free(&a, p) };
-    }
-    // SAFETY: the caches' slabs are a's.
-    unsafe {
-        owner.check(&a).unwrap();
-        owner.abandon(&a);
-        other.abandon(&a);
-    }
-    assert_eq!(a.stats().slabs, 0);
+    let live: Vec<*mut u8> = ps[2..].iter().chain(&again).copied().collect();
+    finish(&a, &mut owner, &mut other, &live);
 }
 
 #[test]
