@@ -202,11 +202,11 @@ unsafe fn free_now<P: PageSource, C: CpuSource>(nta: &Nta<P, C>, p: *mut u8) {
 ///
 /// **Layout.** What a hit reads and writes sits together: the fields of
 /// the whole cache that the hits look at (the keys, the pushes left in the
-/// round) in the first line, and each class's head, count and current bound
-/// in one 16-byte record. With a field per array
-/// (heads, counts, bounds, doublings), a push touched five lines of the
-/// cache and a pop three; under a program whose own data keeps evicting
-/// them (larson's 2.5 MB of live blocks), they were the free's misses.
+/// round) in the first line, and each class's head, count and current
+/// bound in one 16-byte record. With a field per array (heads, counts,
+/// bounds, doublings), a push touched five lines of the cache and a pop
+/// three; under a program whose own data keeps evicting them (larson's
+/// 2.5 MB of live blocks), they were the free's misses.
 #[repr(C)]
 pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// The key of the encoded links (see the module documentation); 0 until
@@ -217,8 +217,8 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     kbase: usize,
     /// Pushes left before the next look at nta's clock (see
     /// [`TICK_PUSHES`]): the inline push that counts it down past 0 goes
-    /// out of line, which looks and starts the next round. The hits keep no byte count:
-    /// the bytes held are bounded by the classes' bounds (see
+    /// out of line, which looks and starts the next round. The hits keep no
+    /// byte count: the bytes held are bounded by the classes' bounds (see
     /// [`bound_bytes`](Self::bound_bytes)), and counted only when asked
     /// ([`bytes`](Self::bytes)).
     round: usize,
