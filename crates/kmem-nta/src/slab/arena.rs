@@ -388,12 +388,14 @@ impl<P: PageSource> SlabArena<P> {
             // SAFETY: forwarded contract.
             return unsafe { self.push_remote_orphan(s, b) };
         }
-        // SAFETY: forwarded contract; the slab's class is fixed while b is
-        // out.
-        unsafe {
-            if self.push_remote_list(s, b) {
-                self.raise_hint(owner, (*s).div.load(Ordering::Relaxed) as usize);
-            }
+        // The class is read before the push: once b is on the list, its
+        // owner may take it, empty the slab and give it back, and the slab
+        // is not ours to read.
+        // SAFETY: as above; the class is fixed while b is out.
+        let c = unsafe { (*s).div.load(Ordering::Relaxed) } as usize;
+        // SAFETY: forwarded contract.
+        if unsafe { self.push_remote_list(s, b) } {
+            self.raise_hint(owner, c);
         }
     }
 
