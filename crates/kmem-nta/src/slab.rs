@@ -27,11 +27,12 @@
 //! dry. A push that makes a remote list non-empty raises a flag of the
 //! owner's class (see [`HINTS`]); the owner looks through its full slabs
 //! for such lists when it finds the flag raised (and once in
-//! [`SCAN_ANYWAY`] slow allocations), not at every change of slab. A thread that exits collects its slabs' remote lists, gives back
-//! the empty ones and leaves the rest on the arena's orphan lists (under a
-//! lock), where the next thread that needs a slab of that class adopts
-//! them. Owner ids are never reused, so a thread can never mistake a dead
-//! thread's slab for its own.
+//! [`SCAN_ANYWAY`] slow allocations), not at every change of slab. A thread
+//! that exits collects its slabs' remote lists, gives back the empty ones
+//! and leaves the rest on the arena's orphan lists (under a lock), where the
+//! next thread that needs a slab of that class adopts them. Owner ids are
+//! never reused, so a thread can never mistake a dead thread's slab for its
+//! own.
 //!
 //! **Checks.** A block on a free list (the owner's or the remote one)
 //! carries a key made from its address and the arena's secret in its
@@ -104,7 +105,7 @@ const S_ORPHAN: u8 = 5;
 /// (a raised flag only costs a look).
 #[inline(always)]
 fn hint_of(id: usize, c: usize) -> usize {
-    (id * SLAB_CLASSES + c) % HINTS
+    id.wrapping_mul(SLAB_CLASSES).wrapping_add(c) % HINTS
 }
 
 /// The class of a request of `size` bytes (1 to 3; size 0 is class 1), if
@@ -267,9 +268,9 @@ pub struct SlabArena<P: PageSource> {
     /// The source's span, `[lo, lo + len)`, once known (`lo` 0 before).
     span_lo: AtomicUsize,
     span_len: AtomicUsize,
-    /// "Remote frees waiting" flags by owner id (see [`HINTS`]): raised by a
-    /// free that makes a slab's remote list non-empty, lowered by the owner
-    /// before it looks at its full slabs.
+    /// "Remote frees waiting" flags by owner and class (see [`HINTS`]):
+    /// raised by a free that makes a slab's remote list non-empty, lowered
+    /// by the owner before it looks at its full slabs.
     hints: [CachePadded<AtomicBool>; HINTS],
 }
 
