@@ -8,7 +8,8 @@ use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, Error, PageSource, Result};
 
 use crate::node::{
-    bits, end_map, load_check, seal, seal_freed, start_len, used_map, Geometry, Node, KIND_SMALL,
+    bits, end_map, len_map, lens, load_check, seal, seal_freed, used_map, Geometry, Node,
+    KIND_SMALL,
 };
 
 use super::{bad_free, parked, semi_tag, skip_word, Nta, Semi};
@@ -372,8 +373,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// The lookup's common case over geometry `g` (this allocator's): the
-    /// node's seal and kind, the chunk alignment, then the maps' common
-    /// case ([`start_len`]). `None` for anything else.
+    /// node's seal and kind, the chunk alignment, then the length map (a
+    /// block of at most 255 chunks). `None` for anything else.
     #[inline(always)]
     unsafe fn lookup_common(&self, g: &Geometry, addr: usize) -> Option<usize> {
         let node = addr & !g.node_mask();
@@ -391,7 +392,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if (*node).kind != KIND_SMALL {
                 return None;
             }
-            start_len(used_map(node), end_map(node, g), idx, g.words)
+            match lens::get(len_map(node, g), idx) {
+                0 => None,
+                k => Some(k),
+            }
         }
     }
 
@@ -599,6 +603,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 bits::clear_range(used, s, ko - kn);
                 bits::clear(end, idx + ko - 1);
                 bits::set(end, idx + kn - 1);
+                lens::set(len_map(node, &g), idx, kn);
                 if e < g.nchunks && !bits::test(used, e) {
                     let re = bits::next_set(used, e, g.nchunks);
                     heap.unlink(self.chunk_addr(node, e).cast(), re - e);
@@ -622,6 +627,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 bits::set_range(used, e, need);
                 bits::clear(end, idx + ko - 1);
                 bits::set(end, idx + kn - 1);
+                lens::set(len_map(node, &g), idx, kn);
                 if re - e > need {
                     heap.push(self.chunk_addr(node, e + need).cast(), re - e - need);
                 }

@@ -8,7 +8,7 @@ use kmem_core::{CpuSource, LockGuard, PageSource};
 
 use crate::exchange::{self, XFER_CLASSES};
 use crate::front::FREE_ONLY;
-use crate::node::{bits, end_map, used_map, Node};
+use crate::node::{bits, end_map, len_map, lens, used_map, Node};
 
 use super::{
     bad_free, cache_key_from, fatal_unmarked, key_base, link_decode, link_key, prefetch_ahead,
@@ -95,9 +95,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 let (node, idx) = self.node_of(c as usize);
                 let m = (n - got).min(j / k);
                 bits::set_range(used_map(node), idx, m * k);
-                let end = end_map(node, &self.geo);
+                let (end, len) = (end_map(node, &self.geo), len_map(node, &self.geo));
                 for t in 0..m {
                     bits::set(end, idx + t * k + k - 1);
+                    lens::set(len, idx + t * k, k);
                     out(self.chunk_addr(node, idx + t * k), k);
                 }
                 if (*node).used == 0 {

@@ -7,7 +7,8 @@ use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, PageSource};
 
 use crate::node::{
-    bits, end_map, load_check, seal, seal_freed, used_map, Node, KIND_SMALL, MAX_NODE_CHUNKS,
+    bits, end_map, len_map, lens, load_check, seal, seal_freed, used_map, Node, KIND_SMALL,
+    MAX_NODE_CHUNKS,
 };
 
 use super::{semi_len, Free, Heap, Nta, Stats};
@@ -103,7 +104,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// Verifies every invariant: node headers and owners; end bits only on
-    /// used chunks and at the end of every used run; every maximal free run
+    /// used chunks and at the end of every used run; the length map; every
+    /// maximal free run
     /// listed exactly once, on the list of its length, in its owner's heap
     /// (so no two free neighbours are left unmerged); the non-empty bitmap;
     /// the counts; the semi-free entries.
@@ -162,6 +164,27 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                             return Err("used run does not end with an end bit");
                         }
                         at = e;
+                    }
+                    // The length map: each allocation's length (up to
+                    // 255) at its start, 0 everywhere else.
+                    let len = len_map(n, &g);
+                    for i in 0..g.nchunks {
+                        let start = i >= g.hdr
+                            && bits::test(used, i)
+                            && (i == g.hdr || !bits::test(used, i - 1) || bits::test(end, i - 1));
+                        let want = if start {
+                            let k = bits::next_set(end, i, g.nchunks) + 1 - i;
+                            if k <= lens::MAX {
+                                k
+                            } else {
+                                0
+                            }
+                        } else {
+                            0
+                        };
+                        if lens::get(len, i) != want {
+                            return Err("length map differs from the bitmaps");
+                        }
                     }
                     if u == 0 {
                         empty += 1;

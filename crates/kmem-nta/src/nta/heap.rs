@@ -7,7 +7,7 @@ use core::ptr::{self, NonNull};
 use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, Error, PageSource, Result};
 
-use crate::node::{bits, end_map, seal, seal_freed, used_map, Node, KIND_SMALL};
+use crate::node::{bits, end_map, len_map, lens, seal, seal_freed, used_map, Node, KIND_SMALL};
 #[cfg(doc)]
 use crate::remote::RemoteList;
 
@@ -39,6 +39,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe {
             bits::set_range(used_map(node), idx, k);
             bits::set(end_map(node, &self.geo), idx + k - 1);
+            lens::set(len_map(node, &self.geo), idx, k);
             if (*node).used == 0 {
                 heap.empty_nodes -= 1;
             }
@@ -174,6 +175,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe {
             bits::clear_range(used, idx, k);
             bits::clear_range(end, idx, k);
+            lens::clear_range(len_map(node, g), idx, k);
             let mut s = idx;
             let mut e = idx + k;
             if !bits::test(used, s - 1) {
@@ -530,7 +532,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     next: heap.nodes,
                 },
             );
-            ptr::write_bytes(used_map(node), 0, 2 * g.words);
+            // Both bitmaps and the length map.
+            ptr::write_bytes(used_map(node).cast::<u8>(), 0, 2 * g.words * 8 + g.nchunks);
             bits::set_range(used_map(node), 0, g.hdr);
             if !heap.nodes.is_null() {
                 (*heap.nodes).prev = node;
