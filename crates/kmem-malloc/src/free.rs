@@ -40,9 +40,11 @@ pub(crate) fn free_fast(a: usize) -> bool {
         return false;
     }
     if NTA_SPAN.known_to_contain(a) {
+        // SAFETY: a thread in T_FAST has NTA's key (`Thread::new`).
+        let key = unsafe { t.key.unwrap_unchecked() };
         // SAFETY: a lies in nta's reservation, which stays mapped whole;
         // NTA is built from GLOBAL_CONFIG, whose shape the shifts are.
-        match unsafe { NTA.lookup_common_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(a) } {
+        match unsafe { NTA.lookup_common_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(key, a) } {
             // SAFETY: a block of k chunks of NTA's, live in its maps (just
             // looked up; one parked in a cache is caught when taken off),
             // that the caller gives up; NTA's chunks are the front cache's

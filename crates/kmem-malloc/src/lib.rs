@@ -282,8 +282,15 @@ fn thread_start() -> &'static Thread {
         return &DIRECT.0;
     };
     let b = b.cast::<Thread>();
+    // NTA has handed out memory (this block), so it has its key.
+    let lookup = NTA.lookup_key();
+    let mode = if mode == T_FAST && lookup.is_none() {
+        T_DIRECT
+    } else {
+        mode
+    };
     // SAFETY: a new block of Thread's size and alignment, ours alone.
-    unsafe { b.as_ptr().write(Thread::new(mode)) };
+    unsafe { b.as_ptr().write(Thread::new(mode, lookup)) };
     // SAFETY: a key we created; the destructor gets the block at exit.
     if unsafe { libc::pthread_setspecific(key, b.as_ptr().cast()) } != 0 {
         // SAFETY: the block just made, given back unused.

@@ -6,7 +6,7 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
 use kmem_nta::slab::SlabCache;
-use kmem_nta::FrontCache;
+use kmem_nta::{FrontCache, LookupKey};
 
 /// What a thread's calls do.
 pub(crate) const T_NEW: u8 = 0;
@@ -24,13 +24,20 @@ pub(crate) const T_HARD: u8 = 4;
 /// pop checked; refills go through the hardened path (shuffled).
 pub(crate) const T_SECURE: u8 = 5;
 
+/// `repr(C)`, hot words first: `free` reads the mode, the key and the front
+/// cache's round, links and keys, all in the block's first line.
+#[repr(C)]
 pub(crate) struct Thread {
+    /// NTA's lookup key, set when the block is made (NTA has handed out
+    /// memory by then: this block is its): always `Some` in `T_FAST`, so
+    /// that `free` reads it without a test.
+    pub(crate) key: Option<LookupKey>,
     pub(crate) mode: Cell<u8>,
     /// Calls since the last full check (debug mode).
     pub(crate) calls: Cell<u32>,
+    pub(crate) front: UnsafeCell<FrontCache>,
     /// The thread's random sequence (secure mode).
     pub(crate) rng: Cell<u64>,
-    pub(crate) front: UnsafeCell<FrontCache>,
     /// The thread's tiny slabs (16, 32, 48 bytes); used in `T_FAST`.
     pub(crate) slabs: UnsafeCell<SlabCache>,
 }
@@ -107,14 +114,17 @@ pub(crate) struct Shared(pub(crate) Thread);
 unsafe impl Sync for Shared {}
 
 /// What a thread that has not started reads.
-pub(crate) static NEW: Shared = Shared(Thread::new(T_NEW));
+pub(crate) static NEW: Shared = Shared(Thread::new(T_NEW, None));
 /// What a thread reads while it starts, after it exits, or when it could not
 /// get a block of its own: calls go straight to nta.
-pub(crate) static DIRECT: Shared = Shared(Thread::new(T_DIRECT));
+pub(crate) static DIRECT: Shared = Shared(Thread::new(T_DIRECT, None));
 
 impl Thread {
-    pub(crate) const fn new(mode: u8) -> Thread {
+    /// A block in `mode`; `key` is NTA's lookup key, which `T_FAST` needs.
+    pub(crate) const fn new(mode: u8, key: Option<LookupKey>) -> Thread {
+        assert!(mode != T_FAST || key.is_some(), "T_FAST needs NTA's key");
         Thread {
+            key,
             mode: Cell::new(mode),
             calls: Cell::new(0),
             rng: Cell::new(0),

@@ -1,5 +1,6 @@
 //! The allocator: per-CPU heaps of nodes, split on allocation, coalesce on free.
 
+use core::num::NonZeroUsize;
 use core::ptr;
 
 use kmem_core::sync::{AtomicBool, AtomicUsize, Ordering};
@@ -494,6 +495,20 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     #[cfg_attr(not(feature = "os"), allow(dead_code))]
     next_tick_ms: AtomicUsize,
     pub(crate) slots: [Slot; MAX_HEAPS],
+}
+
+/// What [`Nta::lookup_common_fixed`] needs to tell this allocator's node
+/// headers, from [`Nta::lookup_key`] once it has handed out memory. A
+/// caller keeps it (kmem-malloc in each thread's block) so that its `free`
+/// does not test for an allocator that has none yet. Opaque: its value
+/// keys the headers' seals and is not shown.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LookupKey(NonZeroUsize);
+
+impl core::fmt::Debug for LookupKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("LookupKey(..)")
+    }
 }
 
 /// Milliseconds between two runs of [`Nta::maintain`] from the slow paths.

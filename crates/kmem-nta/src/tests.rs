@@ -1020,7 +1020,8 @@ fn free_of_a_chunk_parked_in_a_front_cache_is_a_double_free() {
         // The maps alone read it live: a push after this lookup is caught
         // when the cache takes the chunk off (the front module's "Double
         // frees").
-        assert_eq!(nta.lookup_common_fixed::<6, 15>(p as usize), Some(1));
+        let key = nta.lookup_key().unwrap();
+        assert_eq!(nta.lookup_common_fixed::<6, 15>(key, p as usize), Some(1));
         nta.check().unwrap();
         // Still parked, handed out once, clean.
         assert_eq!(front.pop(1), p);

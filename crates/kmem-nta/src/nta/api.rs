@@ -2,6 +2,7 @@
 //! lock-free lookup, in-place resize, realloc, and the fork hooks.
 
 use core::alloc::Layout;
+use core::num::NonZeroUsize;
 use core::ptr::{self, NonNull};
 
 use kmem_core::sync::Ordering;
@@ -12,7 +13,7 @@ use crate::node::{
     KIND_SMALL,
 };
 
-use super::{bad_free, parked, semi_tag, skip_word, Nta, Semi};
+use super::{bad_free, parked, semi_tag, skip_word, LookupKey, Nta, Semi};
 
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- public allocation API ------------------------------------------
@@ -344,42 +345,53 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe { self.lookup_in(g, addr) }
     }
 
+    /// The key of [`lookup_common_fixed`](Self::lookup_common_fixed): `None`
+    /// until this allocator has handed out memory (it sets its secret on
+    /// the first node it takes), then always the same key. A caller that
+    /// has had a block from it keeps the key and skips the test.
+    #[inline]
+    pub fn lookup_key(&self) -> Option<LookupKey> {
+        NonZeroUsize::new(self.secret()).map(LookupKey)
+    }
+
     /// The common case of [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed),
-    /// from the node's maps alone: `Some(k)` when `addr` starts a live
-    /// allocation of `k` chunks that ends in its 64-chunk word of the maps
-    /// or the next (every block of up to 65 chunks but a node's first);
-    /// `None` for
-    /// anything else, good or bad, which the caller settles on its checked
-    /// path. The chunk's own words are not read, so a chunk parked in a
-    /// front cache or queued on a semi-free list reads live: for a caller
-    /// that pushes it onto a front cache, where a chunk freed twice is
-    /// caught when it is taken off (the front module's "Double frees").
+    /// from the node's header alone: `Some(k)` when `addr` starts a live
+    /// allocation of `k` chunks, `k` at most 255 (the length map's); `None`
+    /// for anything else, good or bad, which the caller settles on its
+    /// checked path. The chunk's own words are not read, so a chunk parked
+    /// in a front cache or queued on a semi-free list reads live: for a
+    /// caller that pushes it onto a front cache, where a chunk freed twice
+    /// is caught when it is taken off (the front module's "Double frees").
     /// Reading the chunk's second word here was a cache miss on every free
     /// of a block the program had not touched lately (a loop that frees
     /// 200,000 blocks it built long before: 268 ms with the read, 145 ms
-    /// without; mimalloc 50). kmem-malloc's `free` uses it.
+    /// without; mimalloc 50). kmem-malloc's `free` uses it, with the key
+    /// its thread kept (one load, no test of an unset secret).
     ///
     /// # Safety
-    /// As [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed).
+    /// As [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed). A key of
+    /// another allocator is no unsoundness: it matches no seal of this one
+    /// and every lookup says `None`.
     #[inline(always)]
     pub unsafe fn lookup_common_fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>(
         &self,
+        key: LookupKey,
         addr: usize,
     ) -> Option<usize> {
         let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
         debug_assert_eq!(*g, self.geo);
         // SAFETY: forwarded contract; the caller vouches for the geometry.
-        unsafe { self.lookup_common(g, addr) }
+        unsafe { self.lookup_common(g, key.0.get(), addr) }
     }
 
-    /// The lookup's common case over geometry `g` (this allocator's): the
-    /// node's seal and kind, the chunk alignment, then the length map (a
-    /// block of at most 255 chunks). `None` for anything else.
+    /// The lookup's common case over geometry `g` (this allocator's) with
+    /// its secret (0 before it has one: nothing is found): the node's seal
+    /// and kind, the chunk alignment, then the length map (a block of at
+    /// most 255 chunks). `None` for anything else.
     #[inline(always)]
-    unsafe fn lookup_common(&self, g: &Geometry, addr: usize) -> Option<usize> {
+    unsafe fn lookup_common(&self, g: &Geometry, secret: usize, addr: usize) -> Option<usize> {
         let node = addr & !g.node_mask();
         let (node, idx) = (node as *mut Node, (addr - node) >> g.chunk_shift);
-        let secret = self.secret();
         if load_check(node) != seal(node as usize, secret)
             || secret == 0
             || addr & (g.chunk() - 1) != 0
@@ -404,7 +416,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     #[inline(always)]
     unsafe fn lookup_in(&self, g: &Geometry, addr: usize) -> Result<usize> {
         // SAFETY: forwarded contract.
-        let k = match unsafe { self.lookup_common(g, addr) } {
+        let k = match unsafe { self.lookup_common(g, self.secret(), addr) } {
             Some(k) => k,
             // SAFETY: forwarded contract.
             None => unsafe { self.lookup_bits(g, addr)? },
