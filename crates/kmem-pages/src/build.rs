@@ -327,6 +327,8 @@ impl<'a> PageAllocator<'a> {
             }),
             control: Lock::new(0),
             run_hint: core::array::from_fn(|_| AtomicUsize::new(0)),
+            run_shape: core::array::from_fn(|_| [AtomicUsize::new(0), AtomicUsize::new(0)]),
+            run_from: core::array::from_fn(|_| AtomicUsize::new(0)),
             grown: AtomicUsize::new(initial),
             release: Lock::new(crate::state::Release::new()),
             freed_since: AtomicUsize::new(0),

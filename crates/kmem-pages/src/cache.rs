@@ -625,6 +625,7 @@ impl PageAllocator<'_> {
                     fr[j].set_state(free_state(b, z) | (st & FRESH));
                     list.insert(fr, j as u32, z);
                     set_bit(listed, j);
+                    self.lower_run_hint(j);
                     moved += 1;
                 }
                 joined |= 1 << c;

@@ -84,7 +84,14 @@ impl PageAllocator<'_> {
             // From the lowest listed frame: the lowest run that fits. (The
             // hint is a lower bound that a race may have left too high, so
             // the start of the freelist is searched last.)
-            let hint = self.run_hint[fl].load(Relaxed).clamp(s, e);
+            // The same shape as the last run found here starts where that
+            // one ended, or higher (`run_from`).
+            let mut hint = self.run_hint[fl].load(Relaxed);
+            let last = &self.run_shape[fl];
+            if last[0].load(Relaxed) == n && last[1].load(Relaxed) == align {
+                hint = hint.max(self.run_from[fl].load(Relaxed));
+            }
+            let hint = hint.clamp(s, e);
             if let Some(i) = self
                 .find_free_run(hint, e, n, align)
                 .or_else(|| self.find_free_run(s, e, n, align))
@@ -94,6 +101,12 @@ impl PageAllocator<'_> {
             }
         }
         let (i, fl) = found?;
+        // No run of this shape starts below i (the search went lowest first
+        // from a lower bound, or from the freelist's start), nor inside
+        // [i, i + n), busy now.
+        self.run_shape[fl][0].store(n, Relaxed);
+        self.run_shape[fl][1].store(align, Relaxed);
+        self.run_from[fl].store(i + n, Relaxed);
         let fr = self.frames();
         // The head's bucket, read before the loop below marks it BUSY.
         let b = bucket_of(fr[i].state()).min(self.p.nb - 1);

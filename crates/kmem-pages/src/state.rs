@@ -183,6 +183,19 @@ pub struct PageAllocator<'a> {
     /// bound, lowered by every insert into a bucket's lists): run searches
     /// start there, so a run goes to the lowest place that fits.
     pub(crate) run_hint: [AtomicUsize; MAX_FREELISTS],
+    /// The shape (`[pages, align]`, zeros: none) of freelist f's last run
+    /// found, and `run_from[f]`: no run of that shape starts below it (the
+    /// search went lowest first and found its run there, whose frames are
+    /// busy now), lowered by every insert of a frame to where a run of that
+    /// shape holding the frame could start. The next search
+    /// of the same shape starts there: a heap that takes node after node of
+    /// one size (nta's, the slab arena's) otherwise scanned every frame it
+    /// had taken since the lowest listed one on every run (a single free
+    /// page below them kept `run_hint` there): O(runs) a run, ~1,000
+    /// instructions a word-scan call in a program that allocates 50 MiB of
+    /// small blocks. Written under every bucket lock.
+    pub(crate) run_shape: [[AtomicUsize; 2]; MAX_FREELISTS],
+    pub(crate) run_from: [AtomicUsize; MAX_FREELISTS],
     /// Frames `[0, grown)` have records and belong to the allocator; the
     /// rest join as needed (`Config::grow_on_demand`; else all from the
     /// start). Raised under every bucket lock, before they are released.
@@ -260,9 +273,17 @@ impl<'a> PageAllocator<'a> {
     /// wrap around to the freelist's start before they fail.
     #[inline(always)]
     pub(crate) fn lower_run_hint(&self, i: usize) {
-        let h = &self.run_hint[self.freelist_of(i)];
+        let fl = self.freelist_of(i);
+        let h = &self.run_hint[fl];
         if i < h.load(Relaxed) {
             h.store(i, Relaxed);
+        }
+        // A run of the remembered shape that holds frame i may start up to
+        // `pages - 1` frames below it, over frames that were free already.
+        let r = &self.run_from[fl];
+        let lo = i.saturating_sub(self.run_shape[fl][0].load(Relaxed).saturating_sub(1));
+        if lo < r.load(Relaxed) {
+            r.store(lo, Relaxed);
         }
     }
 

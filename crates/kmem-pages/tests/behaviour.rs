@@ -1063,3 +1063,47 @@ fn a_run_records_the_bucket_it_came_from() {
     }
     pa.check().unwrap();
 }
+
+/// Runs go to the lowest place that fits, whatever came before: a model of
+/// the busy frames says where each run must land, over a random mix of
+/// shapes and frees. (The search for a shape starts where the last run of
+/// that shape was found, and every free below lowers it: a heap that takes
+/// run after run of one size did not rescan what it had taken each time.)
+#[test]
+fn runs_go_to_the_lowest_place_that_fits() {
+    bind_simulated_cpu(0);
+    const N: usize = 256;
+    let a = PageAllocator::with_config(&topo(1, 1, 1), Cpus::Simulated, N * page(), &Config::new())
+        .unwrap();
+    let mut busy = [false; N];
+    let mut live: Vec<(NonNull<u8>, usize, usize)> = Vec::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    let shapes = [(16, 16), (16, 16), (16, 16), (4, 4), (3, 1), (2, 2), (8, 1)];
+    for step in 0..4000 {
+        if live.is_empty() || rnd(5) < 3 {
+            let (n, al) = shapes[rnd(shapes.len() as u64) as usize];
+            let want = (0..=N - n).find(|&i| i % al == 0 && busy[i..i + n].iter().all(|b| !b));
+            match a.alloc_run(n, al) {
+                Ok(r) => {
+                    let i = a.frame_index(r).unwrap();
+                    assert_eq!(Some(i), want, "step {step}: {n} pages aligned {al}");
+                    busy[i..i + n].iter_mut().for_each(|b| *b = true);
+                    live.push((r, i, n));
+                }
+                Err(e) => assert_eq!(want, None, "step {step}: {e:?}"),
+            }
+        } else {
+            let (r, i, n) = live.swap_remove(rnd(live.len() as u64) as usize);
+            // SAFETY: a live run of n pages, freed once.
+            unsafe { a.free_run(r, n).unwrap() };
+            busy[i..i + n].iter_mut().for_each(|b| *b = false);
+        }
+    }
+    a.check().unwrap();
+}
