@@ -175,7 +175,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe {
             bits::clear_range(used, idx, k);
             bits::clear_range(end, idx, k);
-            lens::clear_range(len_map(node, g), idx, k);
+            // One allocation: its start's byte is the only one set.
+            if allocs == 1 {
+                lens::set(len_map(node, g), idx, 0);
+            } else {
+                lens::clear_range(len_map(node, g), idx, k);
+            }
             let mut s = idx;
             let mut e = idx + k;
             if !bits::test(used, s - 1) {
