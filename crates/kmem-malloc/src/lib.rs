@@ -740,6 +740,10 @@ fn usable_raw(what: &str, p: *mut u8) -> usize {
     }
 }
 
+/// `realloc` grows an nta block in place (when the chunks after it are
+/// free) from this size up; below, it moves the block.
+const GROW_IN_PLACE: usize = 1024;
+
 fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
     if harden::modes() != 0 {
         // Always a new block: its canary is written for the new size, and
@@ -754,9 +758,19 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
         if let Ok(ko) = unsafe { NTA.lookup_unlocked(a) } {
             if size <= NTA.max_small() {
                 let kn = size.max(1).div_ceil(chunk);
+                // In place under the owner's lock (another thread's heap,
+                // when it made the block): a shrink (the tail goes back),
+                // or the growth of a block of GROW_IN_PLACE bytes or more.
+                // A smaller one is moved: its copy costs less than the lock
+                // and the look at its neighbours, which in a busy node are
+                // rarely free (json_tree, whose vectors double: 1.4 M fewer
+                // instructions of 737 M).
                 // SAFETY: a is a live allocation of ko chunks (its bitmaps
                 // said so, and they do not change while it lives).
-                if kn == ko || unsafe { NTA.resize_small(a, ko, kn) } {
+                if kn == ko
+                    || ((kn < ko || ko * chunk >= GROW_IN_PLACE)
+                        && unsafe { NTA.resize_small(a, ko, kn) })
+                {
                     return p;
                 }
             }
