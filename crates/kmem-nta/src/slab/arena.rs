@@ -331,8 +331,8 @@ impl<P: PageSource> SlabArena<P> {
             let last = first + (n as usize - 1) * size;
             let (secret, link) = (self.secret(), self.link());
             // Each block links to the next, the last to null: an add, two
-            // stores and the key's rotation a block (8 instructions; an
-            // index with a test for the last one took 10).
+            // stores and the key's rotation a block (8 instructions; with
+            // an index and a test for the last one, 9).
             let mut b = first;
             while b < last {
                 let next = b + size;
