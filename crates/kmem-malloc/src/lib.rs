@@ -291,6 +291,11 @@ fn thread_start() -> &'static Thread {
     };
     // SAFETY: a new block of Thread's size and alignment, ours alone.
     unsafe { b.as_ptr().write(Thread::new(mode, lookup)) };
+    if mode == T_FAST {
+        // `free`'s tiny path reads the slabs' keys from the thread's cache.
+        // SAFETY: the block just written, ours alone.
+        unsafe { (*(*b.as_ptr()).slabs.get()).bind(&SLABS) };
+    }
     // SAFETY: a key we created; the destructor gets the block at exit.
     if unsafe { libc::pthread_setspecific(key, b.as_ptr().cast()) } != 0 {
         // SAFETY: the block just made, given back unused.
@@ -765,12 +770,10 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
                 // and the look at its neighbours, which in a busy node are
                 // rarely free (json_tree, whose vectors double: 1.4 M fewer
                 // instructions of 737 M).
+                let in_place = kn < ko || ko * chunk >= GROW_IN_PLACE;
                 // SAFETY: a is a live allocation of ko chunks (its bitmaps
                 // said so, and they do not change while it lives).
-                if kn == ko
-                    || ((kn < ko || ko * chunk >= GROW_IN_PLACE)
-                        && unsafe { NTA.resize_small(a, ko, kn) })
-                {
+                if kn == ko || (in_place && unsafe { NTA.resize_small(a, ko, kn) }) {
                     return p;
                 }
             }

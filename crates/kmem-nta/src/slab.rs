@@ -44,6 +44,7 @@
 //! when decoded, so a use after free that overwrites a link aborts instead
 //! of handing out foreign memory.
 
+use core::num::NonZeroUsize;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU8, AtomicUsize};
 
@@ -215,7 +216,20 @@ fn block_index(off: usize, inv: usize, rot: u8) -> usize {
 /// The key a free block at `addr` carries in its second word.
 #[inline(always)]
 fn block_key(addr: usize, secret: usize) -> usize {
-    addr.rotate_left(29) ^ secret ^ 0x736c_6162_6b65_7921
+    block_key_from(addr, key_base(secret))
+}
+
+/// What [`block_key`] takes from the secret, computed once by a bound
+/// cache ([`SlabCache::bind`]).
+#[inline(always)]
+fn key_base(secret: usize) -> usize {
+    secret ^ 0x736c_6162_6b65_7921
+}
+
+/// [`block_key`] from [`key_base`].
+#[inline(always)]
+fn block_key_from(addr: usize, base: usize) -> usize {
+    addr.rotate_left(29) ^ base
 }
 
 /// The key links are encoded under.
@@ -290,6 +304,12 @@ pub struct SlabCache {
     /// Slow allocations since the last look at the full slabs (see
     /// [`SCAN_ANYWAY`]).
     unscanned: u32,
+    /// The arena's secret, key base and link key, kept by
+    /// [`bind`](SlabCache::bind) for [`free_bound`](SlabCache::free_bound)
+    /// (`None` and zeros before).
+    secret: Option<NonZeroUsize>,
+    kbase: usize,
+    link: usize,
 }
 
 #[derive(Clone, Copy)]

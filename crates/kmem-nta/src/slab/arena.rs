@@ -151,12 +151,28 @@ impl<P: PageSource> SlabArena<P> {
     pub(super) unsafe fn verdict(&self, p: *mut u8) -> (*mut Slab, *mut Block, u8) {
         let secret = self.secret();
         // SAFETY: forwarded contract.
+        unsafe { self.verdict_with(p, secret, key_base(secret)) }
+    }
+
+    /// [`verdict`](Self::verdict) under `secret` (the arena's, or 0 before
+    /// it has one: nothing is ours) and its [`key_base`].
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[inline(always)]
+    pub(super) unsafe fn verdict_with(
+        &self,
+        p: *mut u8,
+        secret: usize,
+        kbase: usize,
+    ) -> (*mut Slab, *mut Block, u8) {
+        // SAFETY: forwarded contract.
         let s = unsafe { self.place(p, secret) };
         let b: *mut Block = p.cast();
         if s.is_null() {
             return (s, b, NOT_OURS);
         }
-        let key = block_key(p as usize, secret);
+        let key = block_key_from(p as usize, kbase);
         // SAFETY: a block of the slab's (place said so), below its carved end.
         unsafe {
             if (*b).key == key {
@@ -207,6 +223,14 @@ impl<P: PageSource> SlabArena<P> {
     /// A fresh owner id (never 0, never reused).
     pub(super) fn new_id(&self) -> usize {
         self.ids.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The secret and link key, set first if the arena has none (for
+    /// [`SlabCache::bind`]).
+    pub(super) fn keys(&self) -> (NonZeroUsize, usize) {
+        self.init_secret();
+        let secret = NonZeroUsize::new(self.secret()).expect("init_secret sets an odd secret");
+        (secret, self.link())
     }
 
     #[cold]

@@ -19,7 +19,20 @@ impl SlabCache {
             nempty: 0,
             nslabs: 0,
             unscanned: 0,
+            secret: None,
+            kbase: 0,
+            link: 0,
         }
+    }
+
+    /// Keeps `arena`'s keys in the cache (giving the arena its secret if it
+    /// has none yet), for [`free_bound`](Self::free_bound). kmem-malloc
+    /// binds each thread's cache when the thread starts.
+    pub fn bind<P: PageSource>(&mut self, arena: &SlabArena<P>) {
+        let (secret, link) = arena.keys();
+        self.secret = Some(secret);
+        self.kbase = key_base(secret.get());
+        self.link = link;
     }
 
     /// A block of class `c` (1 to 3) from this thread's current slab, or
@@ -191,6 +204,28 @@ impl SlabCache {
         unsafe { self.put(arena, s, b) };
     }
 
+    /// [`free`](Self::free) with the keys the cache keeps: their loads from
+    /// the cache's line, not the arena's, and no test for an arena without
+    /// a secret.
+    ///
+    /// # Safety
+    /// As [`free`](Self::free), and the cache is bound to `arena`
+    /// ([`bind`](Self::bind)).
+    #[inline(always)]
+    pub unsafe fn free_bound<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
+        debug_assert_eq!(self.secret.map(NonZeroUsize::get), Some(arena.secret()));
+        // SAFETY: bound (the caller's contract).
+        let secret = unsafe { self.secret.unwrap_unchecked() }.get();
+        // SAFETY: forwarded contract.
+        let (s, b, v) = unsafe { arena.verdict_with(p, secret, self.kbase) };
+        if v != OK {
+            // A jump, not a call (see `refuse_free`).
+            return refuse_free(p as usize, v);
+        }
+        // SAFETY: b is a live block of slab s, keyed now, ours to free.
+        unsafe { self.put_with(arena, s, b, self.link) };
+    }
+
     /// [`free`](Self::free) with an error instead of the abort when `p` is
     /// not a live block of the arena's (nothing changed then).
     ///
@@ -215,11 +250,27 @@ impl SlabCache {
     /// `b` is a live block of `s` (checked) that the caller gives up.
     #[inline(always)]
     unsafe fn put<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab, b: *mut Block) {
+        // SAFETY: forwarded contract.
+        unsafe { self.put_with(arena, s, b, arena.link()) }
+    }
+
+    /// [`put`](Self::put) with the arena's link key.
+    ///
+    /// # Safety
+    /// As [`put`](Self::put); `link` is the arena's link key.
+    #[inline(always)]
+    unsafe fn put_with<P: PageSource>(
+        &mut self,
+        arena: &SlabArena<P>,
+        s: *mut Slab,
+        b: *mut Block,
+        link: usize,
+    ) {
         // SAFETY: the caller's contract; a slab whose owner is this cache is
         // this thread's alone.
         unsafe {
             if (*s).owner.load(Ordering::Relaxed) == self.id {
-                (*b).next = encode((*s).free, arena.link());
+                (*b).next = encode((*s).free, link);
                 (*s).free = b;
                 (*s).used -= 1;
                 if (*s).used == 0 || (*s).state == S_FULL {
