@@ -31,12 +31,20 @@ fn a_threads_caches_go_back_when_it_exits() {
     .join()
     .unwrap();
     KmemNta::flush_thread_cache();
-    let after = KmemNta::stats().bytes_held;
-    assert!(
-        after <= held + (16 << 10),
-        "{} KiB still held after the thread exited",
-        (after.saturating_sub(held)) >> 10
-    );
+    let stats = KmemNta::stats();
+    let after = stats.bytes_held;
+    if after > held + (16 << 10) {
+        // Seen once (2026-12-02, a workspace run where this test took
+        // 250 ms): 31 KiB. Say whether maintenance (which finishes queued
+        // remote frees and batches waiting on the heaps' exchanges) would
+        // have brought them back, for whoever meets it next.
+        KmemNta::nta().maintain();
+        panic!(
+            "{} KiB still held after the thread exited ({} KiB after a maintenance); {stats:?}",
+            (after - held) >> 10,
+            KmemNta::stats().bytes_held.saturating_sub(held) >> 10
+        );
+    }
     // The thread's slabs were empty at its exit: none is an orphan, and
     // none is left but what this thread took meanwhile (spawn and join
     // allocate here too: at most a slab of each class).
