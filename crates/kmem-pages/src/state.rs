@@ -193,7 +193,9 @@ pub struct PageAllocator<'a> {
     /// had taken since the lowest listed one on every run (a single free
     /// page below them kept `run_hint` there): O(runs) a run, ~1,000
     /// instructions a word-scan call in a program that allocates 50 MiB of
-    /// small blocks. Written under every bucket lock.
+    /// small blocks. Set by a run search (under every bucket lock), lowered
+    /// by an insert (under its bucket's lock, which a search also holds:
+    /// plain loads and stores, as `run_hint`'s).
     pub(crate) run_shape: [[AtomicUsize; 2]; MAX_FREELISTS],
     pub(crate) run_from: [AtomicUsize; MAX_FREELISTS],
     /// Frames `[0, grown)` have records and belong to the allocator; the
