@@ -4,12 +4,13 @@
 //!
 //! ```text
 //!   slab (64 KiB, aligned)   header (128 B) | block | block | ... | block
-//!   alloc(c)     pop this thread's current slab of class c      (no atomic)
+//!   alloc(c)     pop this thread's current slab of class c: its list,
+//!                else its next fresh block                    (no atomic)
 //!   free(p)      slab = p & !(64 KiB - 1): its seal, p's offset, p's key;
 //!                owner == this thread: push on the slab's list  (no atomic)
 //!                else: push on the slab's remote list           (one CAS)
-//!   slow alloc   the slab's remote frees, then fresh blocks of it, then
-//!                another slab of the thread's, an orphan, a new slab
+//!   slow alloc   the slab's remote frees, then another slab of the
+//!                thread's, an orphan, a new slab
 //! ```
 //!
 //! **Why.** nta's chunks are the seed's design for blocks of a cache line
@@ -46,7 +47,9 @@
 
 use core::num::NonZeroUsize;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU8, AtomicUsize};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+};
 
 use kmem_core::{CachePadded, Error, Lock, PageSource};
 
@@ -62,8 +65,6 @@ pub const SLAB_CLASSES: usize = 3;
 pub const SLAB_MAX: usize = SLAB_CLASSES * SLAB_GRANULE;
 /// Bytes of a slab's header; its blocks start here.
 const HDR: usize = 128;
-/// Blocks carved from a slab's fresh space at a time.
-const CARVE: u32 = 64;
 /// Full slabs a slow allocation looks at for remote frees before it takes
 /// a new slab (they rotate, so every full slab is looked at in turn).
 const SCAN: usize = 64;
@@ -242,6 +243,35 @@ fn link_key(secret: usize) -> usize {
 #[inline(always)]
 fn slab_of(addr: usize) -> *mut Slab {
     (addr & !(SLAB_SIZE - 1)) as *mut Slab
+}
+
+/// The next fresh block of slab `s` (one never handed out, past those
+/// carved so far), or null when every block was carved: `pop`'s way once
+/// the slab's list is empty. Nothing of the block is read; its two words
+/// are written zero, as a popped block's are. Carving a batch of blocks
+/// onto the list ahead of their use wrote lines the program had not
+/// touched, a store miss each, and the pop read them again later (a JSON
+/// build: the carve loop and those reads a fifth of the tiny path).
+///
+/// # Safety
+/// `s` is the caller's slab of class `c` (its blocks `16 * c` bytes).
+#[inline(always)]
+unsafe fn fresh_block(s: *mut Slab, c: usize) -> *mut u8 {
+    // SAFETY: the caller's slab; a block below `cap` lies in it. `bump` is
+    // an atomic only for others' reads (a free checks its block is carved):
+    // a block reaches another thread after this store, through the program.
+    unsafe {
+        let bump = (*s).bump.load(Ordering::Relaxed);
+        if bump >= (*s).cap as u32 {
+            return ptr::null_mut();
+        }
+        let b = (s as usize + HDR + bump as usize * c * SLAB_GRANULE) as *mut Block;
+        (*s).bump.store(bump + 1, Ordering::Relaxed);
+        (*s).used += 1;
+        (*b).next = 0;
+        (*b).key = 0;
+        b.cast()
+    }
 }
 
 /// Counters of an arena (exact each; together a moment apart).

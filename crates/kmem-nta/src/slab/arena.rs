@@ -337,40 +337,6 @@ impl<P: PageSource> SlabArena<P> {
         self.source.maintain();
     }
 
-    /// Carves up to [`CARVE`] fresh blocks of slab `s` onto its list, in
-    /// address order, keyed.
-    ///
-    /// # Safety
-    /// `s` is the caller's slab, its list empty.
-    pub(super) unsafe fn carve(&self, s: *mut Slab) {
-        // SAFETY: the caller's slab; the blocks lie in it.
-        unsafe {
-            let bump = (*s).bump.load(Ordering::Relaxed);
-            let n = CARVE.min((*s).cap as u32 - bump);
-            if n == 0 {
-                return;
-            }
-            let size = (*s).div.load(Ordering::Relaxed) as usize * SLAB_GRANULE;
-            let first = s as usize + HDR + bump as usize * size;
-            let last = first + (n as usize - 1) * size;
-            let (secret, link) = (self.secret(), self.link());
-            // Each block links to the next, the last to null: an add, two
-            // stores and the key's rotation a block (8 instructions; with
-            // an index and a test for the last one, 9).
-            let mut b = first;
-            while b < last {
-                let next = b + size;
-                (*(b as *mut Block)).next = encode(next as *mut Block, link);
-                (*(b as *mut Block)).key = block_key(b, secret);
-                b = next;
-            }
-            (*(last as *mut Block)).next = encode(ptr::null_mut(), link);
-            (*(last as *mut Block)).key = block_key(last, secret);
-            (*s).free = first as *mut Block;
-            (*s).bump.store(bump + n, Ordering::Relaxed);
-        }
-    }
-
     /// Takes slab `s`'s remote list onto its own list.
     ///
     /// # Safety

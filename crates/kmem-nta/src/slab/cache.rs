@@ -35,10 +35,11 @@ impl SlabCache {
         self.link = link;
     }
 
-    /// A block of class `c` (1 to 3) from this thread's current slab, or
-    /// null when it has none ready (the caller then takes
-    /// [`alloc_slow`](Self::alloc_slow)). The block's first two words (its
-    /// link and key) are zero, so `calloc` clears only what follows them.
+    /// A block of class `c` (1 to 3) from this thread's current slab: the
+    /// top of its list, else its next fresh block; null when it has none
+    /// (the caller then takes [`alloc_slow`](Self::alloc_slow)). The
+    /// block's first two words (its link and key) are zero, so `calloc`
+    /// clears only what follows them.
     ///
     /// # Safety
     /// The cache's slabs are `arena`'s; `c` is 1 to 3.
@@ -54,17 +55,18 @@ impl SlabCache {
         // free blocks of it.
         unsafe {
             let b = (*s).free;
-            if !b.is_null() {
-                let next = (*b).next ^ arena.link();
-                if !links_in_slab(b, next) {
-                    // A jump, not a call (see `refuse_link`).
-                    return refuse_link(b).as_ptr();
-                }
-                (*s).free = next as *mut Block;
-                (*b).next = 0;
-                (*b).key = 0;
-                (*s).used += 1;
+            if b.is_null() {
+                return fresh_block(s, c);
             }
+            let next = (*b).next ^ arena.link();
+            if !links_in_slab(b, next) {
+                // A jump, not a call (see `refuse_link`).
+                return refuse_link(b).as_ptr();
+            }
+            (*s).free = next as *mut Block;
+            (*b).next = 0;
+            (*b).key = 0;
+            (*s).used += 1;
             b.cast()
         }
     }
@@ -86,14 +88,13 @@ impl SlabCache {
             if !s.is_null() {
                 // SAFETY: our current slab.
                 unsafe {
-                    if (*s).free.is_null() {
-                        arena.collect(s);
-                    }
-                    if (*s).free.is_null() {
-                        arena.carve(s);
-                    }
-                    if !(*s).free.is_null() {
-                        return self.pop(arena, c);
+                    // What others freed meanwhile, then the list or the
+                    // fresh blocks (a slab just made current has only
+                    // those).
+                    arena.collect(s);
+                    let p = self.pop(arena, c);
+                    if !p.is_null() {
+                        return p;
                     }
                     // Every block is out: the slab waits on the full list.
                     (*s).state = S_FULL;
