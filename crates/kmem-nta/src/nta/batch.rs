@@ -173,6 +173,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // its key cleared the second time and aborts; in a plain chain (or
         // a strict allocator's) an entry extends the run only from outside
         // it, so it is validated again after the run's release, and caught.
+        // The run is kept as addresses, `[lo, hi)`: an entry right below
+        // or right above it (the common case: a cache's chain is its frees
+        // in reverse, and blocks made one after another are freed in their
+        // order) joins it with two compares, no look at its node (a block
+        // is never in a node's header, so an address next to the run is in
+        // the run's node).
         let mut pend_node: *mut Node = ptr::null_mut();
         let (mut lo, mut hi, mut pend_n) = (0usize, 0usize, 0u64);
         // A plain chain (no keys) is validated always; a keyed one (a front
@@ -184,16 +190,29 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // SAFETY: entries are live allocations we give up.
             unsafe {
                 let e = head;
+                let a = e as usize;
                 // The key before the link: an entry met a second time may
                 // have been released already, its words rewritten.
                 if link != 0 {
-                    if (*e).chunks != cache_key_from(e as usize, kbase) {
-                        fatal_unmarked(e as usize);
+                    if (*e).chunks != cache_key_from(a, kbase) {
+                        fatal_unmarked(a);
                     }
                     (*e).chunks = 0;
                 }
                 head = link_decode(e, (*e).next, link, chunk);
-                let (node, idx) = self.node_of(e as usize);
+                if !strict && pend_n != 0 {
+                    if a + bytes == lo {
+                        lo = a;
+                        pend_n += 1;
+                        continue;
+                    }
+                    if a == hi {
+                        hi += bytes;
+                        pend_n += 1;
+                        continue;
+                    }
+                }
+                let (node, idx) = self.node_of(a);
                 let owner = (*node).owner as usize;
                 if owner == h {
                     if !tried {
@@ -204,22 +223,22 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                         }
                     }
                     if let Some(heap) = local.as_mut() {
-                        let next_to = node == pend_node && (idx == hi || idx + k == lo);
+                        let next_to = pend_n != 0 && (a == hi || a + bytes == lo);
                         if !next_to && pend_n != 0 {
-                            self.release_run(heap, pend_node, lo, hi - lo, pend_n);
+                            self.release_pending(heap, pend_node, lo, hi, pend_n);
                             pend_n = 0;
                         }
                         if strict {
-                            if let Err(x) = self.validate(node, idx, k, e as usize) {
+                            if let Err(x) = self.validate(node, idx, k, a) {
                                 bad_free(x);
                             }
                         }
                         if pend_n == 0 {
-                            (pend_node, lo, hi) = (node, idx, idx + k);
-                        } else if idx == hi {
-                            hi += k;
+                            (pend_node, lo, hi) = (node, a, a + bytes);
+                        } else if a == hi {
+                            hi += bytes;
                         } else {
-                            lo = idx;
+                            lo = a;
                         }
                         pend_n += 1;
                         continue;
@@ -253,7 +272,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 .as_mut()
                 .expect("a pending run was validated under the lock");
             // SAFETY: validated allocations of our heap's node, filling the run.
-            unsafe { self.release_run(heap, pend_node, lo, hi - lo, pend_n) };
+            unsafe { self.release_pending(heap, pend_node, lo, hi, pend_n) };
         }
         if run.0 != usize::MAX {
             // SAFETY: a chain of entries we gave up.
@@ -261,6 +280,26 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         drop(local);
         head
+    }
+
+    /// `release_run` of the `allocs` allocations filling addresses `[lo,
+    /// hi)` of `node` (`free_batch`'s pending run).
+    ///
+    /// # Safety
+    /// As `release_run`, for the chunks of `[lo, hi)`.
+    #[inline(always)]
+    unsafe fn release_pending(
+        &self,
+        heap: &mut Heap,
+        node: *mut Node,
+        lo: usize,
+        hi: usize,
+        allocs: u64,
+    ) {
+        let shift = self.geo.chunk_shift;
+        let idx = (lo - node as usize) >> shift;
+        // SAFETY: forwarded contract.
+        unsafe { self.release_run(heap, node, idx, (hi - lo) >> shift, allocs) };
     }
 
     // ---- the exchange of whole batches (see `exchange`) -------------------
