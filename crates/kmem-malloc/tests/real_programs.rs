@@ -295,6 +295,17 @@ int main(int argc, char **argv) {
   else if (!strcmp(what, "big-middle")) free(big + 4096);
   else if (!strcmp(what, "mid-double")) { free(mid); free(mid); }
   else if (!strcmp(what, "tiny-double")) { free(t); free(t); }
+  else if (!strcmp(what, "tiny-double-apart")) {
+    /* As double-apart, for a tiny block: the second free must be refused
+       before it counts: a slab's free list is its state, and a free that
+       pushed the block twice would count it out twice (the slab could
+       then go back with live blocks in it). */
+    char *volatile u = malloc(40);
+    free(t); free(u); free(t);
+    char *volatile sink;
+    for (int i = 0; i < 3; i++) sink = malloc(40);
+    (void)sink;
+  }
   else if (!strcmp(what, "tiny-middle")) free(t + 16);
   else if (!strcmp(what, "tiny-uaf")) {
     /* As uaf-pointer, for blocks of 16 bytes. */
@@ -385,6 +396,7 @@ fn bad_frees_in_mode(exe: &Path, mode: &str) {
         "big-middle",
         "mid-double",
         "tiny-double",
+        "tiny-double-apart",
         "tiny-middle",
         "tiny-uaf",
         "realloc",
