@@ -188,6 +188,16 @@ pub(crate) fn seal(addr: usize, secret: usize) -> usize {
     addr ^ secret
 }
 
+/// The seal of a large run's header: a node's seal with other bits set
+/// (the low two among them, so it equals no node's seal and no freed
+/// seal: node and run addresses are page aligned). A node's kind is in its
+/// seal, and `free`'s lookup tells a live node of chunks with one compare
+/// (the kind's compare after it was two of `free`'s instructions).
+#[inline(always)]
+pub(crate) fn seal_large(addr: usize, secret: usize) -> usize {
+    seal(addr, secret) ^ 0x5a5a_0000_0000_0003
+}
+
 /// The seal written when a header's run goes back to the source: the live
 /// seal with other bits set, never equal to it.
 #[inline(always)]

@@ -386,8 +386,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// The lookup's common case over geometry `g` (this allocator's) with
     /// its secret (0 before it has one: nothing is found): the node's seal
-    /// and kind, the chunk alignment, then the length map (a block of at
-    /// most 255 chunks). `None` for anything else.
+    /// (a node of chunks: a large run's seal differs, see `seal_large`),
+    /// the chunk alignment, then the length map (a block of at most 255
+    /// chunks). `None` for anything else.
     #[inline(always)]
     unsafe fn lookup_common(&self, g: &Geometry, secret: usize, addr: usize) -> Option<usize> {
         let node = addr & !g.node_mask();
@@ -398,12 +399,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         {
             return None;
         }
-        // SAFETY: a live node of ours (its seal) holds its maps; idx is in
-        // range (below nchunks by construction of node_of).
+        // SAFETY: a live node of chunks of ours (its seal) holds its maps;
+        // idx is in range (below nchunks by construction of node_of).
         unsafe {
-            if (*node).kind != KIND_SMALL {
-                return None;
-            }
+            debug_assert_eq!((*node).kind, KIND_SMALL);
             match lens::get(len_map(node, g), idx) {
                 0 => None,
                 k => Some(k),

@@ -6,7 +6,7 @@ use core::ptr::{self, NonNull};
 use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, Error, PageSource, Result};
 
-use crate::node::{load_check, seal, seal_freed, Node, KIND_LARGE};
+use crate::node::{load_check, seal_freed, seal_large, Node, KIND_LARGE};
 
 use super::Nta;
 
@@ -45,7 +45,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             ptr::write(
                 hdr,
                 Node {
-                    check: core::sync::atomic::AtomicUsize::new(seal(hdr as usize, self.secret())),
+                    check: core::sync::atomic::AtomicUsize::new(seal_large(
+                        hdr as usize,
+                        self.secret(),
+                    )),
                     kind: KIND_LARGE,
                     owner: self.current_heap() as u32,
                     used: 0,
@@ -102,7 +105,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         let hp = hdr as *mut Node;
         let c = load_check(hp);
-        if c == seal(hdr, self.secret()) {
+        if c == seal_large(hdr, self.secret()) {
             // SAFETY: a live header of ours.
             let ok = unsafe { (*hp).kind == KIND_LARGE };
             if ok {
