@@ -35,8 +35,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// chunks from `ptr` up. Remote frees queued for the heap come first,
     /// one at a time (`m` = 1), as they are, with their own size `kk`; `out`
     /// returns false for those it does not take, which are then freed. Then
-    /// the carved ones, a run of `m` >= 1 of size `k` per free run cut
-    /// (whatever `out` returns, they are the caller's).
+    /// the carved ones, a run of `m` >= 1 of size `k` per free run cut,
+    /// the caller's whatever `out` returns: false stops the batch there (a
+    /// caller that keeps a carved run as it is has enough in one).
     pub(crate) fn alloc_batch(
         &self,
         k: usize,
@@ -103,7 +104,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     bits::set(end, idx + t * k + k - 1);
                     lens::set(len, idx + t * k, k);
                 }
-                out(self.chunk_addr(node, idx), k, m);
+                let more = out(self.chunk_addr(node, idx), k, m);
                 if (*node).used == 0 {
                     heap.empty_nodes -= 1;
                 }
@@ -113,6 +114,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     heap.push(self.chunk_addr(node, idx + m * k).cast(), j - m * k);
                 }
                 got += m;
+                if !more {
+                    break;
+                }
             }
         }
         heap.allocs += got as u64;
