@@ -84,9 +84,9 @@
 //! the pop that took the chunk later read it again, often evicted by then
 //! (burst, 200,000 blocks of 16-512 bytes built and dropped: the refill
 //! 10 % of the program's time, the pop's key check a third of `malloc`'s).
-//! A class has one fresh run; a refill whose fresh run holds half its
-//! batch stops there, and its other runs, and remote frees taken on the
-//! way, are linked into the stock as before (the stock is popped first). The run's chunks count in the class's count, so its
+//! A class has one fresh run; a refill's other runs, and remote frees
+//! taken on the way, are linked into the stock as before (the stock is
+//! popped first). The run's chunks count in the class's count, so its
 //! bound holds them too; whatever walks or hands back the stock (a flush
 //! that needs more than the stock holds, an idle class's return,
 //! `flush_all`, `shuffle`) links the run into the stock first.
