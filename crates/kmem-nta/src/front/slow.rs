@@ -131,10 +131,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                         size: size as u32,
                     };
                     fresh_n += (m - first) as u32;
-                    // Half the batch in one run: enough until the next
-                    // refill, which keeps its next run fresh too (linking
-                    // the rest of this one's chunks is a store to each).
-                    return m * 2 < want;
+                    return true;
                 }
                 for i in first..m {
                     let e: *mut Semi = p.wrapping_add(i * size).cast();

@@ -35,9 +35,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// chunks from `ptr` up. Remote frees queued for the heap come first,
     /// one at a time (`m` = 1), as they are, with their own size `kk`; `out`
     /// returns false for those it does not take, which are then freed. Then
-    /// the carved ones, a run of `m` >= 1 of size `k` per free run cut,
-    /// the caller's whatever `out` returns: false stops the batch there (a
-    /// caller that keeps a carved run as it is has enough in one).
+    /// the carved ones, a run of `m` >= 1 of size `k` per free run cut
+    /// (whatever `out` returns, they are the caller's).
     pub(crate) fn alloc_batch(
         &self,
         k: usize,
@@ -104,7 +103,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     bits::set(end, idx + t * k + k - 1);
                     lens::set(len, idx + t * k, k);
                 }
-                let more = out(self.chunk_addr(node, idx), k, m);
+                out(self.chunk_addr(node, idx), k, m);
                 if (*node).used == 0 {
                     heap.empty_nodes -= 1;
                 }
@@ -114,9 +113,6 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     heap.push(self.chunk_addr(node, idx + m * k).cast(), j - m * k);
                 }
                 got += m;
-                if !more {
-                    break;
-                }
             }
         }
         heap.allocs += got as u64;
