@@ -2,8 +2,7 @@
 //! by size in chunks, popped and pushed with no atomic and no lock.
 //!
 //! ```text
-//!   pop(k)        head of class k, else the bottom of its fresh run, or
-//!                 null                                   (no atomics, no lock)
+//!   pop(k)        head of class k, or null              (no atomics, no lock)
 //!   refill(k)     the batches waiting for class k on this CPU's heap's
 //!                 exchange, spliced whole (one swap, no lock); else one
 //!                 heap lock: LIMIT[k]/2 chunks carved from one free run,
@@ -73,23 +72,6 @@
 //! never misses looks idle too; its price is one flush and one refill per
 //! `IDLE_SCAN` refills of other classes. A thread that only frees never
 //! refills, so its free-only hand-backs advance the same clock.
-//!
-//! **Fresh runs.** A refill that carves a free run of nta's takes the
-//! run's allocations as they lie: the class keeps them as its fresh run
-//! (where it starts, how many are left) instead of linking each into its
-//! stock, and `pop` takes from the bottom of the run once the stock is
-//! empty, writing the chunk's two words zero and reading nothing of it.
-//! Linking a refill's chunks wrote every one of them ahead of its use:
-//! lines nobody had touched since their last free, each store a miss, and
-//! the pop that took the chunk later read it again, often evicted by then
-//! (burst, 200,000 blocks of 16-512 bytes built and dropped: the refill
-//! 10 % of the program's time, the pop's key check a third of `malloc`'s).
-//! A class has one fresh run; a refill's other runs, and remote frees
-//! taken on the way, are linked into the stock as before (the stock is
-//! popped first). The run's chunks count in the class's count, so its
-//! bound holds them too; whatever walks or hands back the stock (a flush
-//! that needs more than the stock holds, an idle class's return,
-//! `flush_all`, `shuffle`) links the run into the stock first.
 //!
 //! **Double frees.** A cached chunk's second word holds a key derived from
 //! its address and the allocator's secret, written by the push. Every path
@@ -251,10 +233,6 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// Each class's stock (what `pop` takes), its count and the bound below
     /// which a push takes the inline path.
     cls: [Class; N],
-    /// Each class's fresh run (see "Fresh runs"): chunks carved by the
-    /// last refill and not yet handed out, taken from the bottom up once
-    /// the stock is empty. Counted in the class's `count`.
-    fresh: [Fresh; N],
     /// Each class's hand-back list, while this thread has never refilled
     /// the class: frees of blocks others made, handed back whole (see
     /// "Bounds"); `cls[k].count` counts it then, and `cls[k].lim` is 0, so
@@ -294,27 +272,6 @@ impl Class {
         head: ptr::null_mut(),
         count: 0,
         lim: 0,
-    };
-}
-
-/// A class's fresh run: `left` allocations of `size` bytes (the class's)
-/// from `next` up, consecutive, allocated in nta's maps and never written
-/// by the cache (see "Fresh runs"). The size is kept so that `pop`, which
-/// indexes the classes' records by the class scaled, needs the class
-/// itself nowhere (computing it was two more instructions on every hit).
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Fresh {
-    next: *mut u8,
-    left: u32,
-    size: u32,
-}
-
-impl Fresh {
-    const EMPTY: Fresh = Fresh {
-        next: ptr::null_mut(),
-        left: 0,
-        size: 0,
     };
 }
 
@@ -359,7 +316,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             refilled: 0,
             cycled: 0,
             cls: [Class::EMPTY; N],
-            fresh: [Fresh::EMPTY; N],
             back: [ptr::null_mut(); N],
             back_tail: [ptr::null_mut(); N],
             fills: [0; N],
@@ -439,107 +395,40 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             .sum()
     }
 
-    /// Allocations held in class `k`, its stock and its fresh run together
-    /// (0 for a class out of range).
+    /// Chunks held in class `k` (0 for a class out of range).
     pub fn count(&self, k: usize) -> usize {
         self.cls.get(k).map_or(0, |c| c.count as usize)
     }
 
-    /// Takes a chunk of class `k` (1..`N`): the top of its stock, else the
-    /// bottom of its fresh run; null when the class is empty or out of
-    /// range. The chunk's first two words are zero. A chunk without its key
-    /// (freed twice, its other copy taken already, or written after its
-    /// free) aborts with one line (see "Double frees"), as does a link that
-    /// does not decode (see "Encoded links").
+    /// Takes a chunk of class `k` (1..`N`), or null when the
+    /// class is empty or out of range. A chunk without its key (freed twice,
+    /// its other copy taken already, or written after its free) aborts with
+    /// one line (see "Double frees"), as does a link that does not decode
+    /// (see "Encoded links").
     #[inline(always)]
     pub fn pop(&mut self, k: usize) -> *mut u8 {
         let (link, kbase) = (self.link, self.kbase);
-        if k >= N {
+        let Some(c) = self.cls.get_mut(k) else {
             return ptr::null_mut();
-        }
-        let this: *mut Self = self;
-        // SAFETY: k < N: class k's record, through the pointer to the whole
-        // cache (the fresh run's record is reached from it below).
-        let c = unsafe { ptr::addr_of_mut!((*this).cls).cast::<Class>().add(k) };
-        // SAFETY: as above; nothing else borrows the cache meanwhile.
-        let p = unsafe { (*c).head };
-        if p.is_null() {
-            // SAFETY: `c` is class k's record, k < N.
-            return unsafe { Self::pop_fresh(c) };
-        }
-        // SAFETY: cached chunks are allocated chunks this cache owns; `c`
-        // as above.
-        unsafe {
-            if (*p).chunks != cache_key_from(p as usize, kbase) {
-                return refuse_pop(p, false).as_ptr();
+        };
+        let p = c.head;
+        if !p.is_null() {
+            // SAFETY: cached chunks are allocated chunks this cache owns.
+            unsafe {
+                if (*p).chunks != cache_key_from(p as usize, kbase) {
+                    return refuse_pop(p, false).as_ptr();
+                }
+                let next = (*p).next as usize ^ link;
+                if next & (Self::CHUNK - 1) != 0 {
+                    return refuse_pop(p, true).as_ptr();
+                }
+                c.head = next as *mut Semi;
+                (*p).next = ptr::null_mut();
+                (*p).chunks = 0;
             }
-            let next = (*p).next as usize ^ link;
-            if next & (Self::CHUNK - 1) != 0 {
-                return refuse_pop(p, true).as_ptr();
-            }
-            (*c).head = next as *mut Semi;
-            (*p).next = ptr::null_mut();
-            (*p).chunks = 0;
-            (*c).count -= 1;
+            c.count -= 1;
         }
         p.cast()
-    }
-
-    /// Bytes from a class's record (`cls[k]`) to its fresh run's
-    /// (`fresh[k]`): the two arrays have the same stride, so that `pop`
-    /// reaches the run from the record it already holds (from the class
-    /// itself, the index took two more instructions on every hit).
-    const FRESH_FROM_CLASS: usize = {
-        assert!(core::mem::size_of::<Class>() == core::mem::size_of::<Fresh>());
-        core::mem::offset_of!(Self, fresh) - core::mem::offset_of!(Self, cls)
-    };
-
-    /// Takes the bottom chunk of the fresh run of class record `c`'s class
-    /// (its stock is empty), or null when the run is empty too. Nothing of
-    /// the chunk is read: its first two words are written zero, as a popped
-    /// chunk's are.
-    ///
-    /// # Safety
-    /// `c` points to `cls[k]` of a cache, `k < N`, derived from a pointer
-    /// to the whole cache, which nothing else borrows meanwhile.
-    #[inline(always)]
-    unsafe fn pop_fresh(c: *mut Class) -> *mut u8 {
-        // SAFETY: fresh[k] lies FRESH_FROM_CLASS bytes after cls[k] (the
-        // contract).
-        let f = unsafe { &mut *c.cast::<u8>().add(Self::FRESH_FROM_CLASS).cast::<Fresh>() };
-        if f.left == 0 {
-            return ptr::null_mut();
-        }
-        let p = f.next;
-        f.left -= 1;
-        f.next = p.wrapping_add(f.size as usize);
-        // SAFETY: the run's chunks are counted in the class's count; a
-        // fresh run's chunks are allocations of at least 16 bytes that this
-        // cache owns and nobody else writes.
-        unsafe {
-            (*c).count -= 1;
-            write_words(p.cast(), 0, 0);
-        }
-        p
-    }
-
-    /// Moves class `k`'s fresh run onto its stock, each chunk linked and
-    /// keyed as a push does, the run's lowest chunk on top: for the paths
-    /// that walk or hand back the stock (flushes, shuffles, idle classes).
-    #[cold]
-    fn spill_fresh(&mut self, k: usize) {
-        let f = core::mem::replace(&mut self.fresh[k], Fresh::EMPTY);
-        let size = k << SHIFT;
-        let mut head = self.cls[k].head;
-        for i in (0..f.left as usize).rev() {
-            let e: *mut Semi = f.next.wrapping_add(i * size).cast();
-            let key = cache_key_from(e as usize, self.kbase);
-            // SAFETY: a fresh run's chunk, ours and unwritten; the run's
-            // chunks are already counted in `count`.
-            unsafe { write_words(e, link_encode(head, self.link) as usize, key) };
-            head = e;
-        }
-        self.cls[k].head = head;
     }
 
     /// Puts class `k`'s chunks in a random order (Fisher-Yates over its
@@ -549,15 +438,15 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// allocator's answer to heap feng shui. Off the default paths: it costs
     /// a walk of the class.
     pub fn shuffle(&mut self, k: usize, mut rand: impl FnMut() -> u64) {
-        if k == 0 || k >= N || self.only_frees(k) {
+        let Some(head) = self.cls.get(k).map(|c| c.head) else {
+            return;
+        };
+        if k == 0 || self.only_frees(k) {
             // Class 0 is unused; a free-only class's chunks are on its
             // hand-back list (its count counts them), not a stock that
             // anything pops.
             return;
         }
-        // The fresh run would hand its chunks out in address order.
-        self.spill_fresh(k);
-        let head = self.cls[k].head;
         // The first 256 (a class holds more only right after a refill of
         // a class that was not empty); the rest follow them.
         let n = (self.cls[k].count as usize).min(256);

@@ -8,7 +8,7 @@ use kmem_core::{CpuSource, PageSource};
 
 use super::classes::{fill_count, FILL_STEPS};
 use super::write_words;
-use super::{Fresh, FrontCacheOf, FREE_ONLY, IDLE_SCAN};
+use super::{FrontCacheOf, FREE_ONLY, IDLE_SCAN};
 use crate::nta::{cache_key_from, key_base, link_decode, link_encode, link_key, Nta, Semi};
 
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
@@ -89,24 +89,20 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         let mut rest: *mut Semi = ptr::null_mut();
         let mut tail: *mut Semi = ptr::null_mut();
         let mut n = 0u32;
-        // Chunks that became the class's fresh run (a run carved from one
-        // free run, kept as it is: see "Fresh runs").
-        let mut fresh_n = 0u32;
         let link_before = self.link;
         if self.link == 0 && nta.secret() != 0 {
             self.set_keys(nta.secret());
         }
-        let (cls, fresh, link, kbase, round, grow, refilled) = (
+        let (cls, link, kbase, round, grow, refilled) = (
             &mut self.cls,
-            &mut self.fresh[k],
             &mut self.link,
             &mut self.kbase,
             &mut self.round,
             &self.grow,
             self.refilled,
         );
-        let size = k << SHIFT;
-        nta.alloc_batch(k, want, |p, kk, m| {
+        nta.alloc_batch(k, want, |p, kk| {
+            let e: *mut Semi = p.cast();
             if *link == 0 {
                 // The first node was made by this very batch.
                 let secret = nta.secret();
@@ -115,47 +111,27 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 *round = super::TICK_PUSHES;
             }
             if kk == k {
-                let mut first = 0;
                 if got.is_null() {
-                    got = p.cast();
-                    tail = got;
-                    n += 1;
-                    first = 1;
-                }
-                if m >= 2 && m > first && fresh.left == 0 {
-                    *fresh = Fresh {
-                        // SAFETY: `m` consecutive allocations from `p`, and
-                        // first < m.
-                        next: unsafe { p.add(first * size) },
-                        left: (m - first) as u32,
-                        size: size as u32,
+                    got = e;
+                } else if rest.is_null() {
+                    rest = e;
+                } else {
+                    // SAFETY: `tail`, chained before, is ours (a fresh or
+                    // recycled allocation of k chunks); its link is `e`.
+                    unsafe {
+                        write_words(
+                            tail,
+                            link_encode(e, *link) as usize,
+                            cache_key_from(tail as usize, *kbase),
+                        )
                     };
-                    fresh_n += (m - first) as u32;
-                    return true;
                 }
-                for i in first..m {
-                    let e: *mut Semi = p.wrapping_add(i * size).cast();
-                    if rest.is_null() {
-                        rest = e;
-                    } else {
-                        // SAFETY: `tail`, chained before, is ours (a fresh or
-                        // recycled allocation of k chunks); its link is `e`.
-                        unsafe {
-                            write_words(
-                                tail,
-                                link_encode(e, *link) as usize,
-                                cache_key_from(tail as usize, *kbase),
-                            )
-                        };
-                    }
-                    tail = e;
-                    n += 1;
-                }
+                tail = e;
+                n += 1;
                 return true;
             }
-            // A remote free of another size (m is 1): keep it if its class
-            // has room and a stock (not a hand-back list).
-            let e: *mut Semi = p.cast();
+            // A remote free of another size: keep it if its class has room
+            // and a stock (not a hand-back list).
             if kk > Self::CLASSES
                 || refilled & (1 << (kk - 1)) == 0
                 || cls[kk].count >= Self::class_limit(kk, grow[kk])
@@ -189,7 +165,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                 self.cls[k].head = rest;
                 self.cls[k].count += n - 1;
             }
-            self.cls[k].count += fresh_n;
             write_words(got, 0, 0);
         }
         got.cast()
@@ -254,13 +229,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         if n == 0 {
             return;
         }
-        if self.cls[k].count - self.fresh[k].left < n {
-            // The stock holds fewer than n (the rest is the fresh run).
-            self.spill_fresh(k);
-        }
         let (link, kbase) = (self.link, self.kbase);
         let head = *self.list(k);
-        // SAFETY: the class holds count >= n entries, all on its list.
+        // SAFETY: the class holds count >= n entries.
         unsafe {
             if self.only_frees(k) {
                 // The whole hand-back list: its tail is known, its link
@@ -329,11 +300,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     #[inline(never)]
     unsafe fn return_idle<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
         for k in 1..=Self::CLASSES {
-            if self.cls[k].count == 0 || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
+            let head = *self.list(k);
+            if head.is_null() || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
                 continue;
             }
-            self.spill_fresh(k);
-            let head = *self.list(k);
             *self.list(k) = ptr::null_mut();
             self.cls[k].count = 0;
             self.fills[k] = 0;
@@ -353,7 +323,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// Every chunk in the cache belongs to `nta`.
     pub unsafe fn flush_all<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
         for k in 1..=Self::CLASSES {
-            self.spill_fresh(k);
             let head = *self.list(k);
             if !head.is_null() {
                 *self.list(k) = ptr::null_mut();

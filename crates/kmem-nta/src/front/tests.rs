@@ -214,63 +214,6 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
-    /// A refill's carved run stays fresh (nothing of it written) until it is
-    /// popped: every pop hands out a chunk whose first two words are zero,
-    /// from a buffer whose bytes were not; the run counts in the class's
-    /// count; a shuffle links it into the stock first, so the same chunks
-    /// come out; and it goes back whole.
-    #[test]
-    fn a_fresh_run_is_handed_out_zeroed_and_goes_back_whole() {
-        let mut b = vec![0x5a5a_5a5a_5a5a_5a5au64; 65 * 4096 / 8];
-        let nta = nta_over(&mut b);
-        let mut front = FrontCache::new();
-        let words = |p: *mut u8| {
-            // SAFETY: p is a live chunk of 64 bytes or more.
-            unsafe { *p.cast::<[usize; 2]>() }
-        };
-        // SAFETY: a cache filled from nta only; every chunk is given back
-        // once.
-        unsafe {
-            let first = front.refill(&nta, 2);
-            assert!(!first.is_null());
-            assert_eq!(words(first), [0, 0]);
-            let n = front.count(2);
-            assert!(n >= 2, "the refill kept a run");
-            assert!(front.fresh[2].left as usize == n, "all of it fresh");
-            let mut got = vec![first as usize];
-            for _ in 0..n / 2 {
-                let p = front.pop(2);
-                assert_eq!(words(p), [0, 0]);
-                assert_eq!(p as usize, got.last().unwrap() + 128, "the run's next");
-                got.push(p as usize);
-            }
-            assert_eq!(front.count(2), n - n / 2);
-            assert_eq!(front.bytes(), (n - n / 2) * 128);
-            front.shuffle(2, || 3);
-            assert_eq!(front.fresh[2].left, 0, "linked into the stock");
-            assert_eq!(front.count(2), n - n / 2);
-            while front.count(2) > 0 {
-                let p = front.pop(2);
-                assert_eq!(words(p), [0, 0]);
-                got.push(p as usize);
-            }
-            assert!(front.pop(2).is_null());
-            let distinct: BTreeSet<usize> = got.iter().copied().collect();
-            assert_eq!(distinct.len(), n + 1, "each chunk once");
-            // A second run, half taken, goes back with flush_all.
-            got.push(front.refill(&nta, 2) as usize);
-            got.push(front.pop(2) as usize);
-            assert!(front.fresh[2].left > 0);
-            for &p in &got {
-                front.push(&nta, p as *mut u8, 2);
-            }
-            front.flush_all(&nta);
-            assert_eq!(front.bytes(), 0);
-        }
-        nta.check().unwrap();
-        assert_eq!(nta.stats().bytes_held, 0);
-    }
-
     /// A batch of 1000 one-chunk blocks allocated and freed again and again:
     /// the class grows until the batch fits, and from then on the cycle
     /// never reaches nta; a thread that only frees never grows its class.

@@ -30,18 +30,15 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- batches, for front caches ----------------------------------------
 
     /// Allocates up to `n` allocations of `k` chunks each (k <= max) under one
-    /// lock and returns how many (0 when out of memory). They reach the
-    /// caller through `out(ptr, kk, m)`: `m` consecutive allocations of `kk`
-    /// chunks from `ptr` up. Remote frees queued for the heap come first,
-    /// one at a time (`m` = 1), as they are, with their own size `kk`; `out`
-    /// returns false for those it does not take, which are then freed. Then
-    /// the carved ones, a run of `m` >= 1 of size `k` per free run cut
-    /// (whatever `out` returns, they are the caller's).
+    /// lock, calling `out(ptr, k)` with each; returns how many (0 when out of
+    /// memory). Remote frees queued for the heap are offered to `out` as
+    /// they are, with their own size; it returns false for those it does not
+    /// take, which are then freed.
     pub(crate) fn alloc_batch(
         &self,
         k: usize,
         n: usize,
-        mut out: impl FnMut(*mut u8, usize, usize) -> bool,
+        mut out: impl FnMut(*mut u8, usize) -> bool,
     ) -> usize {
         let (h, mut heap) = self.lock_for_alloc();
         let mut got = 0;
@@ -70,9 +67,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     if kk == k && got < n {
                         heap.frees += 1;
                         heap.allocs += 1;
-                        out(e.cast(), k, 1);
+                        out(e.cast(), k);
                         got += 1;
-                    } else if kk != k && out(e.cast(), kk, 1) {
+                    } else if kk != k && out(e.cast(), kk) {
                         // Taken as it is by the caller's cache of size kk.
                         heap.frees += 1;
                         heap.allocs += 1;
@@ -102,8 +99,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 for t in 0..m {
                     bits::set(end, idx + t * k + k - 1);
                     lens::set(len, idx + t * k, k);
+                    out(self.chunk_addr(node, idx + t * k), k);
                 }
-                out(self.chunk_addr(node, idx), k, m);
                 if (*node).used == 0 {
                     heap.empty_nodes -= 1;
                 }
