@@ -606,9 +606,11 @@ impl PageAllocator<'_> {
         let pc = self.pcpu(h.cpu);
         let b = pc.bucket as usize;
         let nc = self.p.ncolours;
-        let fr = self.frames();
         let listed = self.listed(b);
         let mut bg = self.buckets[b].lock();
+        // Read under the lock (see `free_run_inner`): the list's frames may
+        // be newer than a slice read before it.
+        let fr = self.frames();
         let mut moved_all = 0;
         for fl in ks.start / nc..ks.end.div_ceil(nc) {
             let (mut moved, mut joined) = (0, 0u64);

@@ -176,13 +176,17 @@ impl PageAllocator<'_> {
         self.claim(i, pages, ptr.as_ptr() as u64)?;
         let pc = self.pcpu(self.cpu());
         let my = pc.bucket as usize;
-        let fr = self.frames();
         let nc = self.p.ncolours;
         let mut j = i;
         while j < i + pages {
             // One lock hold per stretch of frames bound for the same bucket.
             let b = if self.p.numa { self.home(j) } else { my };
             let mut g = self.buckets[b].lock();
+            // The frames as grown now, read under the lock: a list's frames
+            // (the neighbours an insert links to) may be newer than any
+            // read before it (`grow` lists new frames under every bucket's
+            // lock), and a slice read earlier ended below them.
+            let fr = self.frames();
             let mut moved = 0;
             while j < i + pages && (!self.p.numa || self.home(j) == b) {
                 let (fl, c) = (self.freelist_of(j), self.colour_of(j));

@@ -243,3 +243,45 @@ fn every_source_keeps_its_span_mapped_and_refuses_a_zero_length_free() {
     region.check().unwrap();
     GLOBAL.get().unwrap().check().unwrap();
 }
+
+/// Threads on four CPUs take and give back runs while the allocator grows:
+/// a free that read the frames before it took its bucket's lock linked its
+/// run to frames that joined meanwhile, out of the bounds it had read (a
+/// panic in kmem-malloc's `mt_fork_test` under CI's load, index 7184 of
+/// 7168). Ends with every frame free and the invariants whole.
+#[test]
+fn runs_freed_while_the_allocator_grows() {
+    const THREADS: usize = 4;
+    // 512 MiB: about 256 growths of GROW_PAGES as the threads fill it.
+    let pages = (512usize << 20) / kmem_sys::page_size();
+    let a = grower(pages, THREADS);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let a = &a;
+            s.spawn(move || {
+                bind_simulated_cpu(t);
+                let mut held: Vec<NonNull<u8>> = Vec::new();
+                let mut seed = t as u64 + 1;
+                let mut n = 0u64;
+                while let Ok(p) = a.alloc_run(16, 1) {
+                    held.push(p);
+                    n += 1;
+                    if n % 2 == 0 {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let q = held.swap_remove((seed >> 33) as usize % held.len());
+                        // SAFETY: a run of ours, freed once.
+                        unsafe { a.free_run(q, 16).unwrap() };
+                    }
+                }
+                for q in held {
+                    // SAFETY: as above.
+                    unsafe { a.free_run(q, 16).unwrap() };
+                }
+            });
+        }
+    });
+    a.check().unwrap();
+    assert_eq!(a.free_count(), pages);
+}
