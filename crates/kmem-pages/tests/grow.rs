@@ -285,3 +285,43 @@ fn runs_freed_while_the_allocator_grows() {
     a.check().unwrap();
     assert_eq!(a.free_count(), pages);
 }
+
+/// As [`runs_freed_while_the_allocator_grows`], for single pages: their
+/// frees go through the CPUs' caches, whose overflow moves pages to the
+/// bucket's lists (the other place that read the frames before the lock).
+#[test]
+fn pages_freed_while_the_allocator_grows() {
+    const THREADS: usize = 4;
+    let pages = (256usize << 20) / kmem_sys::page_size();
+    let a = grower(pages, THREADS);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let a = &a;
+            s.spawn(move || {
+                bind_simulated_cpu(t);
+                let mut held: Vec<NonNull<u8>> = Vec::new();
+                let mut seed = t as u64 + 1;
+                let mut n = 0u64;
+                while let Ok(p) = a.alloc_page() {
+                    held.push(p);
+                    n += 1;
+                    if n % 2 == 0 {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let q = held.swap_remove((seed >> 33) as usize % held.len());
+                        // SAFETY: a page of ours, freed once.
+                        unsafe { a.free_page(q).unwrap() };
+                    }
+                }
+                for q in held {
+                    // SAFETY: as above.
+                    unsafe { a.free_page(q).unwrap() };
+                }
+            });
+        }
+    });
+    a.flush_caches();
+    a.check().unwrap();
+    assert_eq!(a.free_count(), pages);
+}
