@@ -244,56 +244,32 @@ fn every_source_keeps_its_span_mapped_and_refuses_a_zero_length_free() {
     GLOBAL.get().unwrap().check().unwrap();
 }
 
-/// Threads on four CPUs take and give back runs while the allocator grows:
-/// a free that read the frames before it took its bucket's lock linked its
-/// run to frames that joined meanwhile, out of the bounds it had read (a
-/// panic in kmem-malloc's `mt_fork_test` under CI's load, index 7184 of
-/// 7168). Ends with every frame free and the invariants whole.
-#[test]
-fn runs_freed_while_the_allocator_grows() {
+/// Four threads on their own simulated CPUs take blocks of `n` pages (a
+/// page, or a run) from an allocator over `bytes` that grows as they fill
+/// it, giving a random one back after every second take, until it is full;
+/// then everything goes back, and every frame must be free with the
+/// invariants whole.
+fn fill_while_growing(bytes: usize, n: usize) {
     const THREADS: usize = 4;
-    // 512 MiB: about 256 growths of GROW_PAGES as the threads fill it.
-    let pages = (512usize << 20) / kmem_sys::page_size();
+    let pages = bytes / kmem_sys::page_size();
     let a = grower(pages, THREADS);
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let a = &a;
-            s.spawn(move || {
-                bind_simulated_cpu(t);
-                let mut held: Vec<NonNull<u8>> = Vec::new();
-                let mut seed = t as u64 + 1;
-                let mut n = 0u64;
-                while let Ok(p) = a.alloc_run(16, 1) {
-                    held.push(p);
-                    n += 1;
-                    if n % 2 == 0 {
-                        seed = seed
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        let q = held.swap_remove((seed >> 33) as usize % held.len());
-                        // SAFETY: a run of ours, freed once.
-                        unsafe { a.free_run(q, 16).unwrap() };
-                    }
-                }
-                for q in held {
-                    // SAFETY: as above.
-                    unsafe { a.free_run(q, 16).unwrap() };
-                }
-            });
+    let take = |a: &PageAllocator<'_>| {
+        if n == 1 {
+            a.alloc_page()
+        } else {
+            a.alloc_run(n, 1)
         }
-    });
-    a.check().unwrap();
-    assert_eq!(a.free_count(), pages);
-}
-
-/// As [`runs_freed_while_the_allocator_grows`], for single pages: their
-/// frees go through the CPUs' caches, whose overflow moves pages to the
-/// bucket's lists (the other place that read the frames before the lock).
-#[test]
-fn pages_freed_while_the_allocator_grows() {
-    const THREADS: usize = 4;
-    let pages = (256usize << 20) / kmem_sys::page_size();
-    let a = grower(pages, THREADS);
+    };
+    let give = |a: &PageAllocator<'_>, q: NonNull<u8>| {
+        // SAFETY: a block of ours of n pages, given back once.
+        unsafe {
+            if n == 1 {
+                a.free_page(q).unwrap();
+            } else {
+                a.free_run(q, n).unwrap();
+            }
+        }
+    };
     std::thread::scope(|s| {
         for t in 0..THREADS {
             let a = &a;
@@ -301,22 +277,19 @@ fn pages_freed_while_the_allocator_grows() {
                 bind_simulated_cpu(t);
                 let mut held: Vec<NonNull<u8>> = Vec::new();
                 let mut seed = t as u64 + 1;
-                let mut n = 0u64;
-                while let Ok(p) = a.alloc_page() {
+                let mut taken = 0u64;
+                while let Ok(p) = take(a) {
                     held.push(p);
-                    n += 1;
-                    if n % 2 == 0 {
+                    taken += 1;
+                    if taken % 2 == 0 {
                         seed = seed
                             .wrapping_mul(6364136223846793005)
                             .wrapping_add(1442695040888963407);
-                        let q = held.swap_remove((seed >> 33) as usize % held.len());
-                        // SAFETY: a page of ours, freed once.
-                        unsafe { a.free_page(q).unwrap() };
+                        give(a, held.swap_remove((seed >> 33) as usize % held.len()));
                     }
                 }
                 for q in held {
-                    // SAFETY: as above.
-                    unsafe { a.free_page(q).unwrap() };
+                    give(a, q);
                 }
             });
         }
@@ -324,4 +297,22 @@ fn pages_freed_while_the_allocator_grows() {
     a.flush_caches();
     a.check().unwrap();
     assert_eq!(a.free_count(), pages);
+}
+
+/// Runs taken and given back while the allocator grows: a free that read
+/// the frames before it took its bucket's lock linked its run to frames
+/// that joined meanwhile, out of the bounds it had read (a panic in
+/// kmem-malloc's `mt_fork_test` under CI's load, index 7184 of 7168).
+/// 512 MiB: about 256 growths of GROW_PAGES.
+#[test]
+fn runs_freed_while_the_allocator_grows() {
+    fill_while_growing(512 << 20, 16);
+}
+
+/// As [`runs_freed_while_the_allocator_grows`], for single pages: their
+/// frees go through the CPUs' caches, whose overflow moves pages to the
+/// bucket's lists (the other place that read the frames before the lock).
+#[test]
+fn pages_freed_while_the_allocator_grows() {
+    fill_while_growing(256 << 20, 1);
 }
