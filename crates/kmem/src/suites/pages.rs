@@ -44,7 +44,12 @@
 //! plus one transfer for each page freed by another thread), so that a
 //! curve below linear can be read against what the machine allows.
 //!
-//! All three run interleaved, round by round; medians are reported, with
+//! A fourth series, `kmem_no_handoff`, runs kmem on the same workload with
+//! every page freed by the thread that allocated it: the per-CPU path
+//! alone, without the transfers the hand-off costs, so that a curve below
+//! linear can be told apart from what the workload's sharing allows.
+//!
+//! All four run interleaved, round by round; medians are reported, with
 //! `scaling_vs_1_thread` (throughput at n threads over throughput at 1) and
 //! a chart of it beside the linear line. Lock figures: kmem's bucket locks
 //! summed (its per-CPU cache locks are private to their CPU and are
@@ -173,7 +178,8 @@ struct Work {
     /// Pages each "process" allocates, touches and frees.
     batch: usize,
     /// One page in `cross` (chosen at random, so that remote pages do not
-    /// alias with the colour rotation) is freed by another thread.
+    /// alias with the colour rotation) is freed by another thread; 0: none
+    /// is.
     cross: usize,
     /// How long a sample runs.
     ms: u64,
@@ -248,7 +254,7 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work, place: Place) -> Sample
                     }
                     pages += work.batch;
                     for p in held.drain(..) {
-                        if threads > 1 && rng.below(work.cross as u64) == 0 {
+                        if threads > 1 && work.cross != 0 && rng.below(work.cross as u64) == 0 {
                             out.push(p.as_ptr() as usize);
                         } else {
                             // SAFETY: a live page of ours, not used again.
@@ -434,14 +440,23 @@ fn kmem_config(place: Place) -> Config {
     }
 }
 
-/// One row of results: threads, the medians of kmem, kmem NUMA and the
-/// baseline, and (real CPUs, 2 threads or more) the line transfer latency
-/// measured just before the row's samples.
-type Row = (usize, Sample, Sample, Sample, Option<f64>);
+/// One row of results: the medians of one thread count.
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    threads: usize,
+    kmem: Sample,
+    numa: Sample,
+    base: Sample,
+    /// kmem with every page freed by the thread that allocated it.
+    own: Sample,
+    /// Real CPUs, 2 threads or more: the line transfer latency measured
+    /// just before the row's samples, ns.
+    line: Option<f64>,
+}
 
 /// Builds the three allocators for one placement, warms them, and samples
-/// each thread count interleaved; records the measurements with cases
-/// `{prefix}t{n}`.
+/// each thread count interleaved (kmem twice: with the workload's hand-off
+/// and without it); records the measurements with cases `{prefix}t{n}`.
 #[allow(clippy::too_many_arguments)]
 fn run_placement(
     ctx: &Ctx<'_>,
@@ -493,7 +508,8 @@ fn run_placement(
             Place::Real { cpus } if n > 1 && cpus > 1 => line_transfer_ns(0, 1),
             _ => None,
         };
-        let (mut sk, mut sn, mut sb) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut sk, mut sn, mut sb, mut so) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let own_work = Work { cross: 0, ..work };
         {
             let mut cs = [
                 Contender::new("kmem", || {
@@ -511,10 +527,15 @@ fn run_placement(
                     sb.push(s);
                     s.ops_per_s
                 }),
+                Contender::new("kmem_no_handoff", || {
+                    let s = sample(&kmem, n, own_work, place);
+                    so.push(s);
+                    s.ops_per_s
+                }),
             ];
             interleave(rounds, &mut cs);
         }
-        let (k, nu, b) = (med(&sk), med(&sn), med(&sb));
+        let (k, nu, b, own) = (med(&sk), med(&sn), med(&sb), med(&so));
         let case = format!("{prefix}t{n}");
         if let Some(ns) = line {
             out.measure(&case, "machine", "line_transfer_ns", ns, "ns");
@@ -540,6 +561,13 @@ fn run_placement(
             );
             out.measure(&case, imp, "freed_by_other_thread_share", s.cross, "ratio");
         }
+        out.measure(
+            &case,
+            "kmem_no_handoff",
+            "ops_per_s",
+            own.ops_per_s,
+            "ops/s",
+        );
         for (imp, s) in [("kmem", k), ("kmem_numa", nu)] {
             if !s.cache_hit.is_nan() {
                 out.measure(&case, imp, "cache_hit_rate", s.cache_hit, "ratio");
@@ -569,13 +597,25 @@ fn run_placement(
                 );
             }
         }
-        rows.push((n, k, nu, b, line));
+        rows.push(Row {
+            threads: n,
+            kmem: k,
+            numa: nu,
+            base: b,
+            own,
+            line,
+        });
     }
     // Throughput at n threads over throughput at 1.
-    if let Some(&(1, k1, n1, b1, _)) = rows.first() {
-        for &(n, k, nu, b, _) in &rows {
-            let case = format!("{prefix}t{n}");
-            for (imp, s, one) in [("kmem", k, k1), ("kmem_numa", nu, n1), ("baseline", b, b1)] {
+    if let Some(one) = rows.first().filter(|r| r.threads == 1).copied() {
+        for r in &rows {
+            let case = format!("{prefix}t{}", r.threads);
+            for (imp, s, one) in [
+                ("kmem", r.kmem, one.kmem),
+                ("kmem_numa", r.numa, one.numa),
+                ("baseline", r.base, one.base),
+                ("kmem_no_handoff", r.own, one.own),
+            ] {
                 out.measure(
                     &case,
                     imp,
@@ -637,7 +677,7 @@ mod tests {
         let cpus = kmem_sys::cpu::online_cpus();
         for n in [1, cpus] {
             let case = format!("real_t{n}");
-            for imp in ["kmem", "kmem_numa", "baseline"] {
+            for imp in ["kmem", "kmem_numa", "baseline", "kmem_no_handoff"] {
                 assert!(
                     out.value(&case, imp, "ops_per_s").unwrap() > 0.0,
                     "{case} {imp}"

@@ -9,10 +9,10 @@ use crate::svg;
 
 /// The scaling table and its chart, beside the linear line.
 pub(super) fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: &str) {
-    let Some(&(1, k1, n1, b1, _)) = rows.first() else {
+    let Some(one) = rows.first().filter(|r| r.threads == 1) else {
         return;
     };
-    let bounded = rows.iter().any(|r| r.4.is_some());
+    let bounded = rows.iter().any(|r| r.line.is_some());
     let mut head = vec![
         "threads",
         "kmem",
@@ -21,6 +21,8 @@ pub(super) fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: 
         "NUMA x",
         "baseline",
         "baseline x",
+        "kmem, no hand-off",
+        "no hand-off x",
     ];
     if bounded {
         head.extend(["line transfer", "bound x"]);
@@ -36,31 +38,36 @@ pub(super) fn scaling(out: &mut SuiteOutput, rows: &[Row], place: &str, prefix: 
         ),
         &head,
     );
-    let mut series: [(String, Vec<(f64, f64)>); 4] = [
+    let mut series: [(String, Vec<(f64, f64)>); 5] = [
         ("kmem".into(), Vec::new()),
         ("kmem NUMA".into(), Vec::new()),
         ("baseline (uvm_old)".into(), Vec::new()),
+        ("kmem, no hand-off".into(), Vec::new()),
         ("linear".into(), Vec::new()),
     ];
-    for &(n, k, nu, b, line) in rows {
+    for r in rows {
+        let n = r.threads;
         let x = [
-            k.ops_per_s / k1.ops_per_s,
-            nu.ops_per_s / n1.ops_per_s,
-            b.ops_per_s / b1.ops_per_s,
+            r.kmem.ops_per_s / one.kmem.ops_per_s,
+            r.numa.ops_per_s / one.numa.ops_per_s,
+            r.base.ops_per_s / one.base.ops_per_s,
+            r.own.ops_per_s / one.own.ops_per_s,
         ];
         let mut cells = vec![
             n.to_string(),
-            fmt_num(k.ops_per_s),
+            fmt_num(r.kmem.ops_per_s),
             fmt_ratio(x[0]),
-            fmt_num(nu.ops_per_s),
+            fmt_num(r.numa.ops_per_s),
             fmt_ratio(x[1]),
-            fmt_num(b.ops_per_s),
+            fmt_num(r.base.ops_per_s),
             fmt_ratio(x[2]),
+            fmt_num(r.own.ops_per_s),
+            fmt_ratio(x[3]),
         ];
         if bounded {
-            match line {
+            match r.line {
                 Some(ns) => {
-                    let bound = cross_bound(n, k1.ops_per_s, k.cross, ns);
+                    let bound = cross_bound(n, one.kmem.ops_per_s, r.kmem.cross, ns);
                     out.measure(
                         format!("{prefix}t{n}"),
                         "kmem",
@@ -194,7 +201,14 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
         ),
         &["threads", "kmem", "kmem NUMA", "baseline (uvm_old)", "kmem / baseline", "NUMA / baseline", "freed by another thread (kmem, baseline)"],
     );
-    for (n, k, nu, b, _) in rows {
+    for &Row {
+        threads: n,
+        kmem: k,
+        numa: nu,
+        base: b,
+        ..
+    } in rows
+    {
         t.row(vec![
             n.to_string(),
             fmt_num(k.ops_per_s),
@@ -221,7 +235,14 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
             "NUMA contended",
         ],
     );
-    for (n, k, nu, b, _) in rows {
+    for &Row {
+        threads: n,
+        kmem: k,
+        numa: nu,
+        base: b,
+        ..
+    } in rows
+    {
         t.row(vec![
             n.to_string(),
             fmt_num(b.acquisitions),
@@ -259,7 +280,14 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
             format!("{:.1}%", 100.0 * x)
         }
     };
-    for (n, k, nu, b, _) in rows {
+    for &Row {
+        threads: n,
+        kmem: k,
+        numa: nu,
+        base: b,
+        ..
+    } in rows
+    {
         t.row(vec![
             n.to_string(),
             pct(k.free_local),
@@ -293,7 +321,13 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
         String::new(),
         String::new(),
     ]);
-    for (n, k, _, b, _) in rows.iter().filter(|r| r.0 >= 8) {
+    for &Row {
+        threads: n,
+        kmem: k,
+        base: b,
+        ..
+    } in rows.iter().filter(|r| r.threads >= 8)
+    {
         t.row(vec![
             format!("{n} threads, baseline"),
             "uvm_old global lock".into(),
