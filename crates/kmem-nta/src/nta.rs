@@ -212,27 +212,20 @@ fn skip_word(e: *mut Semi, bytes: usize) -> Option<*mut *mut Semi> {
     (bytes >= SKIP_BYTES).then(|| e.cast::<*mut Semi>().wrapping_add(2))
 }
 
-/// Asks for the line at `p` with intent to write (the drainer rewrites the
-/// entry's words). A hint only: it never faults, whatever `p` is.
-#[inline(always)]
-fn prefetch_write(p: *const Semi) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch has no architectural effect and never faults.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Asks for the line at `p` to read it soon. A hint only: it never faults,
+/// Asks for the line at `p`, to write it (`WRITE`: the drainer rewrites a
+/// semi-free entry's words) or to read it. A hint only: it never faults,
 /// whatever `p` is.
 #[inline(always)]
-fn prefetch_read(p: *const u8) {
+fn prefetch<const WRITE: bool>(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetch has no architectural effect and never faults.
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if WRITE {
+            _mm_prefetch::<_MM_HINT_ET0>(p.cast())
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast())
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
@@ -250,7 +243,7 @@ unsafe fn prefetch_ahead(e: *mut Semi, bytes: usize) {
         // whoever queued it.
         let t = unsafe { *w };
         if !t.is_null() {
-            prefetch_write(t);
+            prefetch::<true>(t.cast());
         }
     }
 }

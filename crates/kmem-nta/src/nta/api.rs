@@ -13,7 +13,7 @@ use crate::node::{
     KIND_SMALL,
 };
 
-use super::{bad_free, parked, prefetch_read, semi_tag, skip_word, LookupKey, Nta, Semi};
+use super::{bad_free, parked, prefetch, semi_tag, skip_word, LookupKey, Nta, Semi};
 
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- public allocation API ------------------------------------------
@@ -412,7 +412,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // idx is in range (below nchunks by construction of node_of).
         unsafe {
             debug_assert_eq!((*node).kind, KIND_SMALL);
-            prefetch_read(len_map(node, g).wrapping_add(idx + 64));
+            prefetch::<false>(len_map(node, g).wrapping_add(idx + 64));
             match lens::get(len_map(node, g), idx) {
                 0 => None,
                 k => Some(k),

@@ -454,6 +454,14 @@ struct Row {
     line: Option<f64>,
 }
 
+impl Row {
+    /// Threads, kmem, kmem NUMA and the baseline: what the seed's tables
+    /// show.
+    fn parts(&self) -> (usize, Sample, Sample, Sample) {
+        (self.threads, self.kmem, self.numa, self.base)
+    }
+}
+
 /// Builds the three allocators for one placement, warms them, and samples
 /// each thread count interleaved (kmem twice: with the workload's hand-off
 /// and without it); records the measurements with cases `{prefix}t{n}`.

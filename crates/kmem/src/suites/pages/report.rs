@@ -201,14 +201,7 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
         ),
         &["threads", "kmem", "kmem NUMA", "baseline (uvm_old)", "kmem / baseline", "NUMA / baseline", "freed by another thread (kmem, baseline)"],
     );
-    for &Row {
-        threads: n,
-        kmem: k,
-        numa: nu,
-        base: b,
-        ..
-    } in rows
-    {
+    for (n, k, nu, b) in rows.iter().map(Row::parts) {
         t.row(vec![
             n.to_string(),
             fmt_num(k.ops_per_s),
@@ -235,14 +228,7 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
             "NUMA contended",
         ],
     );
-    for &Row {
-        threads: n,
-        kmem: k,
-        numa: nu,
-        base: b,
-        ..
-    } in rows
-    {
+    for (n, k, nu, b) in rows.iter().map(Row::parts) {
         t.row(vec![
             n.to_string(),
             fmt_num(b.acquisitions),
@@ -280,14 +266,7 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
             format!("{:.1}%", 100.0 * x)
         }
     };
-    for &Row {
-        threads: n,
-        kmem: k,
-        numa: nu,
-        base: b,
-        ..
-    } in rows
-    {
+    for (n, k, nu, b) in rows.iter().map(Row::parts) {
         t.row(vec![
             n.to_string(),
             pct(k.free_local),
@@ -321,13 +300,7 @@ pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Wor
         String::new(),
         String::new(),
     ]);
-    for &Row {
-        threads: n,
-        kmem: k,
-        base: b,
-        ..
-    } in rows.iter().filter(|r| r.threads >= 8)
-    {
+    for (n, k, _, b) in rows.iter().filter(|r| r.threads >= 8).map(Row::parts) {
         t.row(vec![
             format!("{n} threads, baseline"),
             "uvm_old global lock".into(),
