@@ -8,7 +8,10 @@
 //! test: calloc'd blocks of powers of two words, some very large, swapped
 //! between threads through a shared table, threads restarted every
 //! iteration),
-//! a glibc-simple-like single-threaded loop, JSON-like trees built and
+//! a glibc-simple-like single-threaded loop, alloc-test (slots picked by
+//! an 80/20 law, each block freed or a new one of a size that halves in
+//! likelihood with every doubling, most 5-16 bytes, written and read
+//! whole), JSON-like trees built and
 //! dropped (most allocations 8-32 bytes), phases that build about 50 MB
 //! of small blocks and drop all of it (`burst`: whether freed memory is
 //! kept for the next phase or faulted in again), and large blocks (5-25 MiB)
@@ -161,6 +164,19 @@ const WORKLOADS: &[Workload] = &[
         threads: Threads::None,
     },
     Workload {
+        name: "alloc_test",
+        case: "alloc_test",
+        // Threads, operations a thread, slots in all, largest size 2^10.
+        // Published (mimalloc-bench's alloc-test1/N): 2^18 slots, 10^8
+        // operations a thread; fewer here, so that the suite stays short.
+        args: [
+            &["1", "20000", "4096", "10"],
+            &["2", "5000000", "262144", "10"],
+            &["4", "20000000", "262144", "10"],
+        ],
+        threads: Threads::First,
+    },
+    Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
@@ -181,7 +197,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, json-tree, burst, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, json-tree, burst, alloc-test, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
