@@ -6,9 +6,11 @@
 //!   slab (64 KiB, aligned)   header (128 B) | block | block | ... | block
 //!   alloc(c)     pop this thread's current slab of class c: its list,
 //!                else its next fresh block                    (no atomic)
-//!   free(p)      slab = p & !(64 KiB - 1): its seal, p's offset, p's key;
-//!                owner == this thread: push on the slab's list  (no atomic)
-//!                else: push on the slab's remote list           (one CAS)
+//!   free(p)      slab = p & !(64 KiB - 1): its pass (seal and owner in
+//!                one word) is this thread's: p's offset, p's key, push on
+//!                the slab's list                                 (no atomic)
+//!                else its seal, p's offset, p's key; push on the slab's
+//!                remote list                                     (one CAS)
 //!   slow alloc   the slab's remote frees, then another slab of the
 //!                thread's, an orphan, a new slab
 //! ```
@@ -41,6 +43,9 @@
 //! and every path that hands a block out clears it. A pointer whose slab
 //! header does not carry the slab's seal, that is not at a block's start,
 //! or that lies past the blocks the slab has carved is not the arena's.
+//! The owner's free reads one word for the seal and the owner: the slab's
+//! `pass`, the seal with the owner's id in it, which no header carries
+//! without the secret (owner ids come from a counter, the secret does not).
 //! Links are stored encoded under a key and checked to stay in their slab
 //! when decoded, so a use after free that overwrites a link aborts instead
 //! of handing out foreign memory.
@@ -160,18 +165,29 @@ struct Slab {
     owner: AtomicUsize,
     /// [`seal`] of the slab's address while it is live, else 0.
     seal: AtomicUsize,
-    /// The owner's list of its slabs of this state and class (circular).
-    next: *mut Slab,
-    prev: *mut Slab,
+    /// The owner's id under the seal ([`pass`]) while the slab is live,
+    /// else 0: the owner's `free` compares this one word with what its
+    /// cache keeps ([`SlabCache`]'s `pass_key`) where it would check the
+    /// seal and the owner apart. Written with `owner` (see
+    /// [`set_owner`](SlabArena::set_owner)).
+    pass: AtomicUsize,
+    /// The rest of the first cache line.
+    _line: usize,
     /// Blocks other threads freed (a lock-free stack, links encoded).
     remote: Remote,
+    /// The owner's list of its slabs of this state and class (circular):
+    /// on the remote list's line, where the first line has no room (the
+    /// owner writes them only when the slab changes lists).
+    next: *mut Slab,
+    prev: *mut Slab,
 }
 
-/// A slab's remote list, on a cache line of its own.
-#[repr(C, align(64))]
+/// A slab's remote list, at the start of the header's second cache line.
+#[repr(C)]
 struct Remote(AtomicPtr<Block>);
 
 const _: () = assert!(core::mem::size_of::<Slab>() == HDR);
+const _: () = assert!(core::mem::offset_of!(Slab, remote) == 64);
 
 /// The seal a live slab at `addr` carries.
 #[inline(always)]
@@ -179,6 +195,22 @@ fn seal(addr: usize, secret: usize) -> usize {
     // The secret is odd and the address a multiple of SLAB_SIZE: never 0,
     // which a given-back (or never made) slab's header reads.
     addr ^ secret
+}
+
+/// The word a live slab at `addr` owned by `owner` carries in `pass`: its
+/// seal with the owner's id in the bits above the lowest. The seal is odd,
+/// so no live slab's pass is 0, and the pass of a slab that is not live (0)
+/// matches no owner's key ([`pass_key`]).
+#[inline(always)]
+fn pass(addr: usize, secret: usize, owner: usize) -> usize {
+    seal(addr, secret) ^ owner << 1
+}
+
+/// What a cache with owner id `id` keeps to check a slab's `pass` with one
+/// compare: `pass(s, secret, id) == s ^ pass_key(secret, id)`.
+#[inline(always)]
+fn pass_key(secret: usize, id: usize) -> usize {
+    secret ^ id << 1
 }
 
 /// A slab's `inv` and `rot` for blocks of `c` granules: the block size is
@@ -340,6 +372,9 @@ pub struct SlabCache {
     secret: Option<NonZeroUsize>,
     kbase: usize,
     link: usize,
+    /// [`pass_key`] of the secret and `id` once the cache has both, else 0
+    /// (which no slab's `pass` matches: see [`pass`]).
+    pass_key: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -421,11 +456,19 @@ fn decode(b: *mut Block, stored: usize, key: usize) -> *mut Block {
 }
 
 /// True when the decoded link `next` of block `b` is null or a block of
-/// `b`'s slab at a granule.
+/// `b`'s slab at a granule. `b` lies at a granule, so `next ^ b` has the
+/// bits of `next`'s slab that differ from `b`'s and `next`'s offset in its
+/// granule: one test of both against [`LINK_MASK`].
 #[inline(always)]
 fn links_in_slab(b: *mut Block, next: usize) -> bool {
-    next == 0 || ((next ^ b as usize) < SLAB_SIZE && next % SLAB_GRANULE == 0)
+    next == 0 || (next ^ b as usize) & LINK_MASK == 0
 }
+
+/// The bits of `next ^ b` that must be zero for a link `next` out of block
+/// `b` (see [`links_in_slab`]): those above the slab's offset and those
+/// below a granule. As an immediate it sign-extends from 32 bits, so the
+/// test is one instruction.
+const LINK_MASK: usize = !(SLAB_SIZE - 1) | (SLAB_GRANULE - 1);
 
 /// [`decode`]'s abort for a pop: typed as returning a non-null pointer (a
 /// null `b`, which no pop passes, would come back as a dangling one), so

@@ -299,16 +299,34 @@ impl<P: PageSource> SlabArena<P> {
                 rot: AtomicU8::new(rot),
                 owner: AtomicUsize::new(id),
                 seal: AtomicUsize::new(0),
+                pass: AtomicUsize::new(0),
+                _line: 0,
+                remote: Remote(AtomicPtr::new(ptr::null_mut())),
                 next: ptr::null_mut(),
                 prev: ptr::null_mut(),
-                remote: Remote(AtomicPtr::new(ptr::null_mut())),
             });
             (*s).seal
                 .store(seal(s as usize, self.secret()), Ordering::Release);
+            self.set_owner(s, id);
         }
         self.slabs.fetch_add(1, Ordering::Relaxed);
         self.made.fetch_add(1, Ordering::Relaxed);
         s
+    }
+
+    /// Makes `id` the owner of live slab `s`: its `owner` and its `pass`.
+    ///
+    /// # Safety
+    /// `s` is a live slab of ours that the caller may hand over (its
+    /// owner's, or an orphan under the orphan lock).
+    #[inline]
+    pub(super) unsafe fn set_owner(&self, s: *mut Slab, id: usize) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            (*s).owner.store(id, Ordering::Relaxed);
+            (*s).pass
+                .store(pass(s as usize, self.secret(), id), Ordering::Relaxed);
+        }
     }
 
     /// Gives empty slab `s` back to the page source.
@@ -323,6 +341,7 @@ impl<P: PageSource> SlabArena<P> {
             // No longer anyone's, an orphan's least of all (a stale look
             // at it under the orphan lock must not take it for one).
             (*s).owner.store(0, Ordering::Relaxed);
+            (*s).pass.store(0, Ordering::Relaxed);
             let page = self.source.page_size();
             if self
                 .source
@@ -473,7 +492,7 @@ impl<P: PageSource> SlabArena<P> {
             let mut o = self.orphans.lock();
             // Under the lock: an owner of ORPHAN_ID, read under the lock,
             // means the slab is on an orphan list (see `orphan_free`).
-            (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
+            self.set_owner(s, ORPHAN_ID);
             push(&mut o.0[(*s).class as usize], s);
             // Under the lock too, so that `check` (which counts under it)
             // never sees the count and the lists apart.
@@ -501,7 +520,7 @@ impl<P: PageSource> SlabArena<P> {
                 // SAFETY: an orphan, ours under the lock.
                 unsafe {
                     remove(&mut o.0[c], s);
-                    (*s).owner.store(id, Ordering::Relaxed);
+                    self.set_owner(s, id);
                 }
                 self.orphaned.fetch_sub(1, Ordering::Relaxed);
                 s
@@ -519,7 +538,7 @@ impl<P: PageSource> SlabArena<P> {
                 }
                 // Every block still out: back to the orphans' tail.
                 let mut o = self.orphans.lock();
-                (*s).owner.store(ORPHAN_ID, Ordering::Relaxed);
+                self.set_owner(s, ORPHAN_ID);
                 push(&mut o.0[c], s);
                 self.orphaned.fetch_add(1, Ordering::Relaxed);
             }

@@ -22,6 +22,7 @@ impl SlabCache {
             secret: None,
             kbase: 0,
             link: 0,
+            pass_key: 0,
         }
     }
 
@@ -33,6 +34,21 @@ impl SlabCache {
         self.secret = Some(secret);
         self.kbase = key_base(secret.get());
         self.link = link;
+        self.rekey();
+    }
+
+    /// Sets the owner id and the pass key that goes with it.
+    fn set_id(&mut self, id: usize) {
+        self.id = id;
+        self.rekey();
+    }
+
+    /// The pass key of the secret and id the cache has (0 until it has both).
+    fn rekey(&mut self) {
+        self.pass_key = match self.secret {
+            Some(secret) if self.id != 0 => pass_key(secret.get(), self.id),
+            _ => 0,
+        };
     }
 
     /// A block of class `c` (1 to 3) from this thread's current slab: the
@@ -81,7 +97,7 @@ impl SlabCache {
     #[inline(never)]
     pub unsafe fn alloc_slow<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
         if self.id == 0 {
-            self.id = arena.new_id();
+            self.set_id(arena.new_id());
         }
         loop {
             let s = self.cls[c].cur;
@@ -212,9 +228,56 @@ impl SlabCache {
     /// # Safety
     /// As [`free`](Self::free), and the cache is bound to `arena`
     /// ([`bind`](Self::bind)).
+    ///
+    /// The common case, a block of a slab of this cache's that is not full,
+    /// is checked with the slab's `pass` (its seal and owner in one word),
+    /// the block's offset and its key; anything else takes
+    /// [`free_other`](Self::free_other).
     #[inline(always)]
     pub unsafe fn free_bound<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
         debug_assert_eq!(self.secret.map(NonZeroUsize::get), Some(arena.secret()));
+        let a = p as usize;
+        let s = slab_of(a);
+        // SAFETY: the slab's header lies in the span, mapped (the caller's
+        // contract). A pass that matches this cache's key is a live slab's
+        // (no other header carries it without the secret) that this cache
+        // owns: its fields are this thread's to change.
+        unsafe {
+            if (*s).pass.load(Ordering::Relaxed) == s as usize ^ self.pass_key {
+                let idx = block_index(
+                    a.wrapping_sub(s as usize + HDR),
+                    (*s).inv.load(Ordering::Relaxed),
+                    (*s).rot.load(Ordering::Relaxed),
+                );
+                if idx >= (*s).bump.load(Ordering::Relaxed) as usize {
+                    return refuse_free(a, NOT_OURS);
+                }
+                let b: *mut Block = p.cast();
+                let key = block_key_from(a, self.kbase);
+                if (*b).key == key {
+                    return refuse_free(a, TWICE);
+                }
+                (*b).key = key;
+                (*b).next = encode((*s).free, self.link);
+                (*s).free = b;
+                (*s).used -= 1;
+                if (*s).used == 0 || (*s).state == S_FULL {
+                    self.freed_slow(arena, s);
+                }
+                return;
+            }
+            self.free_other(arena, p)
+        }
+    }
+
+    /// [`free_bound`](Self::free_bound) of a block whose slab is not one of
+    /// this cache's that it allocates from: another thread's, a full one,
+    /// an orphan, or no live slab at all (refused).
+    ///
+    /// # Safety
+    /// As [`free_bound`](Self::free_bound).
+    #[inline(never)]
+    unsafe fn free_other<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
         // SAFETY: bound (the caller's contract).
         let secret = unsafe { self.secret.unwrap_unchecked() }.get();
         // SAFETY: forwarded contract.
@@ -405,7 +468,7 @@ impl SlabCache {
         // SAFETY: ours; the empty ones go back to the source.
         unsafe { self.trim(arena) };
         self.nslabs = 0;
-        self.id = 0;
+        self.set_id(0);
     }
 
     /// Checks this thread's slabs: each on the list its state names, its
