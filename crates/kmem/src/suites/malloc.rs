@@ -8,7 +8,9 @@
 //! test: calloc'd blocks of powers of two words, some very large, swapped
 //! between threads through a shared table, threads restarted every
 //! iteration),
-//! a glibc-simple-like single-threaded loop, alloc-test (slots picked by
+//! a glibc-simple-like single-threaded loop, glibc's bench-malloc-thread
+//! (each thread replaces blocks of 4 B-32 KiB, inverse-square law, in a
+//! set of 1024, tight loop), alloc-test (slots picked by
 //! an 80/20 law, each block freed or a new one of a size that halves in
 //! likelihood with every doubling, most 5-16 bytes, written and read
 //! whole), JSON-like trees built and
@@ -141,6 +143,14 @@ const WORKLOADS: &[Workload] = &[
         threads: Threads::None,
     },
     Workload {
+        name: "glibc_thread",
+        case: "glibc_thread",
+        // Threads, iterations a thread (the original runs for 10 s and
+        // counts them).
+        args: [&["1", "200000"], &["2", "20000000"], &["4", "100000000"]],
+        threads: Threads::First,
+    },
+    Workload {
         name: "json_tree",
         case: "json_tree",
         // Documents, values per document, documents kept alive.
@@ -197,7 +207,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, json-tree, burst, alloc-test, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
