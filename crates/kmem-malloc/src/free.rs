@@ -76,7 +76,7 @@ fn free_tiny_fast(t: &Thread, a: usize) {
     // caller looked); this thread's slabs are SLABS', bound to it when the
     // thread started in T_FAST (`thread_start`). The free checks `a` (and
     // aborts with one line when it is not a live block).
-    unsafe { (*t.slabs.get()).free_bound(&SLABS, a as *mut u8) };
+    unsafe { (*t.slabs.get()).free(&SLABS, a as *mut u8) };
 }
 
 /// `free` past [`free_fast`]: everything else, checked.

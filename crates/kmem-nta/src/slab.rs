@@ -367,7 +367,7 @@ pub struct SlabCache {
     /// [`SCAN_ANYWAY`]).
     unscanned: u32,
     /// The arena's secret, key base and link key, kept by
-    /// [`bind`](SlabCache::bind) for [`free_bound`](SlabCache::free_bound)
+    /// [`bind`](SlabCache::bind) for [`free`](SlabCache::free)
     /// (`None` and zeros before).
     secret: Option<NonZeroUsize>,
     kbase: usize,

@@ -27,7 +27,8 @@ impl SlabCache {
     }
 
     /// Keeps `arena`'s keys in the cache (giving the arena its secret if it
-    /// has none yet), for [`free_bound`](Self::free_bound). kmem-malloc
+    /// has none yet), for [`free`](Self::free)'s inline path; a cache not
+    /// bound takes them at its first slow allocation. kmem-malloc
     /// binds each thread's cache when the thread starts.
     pub fn bind<P: PageSource>(&mut self, arena: &SlabArena<P>) {
         let (secret, link) = arena.keys();
@@ -98,6 +99,9 @@ impl SlabCache {
     pub unsafe fn alloc_slow<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
         if self.id == 0 {
             self.set_id(arena.new_id());
+        }
+        if self.secret.is_none() {
+            self.bind(arena);
         }
         loop {
             let s = self.cls[c].cur;
@@ -206,42 +210,24 @@ impl SlabCache {
     /// thread owns the slab, else onto the slab's remote list. Aborts with
     /// one line when `p` is not a live block (see "Checks").
     ///
+    /// The common case, a block of a slab of this cache's that is not full,
+    /// is checked inline with the slab's `pass` (its seal and owner in one
+    /// word), the block's offset and its key, under the keys the cache
+    /// keeps (from [`bind`](Self::bind), or its first slow allocation);
+    /// anything else takes [`free_other`](Self::free_other).
+    ///
     /// # Safety
     /// `p` lies in `arena`'s page source's span, which stays mapped; the
     /// cache's slabs are `arena`'s.
     #[inline(always)]
     pub unsafe fn free<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
-        // SAFETY: forwarded contract.
-        let (s, b, v) = unsafe { arena.verdict(p) };
-        if v != OK {
-            // A jump, not a call (see `refuse_free`).
-            return refuse_free(p as usize, v);
-        }
-        // SAFETY: b is a live block of slab s, keyed now, ours to free.
-        unsafe { self.put(arena, s, b) };
-    }
-
-    /// [`free`](Self::free) with the keys the cache keeps: their loads from
-    /// the cache's line, not the arena's, and no test for an arena without
-    /// a secret.
-    ///
-    /// # Safety
-    /// As [`free`](Self::free), and the cache is bound to `arena`
-    /// ([`bind`](Self::bind)).
-    ///
-    /// The common case, a block of a slab of this cache's that is not full,
-    /// is checked with the slab's `pass` (its seal and owner in one word),
-    /// the block's offset and its key; anything else takes
-    /// [`free_other`](Self::free_other).
-    #[inline(always)]
-    pub unsafe fn free_bound<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
-        debug_assert_eq!(self.secret.map(NonZeroUsize::get), Some(arena.secret()));
         let a = p as usize;
         let s = slab_of(a);
         // SAFETY: the slab's header lies in the span, mapped (the caller's
         // contract). A pass that matches this cache's key is a live slab's
         // (no other header carries it without the secret) that this cache
-        // owns: its fields are this thread's to change.
+        // owns: its fields are this thread's to change, and the cache is
+        // bound (its key is 0 before, which no pass matches).
         unsafe {
             if (*s).pass.load(Ordering::Relaxed) == s as usize ^ self.pass_key {
                 let idx = block_index(
@@ -270,24 +256,23 @@ impl SlabCache {
         }
     }
 
-    /// [`free_bound`](Self::free_bound) of a block whose slab is not one of
-    /// this cache's that it allocates from: another thread's, a full one,
-    /// an orphan, or no live slab at all (refused).
+    /// [`free`](Self::free) of a block whose slab is not one of this
+    /// cache's that it allocates from: another thread's, a full one, an
+    /// orphan, or no live slab at all (refused); or any block before the
+    /// cache has its keys.
     ///
     /// # Safety
-    /// As [`free_bound`](Self::free_bound).
+    /// As [`free`](Self::free).
     #[inline(never)]
     unsafe fn free_other<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
-        // SAFETY: bound (the caller's contract).
-        let secret = unsafe { self.secret.unwrap_unchecked() }.get();
         // SAFETY: forwarded contract.
-        let (s, b, v) = unsafe { arena.verdict_with(p, secret, self.kbase) };
+        let (s, b, v) = unsafe { arena.verdict(p) };
         if v != OK {
             // A jump, not a call (see `refuse_free`).
             return refuse_free(p as usize, v);
         }
         // SAFETY: b is a live block of slab s, keyed now, ours to free.
-        unsafe { self.put_with(arena, s, b, self.link) };
+        unsafe { self.put(arena, s, b) };
     }
 
     /// [`free`](Self::free) with an error instead of the abort when `p` is
@@ -314,27 +299,11 @@ impl SlabCache {
     /// `b` is a live block of `s` (checked) that the caller gives up.
     #[inline(always)]
     unsafe fn put<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab, b: *mut Block) {
-        // SAFETY: forwarded contract.
-        unsafe { self.put_with(arena, s, b, arena.link()) }
-    }
-
-    /// [`put`](Self::put) with the arena's link key.
-    ///
-    /// # Safety
-    /// As [`put`](Self::put); `link` is the arena's link key.
-    #[inline(always)]
-    unsafe fn put_with<P: PageSource>(
-        &mut self,
-        arena: &SlabArena<P>,
-        s: *mut Slab,
-        b: *mut Block,
-        link: usize,
-    ) {
         // SAFETY: the caller's contract; a slab whose owner is this cache is
         // this thread's alone.
         unsafe {
             if (*s).owner.load(Ordering::Relaxed) == self.id {
-                (*b).next = encode((*s).free, link);
+                (*b).next = encode((*s).free, arena.link());
                 (*s).free = b;
                 (*s).used -= 1;
                 if (*s).used == 0 || (*s).state == S_FULL {
