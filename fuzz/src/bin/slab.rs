@@ -3,7 +3,8 @@
 //! against a model of live blocks. Blocks of 16, 32 and 48 bytes are
 //! allocated from any cache and carry a pattern until they are freed:
 //! through the cache that owns their slab, another cache (the remote list)
-//! or no cache at all (`free_foreign`). Caches trim and exit (their slabs
+//! or no cache at all (`free_foreign`), by the checked `try_free` or the
+//! aborting `free` (whose inline path takes a cache's own slabs' blocks). Caches trim and exit (their slabs
 //! orphaned, then adopted by the others or given back once emptied), and
 //! `trim_orphans` runs. No two live blocks overlap, `usable_size` is the
 //! class's, bad input (an address inside a block, a second free, a free
@@ -95,8 +96,15 @@ fuzz_target!(|ops: Vec<Op>| {
                     unsafe { verify(p, l, 8, tag) };
                     live.remove(p);
                     let t = &mut caches[c as usize % CACHES];
-                    // SAFETY: a live block of the arena's.
-                    assert_eq!(unsafe { t.try_free(&arena, p as *mut u8) }, Ok(()));
+                    if pick % 2 == 0 {
+                        // SAFETY: a live block of the arena's.
+                        assert_eq!(unsafe { t.try_free(&arena, p as *mut u8) }, Ok(()));
+                    } else {
+                        // The aborting free, whose inline path (the slab's
+                        // pass) takes the cache's own slabs' blocks.
+                        // SAFETY: a live block of the arena's.
+                        unsafe { t.free(&arena, p as *mut u8) };
+                    }
                     freed.push(p);
                 }
             }
