@@ -16,8 +16,6 @@
  * every byte written and read.
  *
  * usage: alloc_test THREADS ITERATIONS ITEMS MAXEXP */
-#include <pthread.h>
-
 #include "common.h"
 
 /* The 80/20 law: the share of picks of each level, and (the same numbers
@@ -64,11 +62,6 @@ typedef struct {
 
 static long iters, items_per;
 static int maxexp;
-
-typedef struct {
-  int id;
-  uint64_t sum;
-} Job;
 
 static uint64_t read_free(Slot *s) {
   uint64_t sum = 0;
@@ -127,19 +120,7 @@ int main(int argc, char **argv) {
       maxexp > 24)
     die("bad arguments");
   items_per = items / threads;
-  pthread_t *t = xmalloc((size_t)threads * sizeof *t);
-  Job *jobs = xmalloc((size_t)threads * sizeof *jobs);
-  for (long i = 0; i < threads; i++) {
-    jobs[i].id = (int)i;
-    if (pthread_create(&t[i], NULL, run, &jobs[i])) die("pthread_create");
-  }
-  uint64_t h = 0;
-  for (long i = 0; i < threads; i++) {
-    pthread_join(t[i], NULL);
-    h = mix(h, jobs[i].sum);
-  }
-  free(t);
-  free(jobs);
+  uint64_t h = run_jobs(threads, run);
   printf("checksum %016llx\n", (unsigned long long)h);
   return 0;
 }

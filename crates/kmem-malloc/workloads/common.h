@@ -83,4 +83,31 @@ static inline double now_ms(void) {
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+/* A thread's job: its number, and the sum it leaves for the checksum. */
+#include <pthread.h>
+typedef struct {
+  long id;
+  uint64_t sum;
+} Job;
+
+/* Runs `fn` on `n` threads, each given its own Job (numbered from 0), and
+ * returns the checksum of their sums, mixed in thread order. */
+static inline uint64_t run_jobs(long n, void *(*fn)(void *)) {
+  pthread_t *t = xmalloc((size_t)n * sizeof *t);
+  Job *jobs = xmalloc((size_t)n * sizeof *jobs);
+  for (long i = 0; i < n; i++) {
+    jobs[i].id = i;
+    jobs[i].sum = 0;
+    if (pthread_create(&t[i], NULL, fn, &jobs[i])) die("pthread_create");
+  }
+  uint64_t h = 0;
+  for (long i = 0; i < n; i++) {
+    pthread_join(t[i], NULL);
+    h = mix(h, jobs[i].sum);
+  }
+  free(t);
+  free(jobs);
+  return h;
+}
+
 #endif

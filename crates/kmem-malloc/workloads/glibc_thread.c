@@ -10,8 +10,6 @@
  * byte and checks it before the free (a block handed out twice shows).
  *
  * usage: glibc_thread THREADS ITERATIONS */
-#include <pthread.h>
-
 #include "common.h"
 
 enum { SET = 1024, NSIZES = 8000, NOFFSETS = 4 * SET };
@@ -25,10 +23,6 @@ static unsigned size_of(double r) {
   double lo = 1 / MIN_SIZE, hi = 1 / MAX_SIZE;
   return (unsigned)(1 / ((hi - lo) * r + lo));
 }
-
-typedef struct {
-  uint64_t sum;
-} Job;
 
 static void *run(void *arg) {
   Job *job = arg;
@@ -60,17 +54,7 @@ int main(int argc, char **argv) {
   uint64_t rng = 88;
   for (int i = 0; i < NSIZES; i++) sizes[i] = size_of((double)(rng_next(&rng) >> 11) / 9007199254740992.0);
   for (int i = 0; i < NOFFSETS; i++) offsets[i] = (unsigned)(rng_next(&rng) % SET);
-  pthread_t *t = xmalloc((size_t)threads * sizeof *t);
-  Job *jobs = xmalloc((size_t)threads * sizeof *jobs);
-  for (long i = 0; i < threads; i++)
-    if (pthread_create(&t[i], NULL, run, &jobs[i])) die("pthread_create");
-  uint64_t h = 0;
-  for (long i = 0; i < threads; i++) {
-    pthread_join(t[i], NULL);
-    h = mix(h, jobs[i].sum);
-  }
-  free(t);
-  free(jobs);
+  uint64_t h = run_jobs(threads, run);
   printf("checksum %016llx\n", (unsigned long long)h);
   return 0;
 }
