@@ -661,6 +661,9 @@ impl<P: PageSource> SlabArena<P> {
             if (*s).owner.load(Ordering::Relaxed) != id {
                 return Err("slab: wrong owner");
             }
+            if (*s).pass.load(Ordering::Relaxed) != pass(s as usize, secret, id) {
+                return Err("slab: pass does not match its owner");
+            }
             let bump = (*s).bump.load(Ordering::Relaxed);
             if bump > (*s).cap as u32 || (*s).used > bump {
                 return Err("slab: bad counts");

@@ -591,3 +591,34 @@ proptest! {
         prop_assert_eq!(a.stats().slabs, 0);
     }
 }
+
+#[test]
+fn a_pass_that_does_not_match_the_owner_fails_the_check_and_the_inline_free() {
+    let a = arena();
+    let mut t = SlabCache::new();
+    t.bind(&a);
+    let p = alloc(&mut t, &a, 1);
+    let q = alloc(&mut t, &a, 1);
+    let s = slab_of(p as usize);
+    // SAFETY: s is the live slab of p, ours; its pass is restored below.
+    let was = unsafe { (*s).pass.swap(0, Ordering::Relaxed) };
+    // SAFETY: as above.
+    assert!(unsafe { t.check(&a) }.is_err());
+    // The inline free no longer takes the slab for this cache's: the
+    // checked path frees p as before (seal, offset, key, owner).
+    // SAFETY: a live block of a's.
+    unsafe { t.free(&a, p) };
+    // SAFETY: as above.
+    unsafe { (*s).pass.store(was, Ordering::Relaxed) };
+    // SAFETY: as above.
+    unsafe { t.check(&a) }.unwrap();
+    // SAFETY: a live block of a's; p was freed above.
+    unsafe { t.free(&a, q) };
+    // SAFETY: p lies in a's span (freed already: refused).
+    assert!(unsafe { t.try_free(&a, p) }.is_err());
+    // SAFETY: the cache's slabs are a's.
+    unsafe { t.abandon(&a) };
+    a.trim_orphans();
+    a.check().unwrap();
+    assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
+}
