@@ -143,7 +143,8 @@ impl<P: PageSource> SlabArena<P> {
     }
 
     /// The checks of [`take`](Self::take): [`OK`] (and `p`'s key set),
-    /// [`NOT_OURS`] or [`TWICE`] (nothing changed).
+    /// [`NOT_OURS`] or [`TWICE`] (nothing changed), under the arena's
+    /// secret (0 before it has one: nothing is ours).
     ///
     /// # Safety
     /// As [`take`](Self::take).
@@ -151,28 +152,12 @@ impl<P: PageSource> SlabArena<P> {
     pub(super) unsafe fn verdict(&self, p: *mut u8) -> (*mut Slab, *mut Block, u8) {
         let secret = self.secret();
         // SAFETY: forwarded contract.
-        unsafe { self.verdict_with(p, secret, key_base(secret)) }
-    }
-
-    /// [`verdict`](Self::verdict) under `secret` (the arena's, or 0 before
-    /// it has one: nothing is ours) and its [`key_base`].
-    ///
-    /// # Safety
-    /// As [`take`](Self::take).
-    #[inline(always)]
-    pub(super) unsafe fn verdict_with(
-        &self,
-        p: *mut u8,
-        secret: usize,
-        kbase: usize,
-    ) -> (*mut Slab, *mut Block, u8) {
-        // SAFETY: forwarded contract.
         let s = unsafe { self.place(p, secret) };
         let b: *mut Block = p.cast();
         if s.is_null() {
             return (s, b, NOT_OURS);
         }
-        let key = block_key_from(p as usize, kbase);
+        let key = block_key(p as usize, secret);
         // SAFETY: a block of the slab's (place said so), below its carved end.
         unsafe {
             if (*b).key == key {

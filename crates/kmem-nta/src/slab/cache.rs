@@ -244,13 +244,7 @@ impl SlabCache {
                     return refuse_free(a, TWICE);
                 }
                 (*b).key = key;
-                (*b).next = encode((*s).free, self.link);
-                (*s).free = b;
-                (*s).used -= 1;
-                if (*s).used == 0 || (*s).state == S_FULL {
-                    self.freed_slow(arena, s);
-                }
-                return;
+                return self.push_own(arena, s, b, self.link);
             }
             self.free_other(arena, p)
         }
@@ -303,14 +297,34 @@ impl SlabCache {
         // this thread's alone.
         unsafe {
             if (*s).owner.load(Ordering::Relaxed) == self.id {
-                (*b).next = encode((*s).free, arena.link());
-                (*s).free = b;
-                (*s).used -= 1;
-                if (*s).used == 0 || (*s).state == S_FULL {
-                    self.freed_slow(arena, s);
-                }
+                self.push_own(arena, s, b, arena.link());
             } else {
                 arena.push_remote(s, b);
+            }
+        }
+    }
+
+    /// Pushes block `b` (keyed already) on the list of `s`, a slab of this
+    /// cache's, links encoded under `link` (the arena's link key).
+    ///
+    /// # Safety
+    /// `b` is a live block of `s` that the caller gives up; this cache owns
+    /// `s`.
+    #[inline(always)]
+    unsafe fn push_own<P: PageSource>(
+        &mut self,
+        arena: &SlabArena<P>,
+        s: *mut Slab,
+        b: *mut Block,
+        link: usize,
+    ) {
+        // SAFETY: the caller's contract: the slab is this thread's alone.
+        unsafe {
+            (*b).next = encode((*s).free, link);
+            (*s).free = b;
+            (*s).used -= 1;
+            if (*s).used == 0 || (*s).state == S_FULL {
+                self.freed_slow(arena, s);
             }
         }
     }
