@@ -23,8 +23,11 @@
 //! median wall time and peak RSS are reported with ratios to glibc and to
 //! mimalloc. The multi-threaded ones run at their scale's thread count (2
 //! at quick scale) and again at the machine's CPU count when that is larger
-//! (`larson@16t`); the geometric means are over the first runs only, so
-//! that they read the same on every machine. Every run must exit 0 and
+//! (`larson@16t`); larson and glibc-thread also at 1 thread and every power
+//! of two below the CPUs, for a scaling curve beside the peers'
+//! (`scaling_vs_1_thread`, linear = the thread count). The geometric means
+//! are over the first runs only, so that they read the same on every
+//! machine. Every run must exit 0 and
 //! print the same checksum as under glibc.
 //!
 //! Then the churn part ([`super::churn`]): a steady working set of each size
@@ -48,6 +51,10 @@ struct Workload {
     case: &'static str,
     args: [&'static [&'static str]; 3],
     threads: Threads,
+    /// Also run at 1 thread and every power of two up to the CPUs, for the
+    /// scaling curve (each thread's work is fixed, so linear is the thread
+    /// count; see [`scaling_table`]).
+    curve: bool,
 }
 
 /// What a workload's first argument counts.
@@ -63,23 +70,37 @@ enum Threads {
 
 impl Workload {
     /// The runs of this workload at scale `idx` on a machine of `cpus`
-    /// CPUs: (case name, arguments). The scale's own thread count, and the
-    /// machine's CPU count as a second run when it is larger (the sweep
-    /// "2 threads and every CPU"); the second run's case is named
+    /// CPUs: (case name, arguments, threads). The scale's own thread count
+    /// first, then the machine's CPU count when it is larger (the sweep "2
+    /// threads and every CPU"), and for a workload with a scaling curve
+    /// 1 thread and every power of two below the CPUs as well, in
+    /// increasing order; the other runs' cases are named
     /// `<case>@<threads>t`.
-    fn runs(&self, idx: usize, cpus: usize) -> Vec<(String, Vec<String>)> {
+    fn runs(&self, idx: usize, cpus: usize) -> Vec<(String, Vec<String>, usize)> {
         let args: Vec<String> = self.args[idx].iter().map(|a| a.to_string()).collect();
-        let mut v = vec![(self.case.to_string(), args.clone())];
         let per = match self.threads {
-            Threads::None => return v,
+            Threads::None => return vec![(self.case.to_string(), args, 1)],
             Threads::First => 1,
             Threads::Pairs => 2,
         };
         let base = args[0].parse::<usize>().unwrap_or(1) * per;
+        let mut v = vec![(self.case.to_string(), args.clone(), base)];
+        let mut counts: Vec<usize> = Vec::new();
+        if self.curve {
+            counts.push(1);
+            counts.extend((1..).map(|k| 1usize << k).take_while(|&t| t < cpus));
+        }
         if cpus > base {
-            let mut a = args;
-            a[0] = (cpus / per).max(1).to_string();
-            v.push((format!("{}@{}t", self.case, (cpus / per).max(1) * per), a));
+            counts.push(cpus);
+        }
+        for t in counts {
+            let units = (t / per).max(1);
+            if units * per == base || v.iter().any(|r| r.2 == units * per) {
+                continue;
+            }
+            let mut a = args.clone();
+            a[0] = units.to_string();
+            v.push((format!("{}@{}t", self.case, units * per), a, units * per));
         }
         v
     }
@@ -97,6 +118,7 @@ const WORKLOADS: &[Workload] = &[
             &["4", "30", "5000", "100", "8", "1000"],
         ],
         threads: Threads::First,
+        curve: true,
     },
     Workload {
         name: "xmalloc",
@@ -107,6 +129,7 @@ const WORKLOADS: &[Workload] = &[
             &["2", "4000000", "16", "256"],
         ],
         threads: Threads::Pairs,
+        curve: false,
     },
     Workload {
         name: "cache_scratch",
@@ -117,6 +140,7 @@ const WORKLOADS: &[Workload] = &[
             &["4", "4000", "8", "4000"],
         ],
         threads: Threads::First,
+        curve: false,
     },
     Workload {
         name: "cache_thrash",
@@ -127,6 +151,7 @@ const WORKLOADS: &[Workload] = &[
             &["4", "4000", "8", "4000"],
         ],
         threads: Threads::First,
+        curve: false,
     },
     Workload {
         name: "mstress",
@@ -135,12 +160,14 @@ const WORKLOADS: &[Workload] = &[
         // iterations (all threads started and joined again).
         args: [&["2", "5", "2"], &["2", "50", "25"], &["4", "100", "50"]],
         threads: Threads::First,
+        curve: false,
     },
     Workload {
         name: "glibc_simple",
         case: "glibc_simple",
         args: [&["20", "200"], &["300", "1000"], &["2000", "1000"]],
         threads: Threads::None,
+        curve: false,
     },
     Workload {
         name: "glibc_thread",
@@ -149,6 +176,7 @@ const WORKLOADS: &[Workload] = &[
         // counts them).
         args: [&["1", "200000"], &["2", "20000000"], &["4", "100000000"]],
         threads: Threads::First,
+        curve: true,
     },
     Workload {
         name: "json_tree",
@@ -160,6 +188,7 @@ const WORKLOADS: &[Workload] = &[
             &["60", "400000", "4"],
         ],
         threads: Threads::None,
+        curve: false,
     },
     Workload {
         name: "burst",
@@ -172,6 +201,7 @@ const WORKLOADS: &[Workload] = &[
             &["40", "400000", "16", "512"],
         ],
         threads: Threads::None,
+        curve: false,
     },
     Workload {
         name: "alloc_test",
@@ -185,12 +215,14 @@ const WORKLOADS: &[Workload] = &[
             &["4", "20000000", "262144", "10"],
         ],
         threads: Threads::First,
+        curve: false,
     },
     Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
         threads: Threads::None,
+        curve: false,
     },
 ];
 
@@ -284,10 +316,14 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             return;
         }
     };
-    for (w, case, args) in WORKLOADS
-        .iter()
-        .flat_map(|w| w.runs(idx, cpus).into_iter().map(move |(c, a)| (w, c, a)))
-    {
+    // Median times of the scaling curves' runs: (workload, threads, one
+    // per allocator, NAN where it failed).
+    let mut curves: Vec<(&'static str, usize, Vec<f64>)> = Vec::new();
+    for (w, case, args, threads) in WORKLOADS.iter().flat_map(|w| {
+        w.runs(idx, cpus)
+            .into_iter()
+            .map(move |(c, a, n)| (w, c, a, n))
+    }) {
         // The geometric means are over the scale's own thread counts, so
         // that they read the same on every machine; the sweep's runs at
         // every CPU are in the table.
@@ -365,6 +401,18 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             r += 1;
         }
         let med_t: Vec<f64> = times.iter().map(|v| median(v)).collect();
+        if w.curve {
+            let t: Vec<f64> = (0..allocs.len())
+                .map(|i| {
+                    if failed[i].is_none() {
+                        med_t[i]
+                    } else {
+                        f64::NAN
+                    }
+                })
+                .collect();
+            curves.push((w.name, threads, t));
+        }
         let med_r: Vec<f64> = rss.iter().map(|v| median(v)).collect();
         let med_c: Vec<f64> = cpu.iter().map(|v| median(v)).collect();
         let g = 0;
@@ -457,6 +505,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         }
     }
     out.tables.push(t);
+    scaling_table(allocs, &curves, out);
     if !lines.is_empty() {
         out.notes.push(format!(
             "one cache-line transfer between CPUs 0 and 1, ns, before each workload: {} (those that hand blocks between threads move with it)",
@@ -494,6 +543,51 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
     }
 }
 
+/// The scaling curves: for each curve workload and thread count `t`, each
+/// allocator's `t * time at 1 thread / time at t threads` (the work per
+/// thread is fixed, so linear is `t`), as `scaling_vs_1_thread` of the run's
+/// case and in one table. Nothing when a workload has no 1-thread run.
+fn scaling_table(
+    allocs: &[Preload],
+    curves: &[(&'static str, usize, Vec<f64>)],
+    out: &mut SuiteOutput,
+) {
+    let mut cols = vec!["workload", "threads"];
+    cols.extend(allocs.iter().map(|a| a.name.as_str()));
+    let mut t = Table::new(
+        "Scaling with threads: t x (time at 1 thread) / (time at t threads), each thread's work fixed (linear = t)",
+        &cols,
+    );
+    for w in WORKLOADS.iter().filter(|w| w.curve) {
+        let Some((_, _, one)) = curves.iter().find(|c| c.0 == w.name && c.1 == 1) else {
+            continue;
+        };
+        let mut runs: Vec<&(&'static str, usize, Vec<f64>)> =
+            curves.iter().filter(|c| c.0 == w.name).collect();
+        runs.sort_by_key(|c| c.1);
+        for (_, n, times) in runs {
+            let mut row = vec![w.case.to_string(), n.to_string()];
+            for (i, a) in allocs.iter().enumerate() {
+                let x = *n as f64 * one[i] / times[i];
+                if x.is_finite() {
+                    out.measure(
+                        format!("{}_scaling@{n}t", w.case),
+                        a.name.as_str(),
+                        "scaling_vs_1_thread",
+                        x,
+                        "x",
+                    );
+                }
+                row.push(fmt_ratio(x));
+            }
+            t.row(row);
+        }
+    }
+    if !t.rows.is_empty() {
+        out.tables.push(t);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,12 +596,16 @@ mod tests {
 
     #[test]
     fn thread_sweep_adds_a_run_at_every_cpu() {
-        let larson = WORKLOADS.iter().find(|w| w.name == "larson").unwrap();
+        let cs = WORKLOADS
+            .iter()
+            .find(|w| w.name == "cache_scratch")
+            .unwrap();
         // Quick scale: 2 threads; on 2 CPUs nothing more, on 16 a run at 16.
-        assert_eq!(larson.runs(1, 2).len(), 1);
-        let r = larson.runs(1, 16);
+        assert_eq!(cs.runs(1, 2).len(), 1);
+        let r = cs.runs(1, 16);
         assert_eq!(r.len(), 2);
-        assert_eq!(r[1].0, "larson@16t");
+        assert_eq!((r[0].0.as_str(), r[0].2), ("cache_scratch", 2));
+        assert_eq!((r[1].0.as_str(), r[1].2), ("cache_scratch@16t", 16));
         assert_eq!(r[1].1[0], "16");
         assert_eq!(r[1].1[1..], r[0].1[1..]);
         // Pairs: 16 CPUs are 8 producer/consumer pairs.
@@ -517,6 +615,51 @@ mod tests {
         // Single-threaded programs are not swept.
         let g = WORKLOADS.iter().find(|w| w.name == "glibc_simple").unwrap();
         assert_eq!(g.runs(1, 16).len(), 1);
+    }
+
+    #[test]
+    fn a_scaling_curve_runs_one_thread_and_the_powers_of_two_up_to_the_cpus() {
+        let larson = WORKLOADS.iter().find(|w| w.name == "larson").unwrap();
+        assert!(larson.curve);
+        let threads = |cpus| larson.runs(1, cpus).iter().map(|r| r.2).collect::<Vec<_>>();
+        // The scale's own count (2) first: the geometric means are over it.
+        assert_eq!(threads(1), [2, 1]);
+        assert_eq!(threads(2), [2, 1]);
+        assert_eq!(threads(16), [2, 1, 4, 8, 16]);
+        assert_eq!(threads(12), [2, 1, 4, 8, 12]);
+        let r = larson.runs(1, 16);
+        assert_eq!(r[1].0, "larson@1t");
+        assert_eq!(r[1].1[0], "1");
+        assert_eq!(r[1].1[1..], r[0].1[1..]);
+    }
+
+    #[test]
+    fn scaling_is_threads_times_one_thread_over_t_threads() {
+        let allocs: Vec<Preload> = ["glibc", "kmem"]
+            .iter()
+            .map(|n| Preload {
+                name: (*n).into(),
+                lib: None,
+                env: Vec::new(),
+            })
+            .collect();
+        let curves = vec![
+            ("larson", 2, vec![1.0, 2.0]),
+            ("larson", 1, vec![1.0, 1.0]),
+            ("larson", 4, vec![2.0, f64::NAN]),
+        ];
+        let mut out = SuiteOutput::default();
+        scaling_table(&allocs, &curves, &mut out);
+        let at = |case: &str, who: &str| out.value(case, who, "scaling_vs_1_thread");
+        assert_eq!(at("larson_scaling@1t", "glibc"), Some(1.0));
+        assert_eq!(at("larson_scaling@2t", "glibc"), Some(2.0));
+        assert_eq!(at("larson_scaling@2t", "kmem"), Some(1.0));
+        assert_eq!(at("larson_scaling@4t", "glibc"), Some(2.0));
+        // A failed run has no figure.
+        assert_eq!(at("larson_scaling@4t", "kmem"), None);
+        assert_eq!(out.tables.len(), 1);
+        assert_eq!(out.tables[0].rows.len(), 3);
+        assert_eq!(out.tables[0].rows[0][1], "1");
     }
 
     /// Runs the workloads at smoke scale under glibc and the installed peers
@@ -547,7 +690,7 @@ mod tests {
             return;
         }
         let cpus = kmem_sys::cpu::online_cpus().max(1);
-        for (case, _) in WORKLOADS.iter().flat_map(|w| w.runs(0, cpus)) {
+        for (case, _, _) in WORKLOADS.iter().flat_map(|w| w.runs(0, cpus)) {
             assert!(
                 out.value(&case, "glibc", "wall_s").is_some(),
                 "{} did not run: {:?}",
@@ -572,6 +715,15 @@ mod tests {
             "{:?}",
             out.notes
         );
+        // The scaling curves start at 1 thread, where each is 1 by definition.
+        for w in WORKLOADS.iter().filter(|w| w.curve) {
+            let one = out.value(
+                &format!("{}_scaling@1t", w.case),
+                "glibc",
+                "scaling_vs_1_thread",
+            );
+            assert_eq!(one, Some(1.0), "{}", w.case);
+        }
     }
 
     /// The churn part at smoke scale under glibc: every band runs, checks its
