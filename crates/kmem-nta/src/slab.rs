@@ -246,6 +246,24 @@ fn block_index(off: usize, inv: usize, rot: u8) -> usize {
     off.wrapping_mul(inv).rotate_right(rot as u32)
 }
 
+/// True when `a` is the start of a block slab `s` has carved: its offset
+/// past the header gives a block index (see [`block_index`]) below `bump`.
+///
+/// # Safety
+/// `s` is a slab header in a mapped span (its fields read are atomics).
+#[inline(always)]
+unsafe fn carved_start(s: *mut Slab, a: usize) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let idx = block_index(
+            a.wrapping_sub(s as usize + HDR),
+            (*s).inv.load(Ordering::Relaxed),
+            (*s).rot.load(Ordering::Relaxed),
+        );
+        idx < (*s).bump.load(Ordering::Relaxed) as usize
+    }
+}
+
 /// The key a free block at `addr` carries in its second word.
 #[inline(always)]
 fn block_key(addr: usize, secret: usize) -> usize {

@@ -183,12 +183,7 @@ impl<P: PageSource> SlabArena<P> {
             if (*s).seal.load(Ordering::Relaxed) != seal(s as usize, secret) || secret == 0 {
                 return ptr::null_mut();
             }
-            let idx = block_index(
-                a.wrapping_sub(s as usize + HDR),
-                (*s).inv.load(Ordering::Relaxed),
-                (*s).rot.load(Ordering::Relaxed),
-            );
-            if idx >= (*s).bump.load(Ordering::Relaxed) as usize {
+            if !carved_start(s, a) {
                 return ptr::null_mut();
             }
         }

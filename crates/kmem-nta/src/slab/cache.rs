@@ -230,12 +230,7 @@ impl SlabCache {
         // bound (its key is 0 before, which no pass matches).
         unsafe {
             if (*s).pass.load(Ordering::Relaxed) == s as usize ^ self.pass_key {
-                let idx = block_index(
-                    a.wrapping_sub(s as usize + HDR),
-                    (*s).inv.load(Ordering::Relaxed),
-                    (*s).rot.load(Ordering::Relaxed),
-                );
-                if idx >= (*s).bump.load(Ordering::Relaxed) as usize {
+                if !carved_start(s, a) {
                     return refuse_free(a, NOT_OURS);
                 }
                 let b: *mut Block = p.cast();
