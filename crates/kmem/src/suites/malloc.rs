@@ -13,7 +13,10 @@
 //! set of 1024, tight loop), alloc-test (slots picked by
 //! an 80/20 law, each block freed or a new one of a size that halves in
 //! likelihood with every doubling, most 5-16 bytes, written and read
-//! whole), JSON-like trees built and
+//! whole), sh6bench and sh8bench (MicroQuill's: rings of blocks of
+//! 1-1000 bytes, small sizes most often, released around a kept window so
+//! that ages and sizes interleave; in sh8bench the next thread frees
+//! them), JSON-like trees built and
 //! dropped (most allocations 8-32 bytes), phases that build about 50 MB
 //! of small blocks and drop all of it (`burst`: whether freed memory is
 //! kept for the next phase or faulted in again), and large blocks (5-25 MiB)
@@ -218,6 +221,34 @@ const WORKLOADS: &[Workload] = &[
         curve: false,
     },
     Workload {
+        name: "shbench",
+        case: "sh6bench",
+        // Threads, rounds (sweeps of the sizes), ring slots, largest size,
+        // foreign frees (0: each thread frees its own blocks). Published
+        // (sh6bench): sizes 1-1000 B; mimalloc-bench runs it on twice the
+        // CPUs; fewer rounds here.
+        args: [
+            &["2", "10", "2000", "1000", "0"],
+            &["2", "1000", "10000", "1000", "0"],
+            &["4", "4000", "10000", "1000", "0"],
+        ],
+        threads: Threads::First,
+        curve: false,
+    },
+    Workload {
+        name: "shbench",
+        case: "sh8bench",
+        // As sh6bench, each thread's released blocks freed by the next
+        // thread (sh8bench's foreign frees).
+        args: [
+            &["2", "10", "2000", "1000", "1"],
+            &["2", "500", "10000", "1000", "1"],
+            &["4", "2000", "10000", "1000", "1"],
+        ],
+        threads: Threads::First,
+        curve: false,
+    },
+    Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
@@ -239,7 +270,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, sh6bench, sh8bench, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
