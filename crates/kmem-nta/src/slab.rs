@@ -166,10 +166,11 @@ struct Slab {
     /// [`seal`] of the slab's address while it is live, else 0.
     seal: AtomicUsize,
     /// The owner's id under the seal ([`pass`]) while the slab is live,
-    /// else 0: the owner's `free` compares this one word with what its
-    /// cache keeps ([`SlabCache`]'s `pass_key`) where it would check the
-    /// seal and the owner apart. Written with `owner` (see
-    /// [`set_owner`](SlabArena::set_owner)).
+    /// else 0, with [`FULL_BIT`] flipped while the slab is full: the
+    /// owner's `free` compares this one word with what its cache keeps
+    /// ([`SlabCache`]'s `pass_key`) where it would check the seal, the
+    /// owner and the state apart. Written with `owner` (see
+    /// [`set_owner`](SlabArena::set_owner)) and the state ([`set_state`]).
     pass: AtomicUsize,
     /// The rest of the first cache line.
     _line: usize,
@@ -206,8 +207,34 @@ fn pass(addr: usize, secret: usize, owner: usize) -> usize {
     seal(addr, secret) ^ owner << 1
 }
 
+/// Flipped in the `pass` of a full slab (state [`S_FULL`]), so that its
+/// owner's key does not match it: the owner's inline free, which checks the
+/// pass, then needs no test of the state, and the first free into a full
+/// slab takes the out-of-line path that moves the slab off the full list.
+/// Owner ids are far below 2^62, so a flipped pass is no other owner's.
+const FULL_BIT: usize = 1 << 63;
+
+/// Puts slab `s` in state `st`, flipping its pass's [`FULL_BIT`] as it
+/// enters or leaves [`S_FULL`].
+///
+/// # Safety
+/// `s` is a live slab that the caller owns (or holds under the orphan
+/// lock), whose pass matches its state.
+#[inline(always)]
+unsafe fn set_state(s: *mut Slab, st: u8) {
+    // SAFETY: the caller's contract; only the slab's holder writes these.
+    unsafe {
+        if ((*s).state == S_FULL) != (st == S_FULL) {
+            let p = (*s).pass.load(Ordering::Relaxed);
+            (*s).pass.store(p ^ FULL_BIT, Ordering::Relaxed);
+        }
+        (*s).state = st;
+    }
+}
+
 /// What a cache with owner id `id` keeps to check a slab's `pass` with one
-/// compare: `pass(s, secret, id) == s ^ pass_key(secret, id)`.
+/// compare: `pass(s, secret, id) == s ^ pass_key(secret, id)` (a full
+/// slab's pass, with [`FULL_BIT`] flipped, does not match).
 #[inline(always)]
 fn pass_key(secret: usize, id: usize) -> usize {
     secret ^ id << 1
@@ -250,13 +277,16 @@ fn block_index(off: usize, inv: usize, rot: u8) -> usize {
 /// past the header gives a block index (see [`block_index`]) below `bump`.
 ///
 /// # Safety
-/// `s` is a slab header in a mapped span (its fields read are atomics).
+/// `s` is `a`'s slab ([`slab_of`]), a header in a mapped span (its fields
+/// read are atomics).
 #[inline(always)]
 unsafe fn carved_start(s: *mut Slab, a: usize) -> bool {
+    debug_assert_eq!(s, slab_of(a));
     // SAFETY: the caller's contract.
     unsafe {
+        // `a - s` is `a`'s low bits: one zero-extending move.
         let idx = block_index(
-            a.wrapping_sub(s as usize + HDR),
+            (a & (SLAB_SIZE - 1)).wrapping_sub(HDR),
             (*s).inv.load(Ordering::Relaxed),
             (*s).rot.load(Ordering::Relaxed),
         );

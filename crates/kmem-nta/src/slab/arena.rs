@@ -468,7 +468,7 @@ impl<P: PageSource> SlabArena<P> {
             if (*s).used == 0 {
                 return self.release(s);
             }
-            (*s).state = S_ORPHAN;
+            set_state(s, S_ORPHAN);
             let mut o = self.orphans.lock();
             // Under the lock: an owner of ORPHAN_ID, read under the lock,
             // means the slab is on an orphan list (see `orphan_free`).
@@ -641,7 +641,8 @@ impl<P: PageSource> SlabArena<P> {
             if (*s).owner.load(Ordering::Relaxed) != id {
                 return Err("slab: wrong owner");
             }
-            if (*s).pass.load(Ordering::Relaxed) != pass(s as usize, secret, id) {
+            let full = if state == S_FULL { FULL_BIT } else { 0 };
+            if (*s).pass.load(Ordering::Relaxed) != pass(s as usize, secret, id) ^ full {
                 return Err("slab: pass does not match its owner");
             }
             let bump = (*s).bump.load(Ordering::Relaxed);

@@ -117,7 +117,7 @@ impl SlabCache {
                         return p;
                     }
                     // Every block is out: the slab waits on the full list.
-                    (*s).state = S_FULL;
+                    set_state(s, S_FULL);
                     push(&mut self.cls[c].full, s);
                 }
                 self.cls[c].cur = ptr::null_mut();
@@ -128,7 +128,7 @@ impl SlabCache {
                 return ptr::null_mut();
             }
             // SAFETY: a slab of ours, off every list.
-            unsafe { (*next).state = S_CUR };
+            unsafe { set_state(next, S_CUR) };
             self.cls[c].cur = next;
         }
     }
@@ -239,7 +239,8 @@ impl SlabCache {
                     return refuse_free(a, TWICE);
                 }
                 (*b).key = key;
-                return self.push_own(arena, s, b, self.link);
+                // The pass matched, so the slab is not full.
+                return self.push_own::<P, false>(arena, s, b, self.link);
             }
             self.free_other(arena, p)
         }
@@ -292,7 +293,7 @@ impl SlabCache {
         // this thread's alone.
         unsafe {
             if (*s).owner.load(Ordering::Relaxed) == self.id {
-                self.push_own(arena, s, b, arena.link());
+                self.push_own::<P, true>(arena, s, b, arena.link());
             } else {
                 arena.push_remote(s, b);
             }
@@ -300,13 +301,15 @@ impl SlabCache {
     }
 
     /// Pushes block `b` (keyed already) on the list of `s`, a slab of this
-    /// cache's, links encoded under `link` (the arena's link key).
+    /// cache's, links encoded under `link` (the arena's link key). `FULL`:
+    /// whether the slab may be full (not when its pass matched the
+    /// cache's key).
     ///
     /// # Safety
     /// `b` is a live block of `s` that the caller gives up; this cache owns
-    /// `s`.
+    /// `s`; `s` is not full unless `FULL`.
     #[inline(always)]
-    unsafe fn push_own<P: PageSource>(
+    unsafe fn push_own<P: PageSource, const FULL: bool>(
         &mut self,
         arena: &SlabArena<P>,
         s: *mut Slab,
@@ -315,10 +318,11 @@ impl SlabCache {
     ) {
         // SAFETY: the caller's contract: the slab is this thread's alone.
         unsafe {
+            debug_assert!(FULL || (*s).state != S_FULL);
             (*b).next = encode((*s).free, link);
             (*s).free = b;
             (*s).used -= 1;
-            if (*s).used == 0 || (*s).state == S_FULL {
+            if (*s).used == 0 || (FULL && (*s).state == S_FULL) {
                 self.freed_slow(arena, s);
             }
         }
@@ -337,7 +341,7 @@ impl SlabCache {
             match (*s).state {
                 S_FULL => {
                     remove(&mut cl.full, s);
-                    (*s).state = S_AVAIL;
+                    set_state(s, S_AVAIL);
                     push(&mut cl.avail, s);
                 }
                 S_AVAIL => {}
@@ -365,7 +369,7 @@ impl SlabCache {
         if self.nempty < keep {
             // SAFETY: our slab, on no list.
             unsafe {
-                (*s).state = S_SPARE;
+                set_state(s, S_SPARE);
                 push(&mut self.empty, s);
             }
             self.nempty += 1;
@@ -531,7 +535,7 @@ unsafe fn sweep<P: PageSource>(
             } else if let Some(avail) = to_avail.as_deref_mut() {
                 if !(*s).free.is_null() {
                     remove(list, s);
-                    (*s).state = S_AVAIL;
+                    set_state(s, S_AVAIL);
                     push(avail, s);
                 }
             }

@@ -622,3 +622,50 @@ fn a_pass_that_does_not_match_the_owner_fails_the_check_and_the_inline_free() {
     a.check().unwrap();
     assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
 }
+
+#[test]
+fn a_full_slab_does_not_match_its_owner_key_until_a_free_takes_it_off_the_full_list() {
+    let a = arena();
+    let mut t = SlabCache::new();
+    t.bind(&a);
+    let c = 3;
+    let first = alloc(&mut t, &a, c);
+    let s = slab_of(first as usize);
+    // SAFETY: s is the live slab of `first`, ours.
+    let cap = unsafe { (*s).cap } as usize;
+    let mut blocks = vec![first];
+    for _ in 1..cap {
+        blocks.push(alloc(&mut t, &a, c));
+    }
+    assert!(blocks.iter().all(|&p| slab_of(p as usize) == s));
+    // The next block comes from another slab; s is full now.
+    let other = alloc(&mut t, &a, c);
+    assert_ne!(slab_of(other as usize), s);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!((*s).state, S_FULL);
+        let key = s as usize ^ t.pass_key;
+        assert_eq!((*s).pass.load(Ordering::Relaxed), key ^ FULL_BIT);
+        t.check(&a).unwrap();
+        // The owner's free of a full slab's block: out of line, the slab
+        // back on the available list and its pass the owner's again.
+        t.free(&a, blocks[7]);
+        assert_eq!((*s).state, S_AVAIL);
+        assert_eq!((*s).pass.load(Ordering::Relaxed), key);
+        t.check(&a).unwrap();
+        // Freed twice: refused, nothing changed.
+        assert!(t.try_free(&a, blocks[7]).is_err());
+        t.check(&a).unwrap();
+        for (i, &p) in blocks.iter().enumerate() {
+            if i != 7 {
+                t.free(&a, p);
+            }
+        }
+        t.free(&a, other);
+        t.check(&a).unwrap();
+        t.abandon(&a);
+    }
+    a.trim_orphans();
+    a.check().unwrap();
+    assert_eq!(a.stats().slabs, 0, "{:?}", a.stats());
+}
