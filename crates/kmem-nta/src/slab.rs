@@ -404,6 +404,18 @@ pub struct SlabArena<P: PageSource> {
 /// id on its first allocation).
 #[repr(C)]
 pub struct SlabCache {
+    /// The slab each class allocates from, or null (index 0 unused): an
+    /// array of its own, first, so that `pop` finds a class's slab with one
+    /// indexed load.
+    cur: [*mut Slab; SLAB_CLASSES + 1],
+    /// The arena's key base and link key, kept by
+    /// [`bind`](SlabCache::bind) for [`free`](SlabCache::free) (zeros
+    /// before); on the first line with `cur`.
+    kbase: usize,
+    link: usize,
+    /// [`pass_key`] of the secret and `id` once the cache has both, else 0
+    /// (which no slab's `pass` matches: see [`pass`]).
+    pass_key: usize,
     id: usize,
     cls: [Class; SLAB_CLASSES + 1],
     /// Empty slabs (a circular list), and how many.
@@ -414,28 +426,21 @@ pub struct SlabCache {
     /// Slow allocations since the last look at the full slabs (see
     /// [`SCAN_ANYWAY`]).
     unscanned: u32,
-    /// The arena's secret, key base and link key, kept by
-    /// [`bind`](SlabCache::bind) for [`free`](SlabCache::free)
-    /// (`None` and zeros before).
+    /// The arena's secret (`None` before [`bind`](SlabCache::bind)).
     secret: Option<NonZeroUsize>,
-    kbase: usize,
-    link: usize,
-    /// [`pass_key`] of the secret and `id` once the cache has both, else 0
-    /// (which no slab's `pass` matches: see [`pass`]).
-    pass_key: usize,
 }
 
+/// A class's slabs other than the current one: those with free blocks and
+/// the full ones (circular lists).
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct Class {
-    cur: *mut Slab,
     avail: *mut Slab,
     full: *mut Slab,
 }
 
 impl Class {
     const EMPTY: Class = Class {
-        cur: ptr::null_mut(),
         avail: ptr::null_mut(),
         full: ptr::null_mut(),
     };

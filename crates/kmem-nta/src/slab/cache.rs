@@ -13,6 +13,7 @@ impl SlabCache {
     /// An empty cache (all zero bytes).
     pub const fn new() -> SlabCache {
         SlabCache {
+            cur: [ptr::null_mut(); SLAB_CLASSES + 1],
             id: 0,
             cls: [Class::EMPTY; SLAB_CLASSES + 1],
             empty: ptr::null_mut(),
@@ -64,7 +65,7 @@ impl SlabCache {
     pub unsafe fn pop<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
         debug_assert!((1..=SLAB_CLASSES).contains(&c));
         // SAFETY: c is in range (the caller's contract).
-        let s = unsafe { self.cls.get_unchecked(c).cur };
+        let s = unsafe { *self.cur.get_unchecked(c) };
         if s.is_null() {
             return ptr::null_mut();
         }
@@ -104,7 +105,7 @@ impl SlabCache {
             self.bind(arena);
         }
         loop {
-            let s = self.cls[c].cur;
+            let s = self.cur[c];
             if !s.is_null() {
                 // SAFETY: our current slab.
                 unsafe {
@@ -120,7 +121,7 @@ impl SlabCache {
                     set_state(s, S_FULL);
                     push(&mut self.cls[c].full, s);
                 }
-                self.cls[c].cur = ptr::null_mut();
+                self.cur[c] = ptr::null_mut();
             }
             // SAFETY: the lists hold our slabs of class c.
             let next = unsafe { self.next_slab(arena, c) };
@@ -129,7 +130,7 @@ impl SlabCache {
             }
             // SAFETY: a slab of ours, off every list.
             unsafe { set_state(next, S_CUR) };
-            self.cls[c].cur = next;
+            self.cur[c] = next;
         }
     }
 
@@ -431,6 +432,7 @@ impl SlabCache {
     pub unsafe fn abandon<P: PageSource>(&mut self, arena: &SlabArena<P>) {
         for c in 1..=SLAB_CLASSES {
             let cl = core::mem::replace(&mut self.cls[c], Class::EMPTY);
+            let cur = core::mem::replace(&mut self.cur[c], ptr::null_mut());
             let mut all = [cl.avail, cl.full];
             for list in all.iter_mut() {
                 while !list.is_null() {
@@ -442,9 +444,9 @@ impl SlabCache {
                     }
                 }
             }
-            if !cl.cur.is_null() {
+            if !cur.is_null() {
                 // SAFETY: ours, on no list.
-                unsafe { arena.give_up(cl.cur) };
+                unsafe { arena.give_up(cur) };
             }
         }
         // SAFETY: ours; the empty ones go back to the source.
@@ -465,9 +467,9 @@ impl SlabCache {
     ) -> core::result::Result<(), &'static str> {
         for c in 1..=SLAB_CLASSES {
             let cl = &self.cls[c];
-            if !cl.cur.is_null() {
+            if !self.cur[c].is_null() {
                 // SAFETY: our slab.
-                unsafe { arena.check_slab(cl.cur, c, S_CUR, self.id)? };
+                unsafe { arena.check_slab(self.cur[c], c, S_CUR, self.id)? };
             }
             for (head, st) in [(cl.avail, S_AVAIL), (cl.full, S_FULL)] {
                 let n = count(head);
@@ -488,9 +490,11 @@ impl SlabCache {
         if n != self.nempty {
             return Err("slab: empty count");
         }
-        let owned: usize = self.cls[1..]
-            .iter()
-            .map(|cl| usize::from(!cl.cur.is_null()) + count(cl.avail) + count(cl.full))
+        let owned: usize = (1..=SLAB_CLASSES)
+            .map(|c| {
+                let cl = &self.cls[c];
+                usize::from(!self.cur[c].is_null()) + count(cl.avail) + count(cl.full)
+            })
             .sum();
         if owned + n != self.nslabs {
             return Err("slab: slab count");
