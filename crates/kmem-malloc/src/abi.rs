@@ -29,11 +29,25 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[inline(always)]
 pub(crate) fn malloc_in(size: usize) -> *mut u8 {
     let t = thread();
-    if t.mode.get() == T_FAST {
-        let p = pop_fast(t, size);
+    let m = size.wrapping_sub(1);
+    if m < SLAB_MAX {
+        // Before the mode test: only a thread in T_FAST has current slabs
+        // (`Thread::slabs`), so any other pops null here and goes on below.
+        // SAFETY: this thread's block (or a shared one, only read: the pop
+        // takes `&self` and finds no slab); its slabs are SLABS', this
+        // thread's; the class is 1 to 3.
+        let p = unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) };
         if !p.is_null() {
             return p;
         }
+    } else if m < FRONT_MAX && t.mode.get() == T_FAST {
+        // SAFETY: this thread's cache; no other borrow is live.
+        let p = unsafe { (*t.front.get()).pop((m >> 6) + 1) };
+        if !p.is_null() {
+            return p;
+        }
+    }
+    if t.mode.get() == T_FAST {
         return alloc_slow(size, MIN_ALIGN, false);
     }
     malloc_other(t, size)

@@ -7,6 +7,7 @@ use core::ptr::NonNull;
 
 use kmem_core::{Cpus, Error};
 use kmem_nta::global::GLOBAL_CONFIG;
+use kmem_nta::slab::SlabCache;
 use kmem_nta::{Nta, FRONT_CLASSES};
 
 use crate::out::die;
@@ -36,10 +37,10 @@ const NTA_NODE_SHIFT: u32 = GLOBAL_CONFIG.node_size.trailing_zeros();
 #[inline(always)]
 pub(crate) fn free_fast(a: usize) -> bool {
     let t = thread();
-    if t.mode.get() != T_FAST {
-        return false;
-    }
     if NTA_SPAN.known_to_contain(a) {
+        if t.mode.get() != T_FAST {
+            return false;
+        }
         // SAFETY: a thread in T_FAST has NTA's key (`Thread::new`).
         let key = unsafe { t.key.unwrap_unchecked() };
         // SAFETY: a lies in nta's reservation, which stays mapped whole;
@@ -59,8 +60,7 @@ pub(crate) fn free_fast(a: usize) -> bool {
             _ => false,
         }
     } else if TINY_SPAN.known_to_contain(a) {
-        free_tiny_fast(t, a);
-        true
+        free_tiny_fast(t, a)
     } else {
         false
     }
@@ -69,14 +69,28 @@ pub(crate) fn free_fast(a: usize) -> bool {
 /// [`free_fast`]'s tiny block, inline: since the slab's free checks its
 /// slab's seal and owner in one word (kmem-nta's slab `pass`) it needs no
 /// more registers than the nta push, and `free` still has no stack frame
-/// (out of line, it cost a call and three moves).
+/// (out of line, it cost a call and three moves). The hit comes before the
+/// mode test: a slab's pass matches only a bound cache's key, and only a
+/// thread in `T_FAST` has one (the shared blocks' key is 0, which no pass
+/// matches). A miss on a thread in another mode is `free_in`'s.
 #[inline(always)]
-fn free_tiny_fast(t: &Thread, a: usize) {
+fn free_tiny_fast(t: &Thread, a: usize) -> bool {
     // SAFETY: a lies in the slabs' reservation, which stays mapped (the
-    // caller looked); this thread's slabs are SLABS', bound to it when the
-    // thread started in T_FAST (`thread_start`). The free checks `a` (and
-    // aborts with one line when it is not a live block).
-    unsafe { (*t.slabs.get()).free(&SLABS, a as *mut u8) };
+    // caller looked); the cache is live, and nothing but its key is read
+    // unless it is this thread's own bound cache, SLABS' (bound when the
+    // thread started in T_FAST, `thread_start`), which nothing else
+    // borrows now. The hit checks `a` (and aborts with one line when it is
+    // not a live block).
+    if unsafe { SlabCache::free_hit(t.slabs.get(), &SLABS, a as *mut u8) } {
+        return true;
+    }
+    if t.mode.get() != T_FAST {
+        return false;
+    }
+    // SAFETY: as above: this thread's own cache, SLABS'. The free checks
+    // `a`.
+    unsafe { (*t.slabs.get()).free_other(&SLABS, a as *mut u8) };
+    true
 }
 
 /// `free` past [`free_fast`]: everything else, checked.

@@ -31,7 +31,11 @@ pub(crate) const T_SECURE: u8 = 5;
 /// keys.
 #[repr(C)]
 pub(crate) struct Thread {
-    /// The thread's tiny slabs (16, 32, 48 bytes); used in `T_FAST`.
+    /// The thread's tiny slabs (16, 32, 48 bytes); used in `T_FAST` only,
+    /// so that a cache with a current slab is a `T_FAST` thread's (the
+    /// shared blocks' never has one; the exit points the thread at
+    /// `DIRECT` before it gives the slabs up): `malloc` pops from it before
+    /// it tests the mode.
     pub(crate) slabs: UnsafeCell<SlabCache>,
     /// NTA's lookup key, set when the block is made (NTA has handed out
     /// memory by then: this block is its): always `Some` in `T_FAST`, so

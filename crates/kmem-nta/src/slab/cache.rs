@@ -59,10 +59,15 @@ impl SlabCache {
     /// block's first two words (its link and key) are zero, so `calloc`
     /// clears only what follows them.
     ///
+    /// Takes `&self`: the cache itself does not change (its current slab's
+    /// list and counts do), so a caller may pop from a cache that threads
+    /// share and that never has a current slab (null at once).
+    ///
     /// # Safety
-    /// The cache's slabs are `arena`'s; `c` is 1 to 3.
+    /// The cache's slabs are `arena`'s, this thread's to change; `c` is 1
+    /// to 3.
     #[inline(always)]
-    pub unsafe fn pop<P: PageSource>(&mut self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
+    pub unsafe fn pop<P: PageSource>(&self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
         debug_assert!((1..=SLAB_CLASSES).contains(&c));
         // SAFETY: c is in range (the caller's contract).
         let s = unsafe { *self.cur.get_unchecked(c) };
@@ -212,38 +217,72 @@ impl SlabCache {
     /// one line when `p` is not a live block (see "Checks").
     ///
     /// The common case, a block of a slab of this cache's that is not full,
-    /// is checked inline with the slab's `pass` (its seal and owner in one
-    /// word), the block's offset and its key, under the keys the cache
-    /// keeps (from [`bind`](Self::bind), or its first slow allocation);
-    /// anything else takes [`free_other`](Self::free_other).
+    /// is [`free_hit`](Self::free_hit)'s; anything else takes
+    /// [`free_other`](Self::free_other).
     ///
     /// # Safety
     /// `p` lies in `arena`'s page source's span, which stays mapped; the
     /// cache's slabs are `arena`'s.
     #[inline(always)]
     pub unsafe fn free<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
+        // SAFETY: forwarded contract; `self` is a live cache, ours.
+        unsafe {
+            if !Self::free_hit(self, arena, p) {
+                self.free_other(arena, p);
+            }
+        }
+    }
+
+    /// [`free`](Self::free)'s common case, inline: when `p`'s slab is one
+    /// of the cache at `this` and not full (its `pass`, its seal and owner
+    /// in one word, matches the cache's key), checks the block's offset and
+    /// key (aborting with one line when `p` is not a live block) and pushes
+    /// it on the slab's list; true then. False, with nothing read but the
+    /// slab's pass and the cache's key, for anything else: the caller then
+    /// takes [`free_other`](Self::free_other).
+    ///
+    /// A raw pointer, so that a caller may ask a cache that threads share
+    /// and that is never bound (its key is 0, which no pass matches):
+    /// nothing but the key is read from it unless the pass matched, which
+    /// makes it the caller's own bound cache.
+    ///
+    /// # Safety
+    /// As [`free`](Self::free); `this` points to a live cache; no other
+    /// borrow of it is live when it is the caller's own.
+    #[inline(always)]
+    pub unsafe fn free_hit<P: PageSource>(
+        this: *mut SlabCache,
+        arena: &SlabArena<P>,
+        p: *mut u8,
+    ) -> bool {
         let a = p as usize;
         let s = slab_of(a);
         // SAFETY: the slab's header lies in the span, mapped (the caller's
         // contract). A pass that matches this cache's key is a live slab's
         // (no other header carries it without the secret) that this cache
         // owns: its fields are this thread's to change, and the cache is
-        // bound (its key is 0 before, which no pass matches).
+        // bound (its key is 0 before, which no pass matches), this thread's.
         unsafe {
-            if (*s).pass.load(Ordering::Relaxed) == s as usize ^ self.pass_key {
-                if !carved_start(s, a) {
-                    return refuse_free(a, NOT_OURS);
-                }
-                let b: *mut Block = p.cast();
-                let key = block_key_from(a, self.kbase);
-                if (*b).key == key {
-                    return refuse_free(a, TWICE);
-                }
-                (*b).key = key;
-                // The pass matched, so the slab is not full.
-                return self.push_own::<P, false>(arena, s, b, self.link);
+            if (*s).pass.load(Ordering::Relaxed) != s as usize ^ (*this).pass_key {
+                return false;
             }
-            self.free_other(arena, p)
+            let me = &mut *this;
+            // A refusal returns true as if freed: the caller's `free` then
+            // ends in a jump to it (see `refuse_free`).
+            if !carved_start(s, a) {
+                refuse_free(a, NOT_OURS);
+                return true;
+            }
+            let b: *mut Block = p.cast();
+            let key = block_key_from(a, me.kbase);
+            if (*b).key == key {
+                refuse_free(a, TWICE);
+                return true;
+            }
+            (*b).key = key;
+            // The pass matched, so the slab is not full.
+            me.push_own::<P, false>(arena, s, b, me.link);
+            true
         }
     }
 
@@ -255,7 +294,7 @@ impl SlabCache {
     /// # Safety
     /// As [`free`](Self::free).
     #[inline(never)]
-    unsafe fn free_other<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
+    pub unsafe fn free_other<P: PageSource>(&mut self, arena: &SlabArena<P>, p: *mut u8) {
         // SAFETY: forwarded contract.
         let (s, b, v) = unsafe { arena.verdict(p) };
         if v != OK {
