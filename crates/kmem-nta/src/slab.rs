@@ -165,7 +165,7 @@ struct Slab {
     owner: AtomicUsize,
     /// [`seal`] of the slab's address while it is live, else 0.
     seal: AtomicUsize,
-    /// The owner's id under the seal ([`pass`]) while the slab is live,
+    /// The owner's id under the secret ([`pass`]) while the slab is live,
     /// else 0, with [`FULL_BIT`] flipped while the slab is full: the
     /// owner's `free` compares this one word with what its cache keeps
     /// ([`SlabCache`]'s `pass_key`) where it would check the seal, the
@@ -198,13 +198,18 @@ fn seal(addr: usize, secret: usize) -> usize {
     addr ^ secret
 }
 
-/// The word a live slab at `addr` owned by `owner` carries in `pass`: its
-/// seal with the owner's id in the bits above the lowest. The seal is odd,
-/// so no live slab's pass is 0, and the pass of a slab that is not live (0)
-/// matches no owner's key ([`pass_key`]).
+/// The word a live slab owned by `owner` carries in `pass`, and what the
+/// cache with that owner id keeps to check it with one compare: the
+/// arena's secret with the id in the bits above the lowest. The secret is
+/// odd, so no live slab's pass is 0, and the pass of a slab that is not
+/// live (0) matches no owner's. Unlike the seal it does not depend on the
+/// slab's address (the free then compares the header's word with the
+/// cache's, no xor): only the owner's inline free reads it, and a header
+/// that carries it was written by someone who knows the secret, who could
+/// write the seal as well.
 #[inline(always)]
-fn pass(addr: usize, secret: usize, owner: usize) -> usize {
-    seal(addr, secret) ^ owner << 1
+fn pass(secret: usize, owner: usize) -> usize {
+    secret ^ owner << 1
 }
 
 /// Flipped in the `pass` of a full slab (state [`S_FULL`]), so that its
@@ -230,14 +235,6 @@ unsafe fn set_state(s: *mut Slab, st: u8) {
         }
         (*s).state = st;
     }
-}
-
-/// What a cache with owner id `id` keeps to check a slab's `pass` with one
-/// compare: `pass(s, secret, id) == s ^ pass_key(secret, id)` (a full
-/// slab's pass, with [`FULL_BIT`] flipped, does not match).
-#[inline(always)]
-fn pass_key(secret: usize, id: usize) -> usize {
-    secret ^ id << 1
 }
 
 /// A slab's `inv` and `rot` for blocks of `c` granules: the block size is
@@ -413,8 +410,9 @@ pub struct SlabCache {
     /// before); on the first line with `cur`.
     kbase: usize,
     link: usize,
-    /// [`pass_key`] of the secret and `id` once the cache has both, else 0
-    /// (which no slab's `pass` matches: see [`pass`]).
+    /// [`pass`] of the secret and `id` once the cache has both, else 0
+    /// (which no slab's `pass` matches); a full slab's, with [`FULL_BIT`]
+    /// flipped, does not match either.
     pass_key: usize,
     id: usize,
     cls: [Class; SLAB_CLASSES + 1],

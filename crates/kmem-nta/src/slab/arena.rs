@@ -304,8 +304,7 @@ impl<P: PageSource> SlabArena<P> {
         // SAFETY: the caller's contract.
         unsafe {
             (*s).owner.store(id, Ordering::Relaxed);
-            (*s).pass
-                .store(pass(s as usize, self.secret(), id), Ordering::Relaxed);
+            (*s).pass.store(pass(self.secret(), id), Ordering::Relaxed);
         }
     }
 
@@ -642,7 +641,7 @@ impl<P: PageSource> SlabArena<P> {
                 return Err("slab: wrong owner");
             }
             let full = if state == S_FULL { FULL_BIT } else { 0 };
-            if (*s).pass.load(Ordering::Relaxed) != pass(s as usize, secret, id) ^ full {
+            if (*s).pass.load(Ordering::Relaxed) != pass(secret, id) ^ full {
                 return Err("slab: pass does not match its owner");
             }
             let bump = (*s).bump.load(Ordering::Relaxed);

@@ -48,7 +48,7 @@ impl SlabCache {
     /// The pass key of the secret and id the cache has (0 until it has both).
     fn rekey(&mut self) {
         self.pass_key = match self.secret {
-            Some(secret) if self.id != 0 => pass_key(secret.get(), self.id),
+            Some(secret) if self.id != 0 => pass(secret.get(), self.id),
             _ => 0,
         };
     }
@@ -263,7 +263,7 @@ impl SlabCache {
         // owns: its fields are this thread's to change, and the cache is
         // bound (its key is 0 before, which no pass matches), this thread's.
         unsafe {
-            if (*s).pass.load(Ordering::Relaxed) != s as usize ^ (*this).pass_key {
+            if (*s).pass.load(Ordering::Relaxed) != (*this).pass_key {
                 return false;
             }
             let me = &mut *this;

@@ -644,7 +644,7 @@ fn a_full_slab_does_not_match_its_owner_key_until_a_free_takes_it_off_the_full_l
     // SAFETY: as above.
     unsafe {
         assert_eq!((*s).state, S_FULL);
-        let key = s as usize ^ t.pass_key;
+        let key = t.pass_key;
         assert_eq!((*s).pass.load(Ordering::Relaxed), key ^ FULL_BIT);
         t.check(&a).unwrap();
         // The owner's free of a full slab's block: out of line, the slab
