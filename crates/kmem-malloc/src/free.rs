@@ -69,7 +69,7 @@ pub(crate) fn free_fast(a: usize) -> bool {
 }
 
 /// [`free_fast`]'s tiny block, inline: since the slab's free checks its
-/// slab's seal and owner in one word (kmem-nta's slab `pass`) it needs no
+/// slab's owner and state in one word (kmem-nta's slab `pass`) it needs no
 /// more registers than the nta push, and `free` still has no stack frame
 /// (out of line, it cost a call and three moves). The hit comes before the
 /// mode test: a slab's pass matches only a bound cache's key, and only a

@@ -6,9 +6,9 @@
 //!   slab (64 KiB, aligned)   header (128 B) | block | block | ... | block
 //!   alloc(c)     pop this thread's current slab of class c: its list,
 //!                else its next fresh block                    (no atomic)
-//!   free(p)      slab = p & !(64 KiB - 1): its pass (seal and owner in
-//!                one word) is this thread's: p's offset, p's key, push on
-//!                the slab's list                                 (no atomic)
+//!   free(p)      slab = p & !(64 KiB - 1): its pass (owner and "not
+//!                full" under the secret, one word) is this thread's key:
+//!                p's offset, p's key, push on the slab's list    (no atomic)
 //!                else its seal, p's offset, p's key; push on the slab's
 //!                remote list                                     (one CAS)
 //!   slow alloc   the slab's remote frees, then another slab of the
@@ -43,9 +43,11 @@
 //! and every path that hands a block out clears it. A pointer whose slab
 //! header does not carry the slab's seal, that is not at a block's start,
 //! or that lies past the blocks the slab has carved is not the arena's.
-//! The owner's free reads one word for the seal and the owner: the slab's
-//! `pass`, the seal with the owner's id in it, which no header carries
-//! without the secret (owner ids come from a counter, the secret does not).
+//! The owner's free reads one word for the owner and the state: the slab's
+//! `pass`, the owner's id under the secret (its top bit flipped while the
+//! slab is full), which no header carries without the secret (owner ids
+//! come from a counter, the secret does not); anything else takes the
+//! checked path, seal first.
 //! Links are stored encoded under a key and checked to stay in their slab
 //! when decoded, so a use after free that overwrites a link aborts instead
 //! of handing out foreign memory.

@@ -234,10 +234,11 @@ impl SlabCache {
     }
 
     /// [`free`](Self::free)'s common case, inline: when `p`'s slab is one
-    /// of the cache at `this` and not full (its `pass`, its seal and owner
-    /// in one word, matches the cache's key), checks the block's offset and
-    /// key (aborting with one line when `p` is not a live block) and pushes
-    /// it on the slab's list; true then. False, with nothing read but the
+    /// of the cache at `this` and not full (its `pass`, the owner and the
+    /// state under the secret in one word, is the cache's key), checks the
+    /// block's offset and key (aborting with one line when `p` is not a
+    /// live block) and pushes it on the slab's list; true then. False,
+    /// with nothing read but the
     /// slab's pass and the cache's key, for anything else: the caller then
     /// takes [`free_other`](Self::free_other).
     ///
