@@ -307,6 +307,16 @@ int main(int argc, char **argv) {
     (void)sink;
   }
   else if (!strcmp(what, "tiny-middle")) free(t + 16);
+  else if (!strcmp(what, "tiny-full-double") || !strcmp(what, "tiny-full-middle")) {
+    /* Blocks of a slab that is full (more blocks of 48 bytes than a slab
+       holds): its owner's first free takes the checked path, which moves
+       the slab off the full list; a second free of the block, or a
+       pointer into one, must still be refused. */
+    static char *v[4000];
+    for (int i = 0; i < 4000; i++) v[i] = malloc(48);
+    if (!strcmp(what, "tiny-full-middle")) free(v[10] + 8);
+    else { free(v[10]); free(v[10]); }
+  }
   else if (!strcmp(what, "tiny-uaf")) {
     /* As uaf-pointer, for blocks of 16 bytes. */
     static char tt[64] __attribute__((aligned(64)));
@@ -398,6 +408,8 @@ fn bad_frees_in_mode(exe: &Path, mode: &str) {
         "tiny-double",
         "tiny-double-apart",
         "tiny-middle",
+        "tiny-full-double",
+        "tiny-full-middle",
         "tiny-uaf",
         "realloc",
         "uaf-pointer",
