@@ -61,10 +61,34 @@ pub(crate) fn free_fast(a: usize) -> bool {
                 }
                 true
             },
-            _ => false,
+            // SAFETY: as above; a block of 65 to 255 chunks (the length
+            // map's longest).
+            Some(k) => unsafe {
+                free_medium(t, a as *mut u8, k);
+                true
+            },
+            None => false,
         }
     } else {
         false
+    }
+}
+
+/// [`free_fast`]'s block of over [`FRONT_CLASSES`] chunks on a thread in
+/// `T_FAST`: onto its medium cache, else to nta. Out of line: `free_fast`
+/// jumps here.
+///
+/// # Safety
+/// `p` is a live allocation of exactly `k` chunks of `NTA`, looked up in
+/// its maps, that the caller gives up; `t` is this thread's block, in
+/// `T_FAST`.
+#[inline(never)]
+unsafe fn free_medium(t: &Thread, p: *mut u8, k: usize) {
+    // SAFETY: this thread's medium cache, which holds only NTA's blocks;
+    // forwarded contract.
+    if !unsafe { (*t.medium.get()).push(&NTA, p, k) } {
+        // SAFETY: forwarded contract.
+        unsafe { free_uncached(t, p, k) };
     }
 }
 
@@ -148,6 +172,9 @@ pub(crate) unsafe fn free_nta_block(p: *mut u8, k: usize) {
         // SAFETY: a live allocation of k chunks that the caller gives up;
         // this thread's cache holds only NTA's chunks.
         unsafe { (*t.front.get()).push(&NTA, p, k) };
+    } else if mode == T_FAST {
+        // SAFETY: as above; this thread's block, in T_FAST.
+        unsafe { free_medium(t, p, k) };
     } else {
         // SAFETY: as above.
         unsafe { free_uncached(t, p, k) };

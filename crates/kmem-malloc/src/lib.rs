@@ -9,7 +9,10 @@
 //!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
 //!                       pop / push, no atomic, no lock; refilled and
 //!                       flushed in batches under one nta heap lock
-//!   size < 64 KiB       kmem-nta: the calling CPU's heap, whole 64-byte
+//!   size < 64 KiB       this thread's medium cache (kmem_nta::MediumCache):
+//!                       whole blocks by class, 16 classes a doubling,
+//!                       512 KiB at most; a miss is one nta allocation
+//!   (the same)          kmem-nta: the calling CPU's heap, whole 64-byte
 //!     (any, when the      chunks, bitmaps, frees from other CPUs queued on
 //!      cache misses)      the owner's semi-free list
 //!   larger              the large arena: kmem-vmap over 64 GiB segments of
@@ -89,7 +92,7 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use kmem_core::{Cpus, Error, PageSource};
 use kmem_nta::global::GLOBAL_CONFIG;
 use kmem_nta::slab::{slab_class, SlabArena, SlabStats, SLAB_GRANULE, SLAB_MAX};
-use kmem_nta::{front_class, Nta};
+use kmem_nta::{front_class, medium_class, Nta};
 use kmem_pages::GlobalPages;
 use kmem_pow2::{Pow2Slab, SlabConfig};
 
@@ -458,6 +461,7 @@ extern "C" fn thread_exit(b: *mut c_void) {
         // nta's chunks.
         unsafe {
             (*t.front.get()).flush_all(&NTA);
+            (*t.medium.get()).flush_all(&NTA);
             (*t.slabs.get()).abandon(&SLABS);
         }
     }
@@ -641,6 +645,13 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
                 if !p.is_null() {
                     return (p, false);
                 }
+            } else if let Some((c, _)) = medium_class(size) {
+                // SAFETY: this thread's medium cache; no other borrow is
+                // live. It holds only NTA's blocks.
+                let p = unsafe { (*t.medium.get()).alloc(&NTA, c) };
+                if !p.is_null() {
+                    return (p, false);
+                }
             }
         } else if (mode == T_HARD || mode == T_SECURE) && align <= 64 {
             if let Some(k) = front_class(size) {
@@ -762,7 +773,13 @@ fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
         // SAFETY: as in free_in.
         if let Ok(ko) = unsafe { NTA.lookup_unlocked(a) } {
             if size <= NTA.max_small() {
-                let kn = size.max(1).div_ceil(chunk);
+                // A medium size at its class's size, which a thread's
+                // medium cache takes back at the free (a block of another
+                // length goes to nta), and a shrink within the class stays.
+                let kn = match medium_class(size) {
+                    Some((_, s)) if s * chunk <= NTA.max_small() => s,
+                    _ => size.max(1).div_ceil(chunk),
+                };
                 // In place under the owner's lock (another thread's heap,
                 // when it made the block): a shrink (the tail goes back),
                 // or the growth of a block of GROW_IN_PLACE bytes or more.
@@ -880,6 +897,7 @@ pub fn flush_thread_cache() {
         // chunks, the slabs are SLABS'.
         unsafe {
             (*t.front.get()).flush_all(&NTA);
+            (*t.medium.get()).flush_all(&NTA);
             (*t.slabs.get()).trim(&SLABS);
         }
     }

@@ -6,7 +6,7 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
 use kmem_nta::slab::SlabCache;
-use kmem_nta::{FrontCache, LookupKey};
+use kmem_nta::{FrontCache, LookupKey, MediumCache};
 
 /// What a thread's calls do.
 pub(crate) const T_NEW: u8 = 0;
@@ -45,6 +45,9 @@ pub(crate) struct Thread {
     /// Calls since the last full check (debug mode).
     pub(crate) calls: Cell<u32>,
     pub(crate) front: UnsafeCell<FrontCache>,
+    /// Blocks of 4 to 64 KiB, by class (`T_FAST` only; kmem-nta's
+    /// `MediumCache`).
+    pub(crate) medium: UnsafeCell<MediumCache>,
     /// The thread's random sequence (secure mode).
     pub(crate) rng: Cell<u64>,
 }
@@ -136,6 +139,7 @@ impl Thread {
             calls: Cell::new(0),
             rng: Cell::new(0),
             front: UnsafeCell::new(FrontCache::new()),
+            medium: UnsafeCell::new(MediumCache::new()),
             slabs: UnsafeCell::new(SlabCache::new()),
         }
     }

@@ -19,7 +19,9 @@
 //!
 //! This file holds the cache, its hits (`pop`, the pushes) and what they
 //! share; `front/slow.rs` the slow paths (refills, overflows and flushes,
-//! idle classes, `flush_all`); `front/classes.rs` the classes and bounds.
+//! idle classes, `flush_all`); `front/classes.rs` the classes and bounds;
+//! `front/medium.rs` the [`MediumCache`], whole blocks of 4 to 64 KiB by
+//! size class, beside this cache.
 //!
 //! The cache is a plain value with no destructor, so that its owner decides
 //! how it lives: [`KmemNta`](crate::KmemNta) keeps one in a Rust
@@ -125,6 +127,7 @@ use crate::nta::{
 };
 
 mod classes;
+mod medium;
 mod slow;
 
 pub use classes::{
@@ -132,6 +135,9 @@ pub use classes::{
     IDLE_SCAN, TICK_PUSHES, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
 };
 use classes::{limits, max_limits, SHIFT};
+pub use medium::{
+    medium_class, medium_class_chunks, MediumCache, MEDIUM_BYTES, MEDIUM_CLASSES, MEDIUM_SCAN,
+};
 
 /// Writes a chunk's two words (its link and its key) with one store where
 /// the target has one: a free of a block the program has not touched lately

@@ -8,7 +8,7 @@ use core::ptr::{self, NonNull};
 use kmem_core::Cpus;
 
 use super::{global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG};
-use crate::front::FrontCache;
+use crate::front::{medium_class, FrontCache, MediumCache};
 use crate::nta::{Nta, Stats};
 use crate::slab::{slab_class, SlabArena, SlabCache, SlabStats, SLAB_GRANULE};
 
@@ -17,11 +17,12 @@ static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CON
 /// Tiny layouts (see [`tiny_class`]): slabs of 16, 32 and 48 bytes.
 static SLABS: SlabArena<GlobalSource> = SlabArena::new(tiny_source());
 
-/// The thread's caches: a [`FrontCache`] of [`NTA`]'s chunks and the
-/// thread's slabs of [`SLABS`]. No destructor of its own, so that every
+/// The thread's caches: a [`FrontCache`] of [`NTA`]'s chunks, the
+/// thread's slabs of [`SLABS`] and a [`MediumCache`] of NTA's blocks of 4
+/// to 64 KiB. No destructor of its own, so that every
 /// access is a plain TLS access (a `thread_local!` value with a destructor
 /// checks its state on each); [`EXIT`] gives them back at thread exit.
-struct Front(FrontCache, SlabCache);
+struct Front(FrontCache, SlabCache, MediumCache);
 
 /// Gives the thread's caches back when the thread exits (registered by the
 /// first slow path that fills a cache, see [`alive`]). After it has run,
@@ -39,6 +40,7 @@ impl Drop for Exit {
                 let f = &mut *f.get();
                 f.0.flush_all(&NTA);
                 f.0.close();
+                f.2.flush_all(&NTA);
                 f.1.abandon(&SLABS);
             }
         });
@@ -47,7 +49,7 @@ impl Drop for Exit {
 
 std::thread_local! {
     static FRONT: UnsafeCell<Front> =
-        const { UnsafeCell::new(Front(FrontCache::new(), SlabCache::new())) };
+        const { UnsafeCell::new(Front(FrontCache::new(), SlabCache::new(), MediumCache::new())) };
     static EXIT: Exit = const { Exit };
 }
 
@@ -117,6 +119,7 @@ impl KmemNta {
             // NTA's chunks, the slabs are SLABS'.
             unsafe {
                 (*f.get()).0.flush_all(&NTA);
+                (*f.get()).2.flush_all(&NTA);
                 (*f.get()).1.trim(&SLABS);
             }
         });
@@ -166,7 +169,8 @@ fn pop(k: usize) -> *mut u8 {
 }
 
 /// `alloc` past an empty front cache: a refill of class `k` (if the layout
-/// has one), else the nta itself.
+/// has one), a block of the layout's medium class (when it has one), else
+/// the nta itself.
 ///
 /// # Safety
 /// `layout` is non-zero, of the front cache's class `k` when `k` is some.
@@ -183,9 +187,58 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
         if !p.is_null() {
             return p;
         }
+    } else if let (Some((c, _)), true) = (medium(&layout), alive()) {
+        let p = FRONT
+            .try_with(|f| {
+                // SAFETY: as in `pop`; the medium cache holds NTA's blocks.
+                unsafe { (*f.get()).2.alloc(&NTA, c) }
+            })
+            .unwrap_or(ptr::null_mut());
+        if !p.is_null() {
+            return p;
+        }
     }
     // SAFETY: forwarded contract.
     unsafe { GlobalAlloc::alloc(&NTA, layout) }
+}
+
+/// The medium class of `layout` (and its size in chunks): over 4 KiB, at
+/// most nta's largest small allocation, aligned to at most a chunk.
+#[inline(always)]
+fn medium(layout: &Layout) -> Option<(usize, usize)> {
+    if layout.align() <= GLOBAL_CHUNK && layout.size() <= NTA.max_small() {
+        medium_class(layout.size())
+    } else {
+        None
+    }
+}
+
+/// `dealloc` of a medium layout's block: onto the thread's medium cache
+/// when it is its class's size (a block made elsewhere, by a `realloc` in
+/// place or after the thread's caches went, may not be), else the nta.
+///
+/// # Safety
+/// As `dealloc`; `layout` is medium ([`medium`]), so `ptr` is a small
+/// allocation of NTA's.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_medium(ptr: *mut u8, layout: Layout) {
+    if alive() {
+        // SAFETY: a live small allocation of NTA's (the caller's contract):
+        // its node lies in NTA's span, which stays mapped.
+        if let Ok(k) = unsafe { NTA.lookup_unlocked(ptr as usize) } {
+            let r = FRONT.try_with(|f| {
+                // SAFETY: as in `pop`; a live allocation of k chunks of
+                // NTA's, given up.
+                unsafe { (*f.get()).2.push(&NTA, ptr, k) }
+            });
+            if r == Ok(true) {
+                return;
+            }
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
 }
 
 /// A tiny block of slab class `c` past the inline pop: the slabs' slow
@@ -310,6 +363,10 @@ unsafe impl GlobalAlloc for KmemNta {
                 unsafe { dealloc_slow(ptr, k, layout) }
             }
             return;
+        }
+        if medium(&layout).is_some() {
+            // SAFETY: forwarded contract; a medium layout.
+            return unsafe { dealloc_medium(ptr, layout) };
         }
         // SAFETY: forwarded contract.
         unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
