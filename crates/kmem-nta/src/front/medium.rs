@@ -4,8 +4,9 @@
 //! a doubling.
 //!
 //! ```text
-//!   alloc(c)   the class's head (no lock, no atomic); else one allocation
-//!              of the class's size from nta (its heap lock)
+//!   alloc(c)   the class's head, or the head of one of the two classes
+//!              above (no lock, no atomic); else one allocation of the
+//!              class's size from nta (its heap lock)
 //!   push(p,k)  onto class c when k is c's size, the thread allocates from
 //!              c, and the class and the cache have room; else false (the
 //!              caller frees to nta); a full class first gives half back
@@ -77,6 +78,9 @@ pub const MEDIUM_BYTES: usize = 512 << 10;
 const CLASS_BYTES: usize = 256 << 10;
 /// Operations (allocations and pushes) between two scans for idle classes.
 pub const MEDIUM_SCAN: u32 = 1024;
+/// Classes above a request's that an allocation may take a block from
+/// when its own is empty: two, a block at most an eighth larger.
+const UP: usize = 2;
 /// Operations between two looks at nta's clock.
 const MEDIUM_TICK: u32 = 64;
 
@@ -195,9 +199,10 @@ impl MediumCache {
             && medium_class_chunks(c) << SHIFT <= nta.max_small()
     }
 
-    /// A block of class `c` (its full size, [`medium_class_chunks`]`(c)`
-    /// chunks, 64-byte aligned): the class's head, else a fresh one from
-    /// `nta`. Null when `nta` cannot allocate it, or when the class is out
+    /// A block of class `c` or larger (64-byte aligned, of
+    /// [`medium_class_chunks`]`(c)` chunks or of a class at most [`UP`]
+    /// above): the class's head, or the next one's above when it is empty,
+    /// else a fresh one of class `c` from `nta`. Null when `nta` cannot allocate it, or when the class is out
     /// of range or larger than `nta`'s nodes serve (the caller then
     /// allocates its request from `nta` itself). A cached block without its
     /// key, or with a link that does not decode, aborts with one line.
@@ -208,14 +213,29 @@ impl MediumCache {
         }
         self.used |= 1 << c;
         self.count_op(nta, c);
-        let (link, kbase) = (self.link, self.kbase);
-        let cl = &mut self.cls[c];
-        let p = cl.head;
-        if p.is_null() {
-            let bytes = medium_class_chunks(c) << SHIFT;
-            let l = Layout::from_size_align(bytes, 1 << SHIFT).expect("a class's layout");
-            return nta.alloc(l).map_or(ptr::null_mut(), |p| p.as_ptr());
+        // The class, else one of the [`UP`] above it (a block at most an
+        // eighth larger than the class), so that sizes spread over many
+        // classes find what the cache holds.
+        let mut d = c;
+        if self.cls[c].head.is_null() {
+            match self.above(c) {
+                Some(e) => {
+                    // Its block comes back to it: a class this thread uses
+                    // now.
+                    d = e;
+                    self.used |= 1 << d;
+                    self.cls[d].last = self.ops;
+                }
+                None => {
+                    let bytes = medium_class_chunks(c) << SHIFT;
+                    let l = Layout::from_size_align(bytes, 1 << SHIFT).expect("a class's layout");
+                    return nta.alloc(l).map_or(ptr::null_mut(), |p| p.as_ptr());
+                }
+            }
         }
+        let (link, kbase) = (self.link, self.kbase);
+        let cl = &mut self.cls[d];
+        let p = cl.head;
         // SAFETY: a cached block is an allocation of this cache's (written
         // by `push`, at least 64 bytes).
         unsafe {
@@ -230,8 +250,14 @@ impl MediumCache {
             write_words(p, 0, 0);
         }
         cl.count -= 1;
-        self.bytes -= medium_class_chunks(c) << SHIFT;
+        self.bytes -= medium_class_chunks(d) << SHIFT;
         p.cast()
+    }
+
+    /// The first class above `c`, at most [`UP`] above, that holds a block.
+    #[inline(always)]
+    fn above(&self, c: usize) -> Option<usize> {
+        (c + 1..MEDIUM_CLASSES.min(c + UP + 1)).find(|&d| !self.cls[d].head.is_null())
     }
 
     /// Takes the block `p` of `k` chunks when it is a class's size, this
@@ -489,7 +515,12 @@ mod tests {
             for _ in 0..4 {
                 let p = m.alloc(&nta, c);
                 if !p.is_null() {
-                    all.push((p, medium_class_chunks(c)));
+                    // Its class's size, or a class's up to UP above.
+                    let k = len(&nta, p);
+                    assert!(
+                        (0..=UP).any(|u| c + u < MEDIUM_CLASSES && k == medium_class_chunks(c + u))
+                    );
+                    all.push((p, k));
                 }
             }
         }
@@ -569,7 +600,11 @@ mod tests {
                     let l = Layout::from_size_align(size, 64).unwrap();
                     p = nta.alloc(l).unwrap().as_ptr();
                 } else {
-                    assert_eq!(len(&nta, p), k);
+                    // The class's size, or a class's up to UP above.
+                    let got = len(&nta, p);
+                    assert!((0..=UP)
+                        .any(|u| c + u < MEDIUM_CLASSES && got == medium_class_chunks(c + u)));
+                    assert!(got >= k);
                 }
                 assert!(len(&nta, p) * 64 >= size);
                 let tag = i as u8;

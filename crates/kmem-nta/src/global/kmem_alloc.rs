@@ -5,11 +5,11 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr::{self, NonNull};
 
-use kmem_core::Cpus;
+use kmem_core::{Cpus, Error};
 
 use super::{global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG};
 use crate::front::{medium_class, FrontCache, MediumCache};
-use crate::nta::{Nta, Stats};
+use crate::nta::{bad_free, Nta, Stats};
 use crate::slab::{slab_class, SlabArena, SlabCache, SlabStats, SLAB_GRANULE};
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
@@ -215,30 +215,73 @@ fn medium(layout: &Layout) -> Option<(usize, usize)> {
 
 /// `dealloc` of a medium layout's block: onto the thread's medium cache
 /// when it is its class's size (a block made elsewhere, by a `realloc` in
-/// place or after the thread's caches went, may not be), else the nta.
+/// place or after the thread's caches went, may not be), else the nta,
+/// with the length its maps hold: a block of the medium cache's is its
+/// class's size, longer than the layout asks.
 ///
 /// # Safety
 /// As `dealloc`; `layout` is medium ([`medium`]), so `ptr` is a small
 /// allocation of NTA's.
 #[cold]
 #[inline(never)]
-unsafe fn dealloc_medium(ptr: *mut u8, layout: Layout) {
-    if alive() {
-        // SAFETY: a live small allocation of NTA's (the caller's contract):
-        // its node lies in NTA's span, which stays mapped.
-        if let Ok(k) = unsafe { NTA.lookup_unlocked(ptr as usize) } {
-            let r = FRONT.try_with(|f| {
-                // SAFETY: as in `pop`; a live allocation of k chunks of
-                // NTA's, given up.
-                unsafe { (*f.get()).2.push(&NTA, ptr, k) }
-            });
-            if r == Ok(true) {
-                return;
+unsafe fn dealloc_medium(ptr: *mut u8) {
+    // SAFETY: a live small allocation of NTA's (the caller's contract):
+    // its node lies in NTA's span, which stays mapped.
+    let k = match unsafe { NTA.lookup_unlocked(ptr as usize) } {
+        Ok(k) => k,
+        Err(e @ Error::DoubleFree { .. }) => bad_free(e),
+        Err(_) => {
+            // A suspicion only (a neighbour changing as it was read): nta's
+            // free without a size settles it under the lock, and aborts
+            // with one line when the block is not live.
+            // SAFETY: forwarded contract; ptr is not null (a live block).
+            if let Err(e) = unsafe { NTA.free(NonNull::new_unchecked(ptr)) } {
+                bad_free(e);
             }
+            return;
+        }
+    };
+    if alive() {
+        let r = FRONT.try_with(|f| {
+            // SAFETY: as in `pop`; a live allocation of k chunks of NTA's,
+            // given up.
+            unsafe { (*f.get()).2.push(&NTA, ptr, k) }
+        });
+        if r == Ok(true) {
+            return;
         }
     }
-    // SAFETY: forwarded contract.
-    unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
+    // SAFETY: a live allocation of exactly k chunks (just looked up), given
+    // up.
+    unsafe { NTA.free_small(ptr as usize, k) }
+}
+
+/// `realloc` of a block whose old or new layout is medium: kept when the
+/// new size has the block's medium class (its length already), else moved
+/// (so that a block of the medium cache keeps its class's size).
+///
+/// # Safety
+/// As `realloc`; `ptr` is NTA's (not a slab block).
+#[cold]
+#[inline(never)]
+unsafe fn realloc_medium(ptr: *mut u8, layout: Layout, new: Layout) -> *mut u8 {
+    if let (Some(_), Some((_, kn))) = (medium(&layout), medium(&new)) {
+        // SAFETY: a live small allocation of NTA's (a medium layout's).
+        if unsafe { NTA.lookup_unlocked(ptr as usize) } == Ok(kn) {
+            return ptr;
+        }
+    }
+    // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
+    let q = unsafe { GlobalAlloc::alloc(&KmemNta, new) };
+    if !q.is_null() {
+        // SAFETY: both hold at least the smaller size; q is fresh; ptr was
+        // allocated with layout.
+        unsafe {
+            ptr::copy_nonoverlapping(ptr, q, layout.size().min(new.size()));
+            GlobalAlloc::dealloc(&KmemNta, ptr, layout);
+        }
+    }
+    q
 }
 
 /// A tiny block of slab class `c` past the inline pop: the slabs' slow
@@ -366,7 +409,7 @@ unsafe impl GlobalAlloc for KmemNta {
         }
         if medium(&layout).is_some() {
             // SAFETY: forwarded contract; a medium layout.
-            return unsafe { dealloc_medium(ptr, layout) };
+            return unsafe { dealloc_medium(ptr) };
         }
         // SAFETY: forwarded contract.
         unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
@@ -394,6 +437,10 @@ unsafe impl GlobalAlloc for KmemNta {
                 }
             }
             return q;
+        }
+        if medium(&layout).is_some() || medium(&new).is_some() {
+            // SAFETY: forwarded contract; not a slab block.
+            return unsafe { realloc_medium(ptr, layout, new) };
         }
         // In place when the size in chunks stays, shrinks, or the chunks after
         // it are free; else the nta moves it (past the front cache, which only
@@ -522,6 +569,66 @@ mod tests {
                 assert!((0..l.size()).all(|i| *p.add(i) == l.size() as u8));
                 GlobalAlloc::dealloc(&a, p, l);
             }
+        }
+        KmemNta::flush_thread_cache();
+        KmemNta::check().unwrap();
+    }
+
+    /// Medium layouts through the medium cache: blocks come back (of their
+    /// class's size or one at most an eighth larger), `realloc` keeps or
+    /// moves them with their bytes, every `dealloc` takes the layout it
+    /// was given (not the block's length), and nothing is lost.
+    #[test]
+    fn medium_layouts_round_trip_through_the_cache() {
+        let a = KmemNta;
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut live: std::vec::Vec<(*mut u8, Layout, u8)> = std::vec::Vec::new();
+        for i in 0..4000u32 {
+            let tag = i as u8;
+            match rnd() % 4 {
+                0 | 1 if live.len() < 40 => {
+                    let l = Layout::from_size_align(4097 + (rnd() % 61_000) as usize, 8).unwrap();
+                    // SAFETY: non-zero layout.
+                    let p = unsafe { GlobalAlloc::alloc(&a, l) };
+                    assert!(!p.is_null());
+                    // SAFETY: p holds l.size() bytes.
+                    unsafe { p.write_bytes(tag, l.size()) };
+                    live.push((p, l, tag));
+                }
+                2 if !live.is_empty() => {
+                    let j = (rnd() % live.len() as u64) as usize;
+                    let (p, l, t) = live[j];
+                    let n = 16 + (rnd() % 70_000) as usize;
+                    // SAFETY: p was allocated with l; n is non-zero.
+                    let q = unsafe { GlobalAlloc::realloc(&a, p, l, n) };
+                    assert!(!q.is_null());
+                    // SAFETY: q holds n bytes, the first min(old, n) kept.
+                    let s = unsafe { core::slice::from_raw_parts(q, l.size().min(n)) };
+                    assert!(s.iter().all(|&v| v == t), "realloc lost bytes");
+                    // SAFETY: q holds n bytes.
+                    unsafe { q.write_bytes(t, n) };
+                    live[j] = (q, Layout::from_size_align(n, 8).unwrap(), t);
+                }
+                _ if !live.is_empty() => {
+                    let (p, l, t) = live.swap_remove((rnd() % live.len() as u64) as usize);
+                    // SAFETY: p holds l.size() bytes written with t.
+                    let s = unsafe { core::slice::from_raw_parts(p, l.size()) };
+                    assert!(s.iter().all(|&v| v == t), "block overwritten");
+                    // SAFETY: allocated (or reallocated) with l.
+                    unsafe { GlobalAlloc::dealloc(&a, p, l) };
+                }
+                _ => {}
+            }
+        }
+        for (p, l, _) in live {
+            // SAFETY: as above.
+            unsafe { GlobalAlloc::dealloc(&a, p, l) };
         }
         KmemNta::flush_thread_cache();
         KmemNta::check().unwrap();

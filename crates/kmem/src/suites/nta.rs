@@ -289,11 +289,10 @@ struct RandomPlan {
     order: Vec<usize>,
 }
 
-fn random_plan() -> RandomPlan {
+/// Sizes uniform in `lo..=hi` for 16 batches, and an order of freeing.
+fn random_plan(lo: u64, hi: u64) -> RandomPlan {
     let mut r = Rng::new(42);
-    let sizes = (0..BATCH * 16)
-        .map(|_| r.range(16, 4096) as usize)
-        .collect();
+    let sizes = (0..BATCH * 16).map(|_| r.range(lo, hi) as usize).collect();
     let mut order: Vec<usize> = (0..BATCH).collect();
     for i in (1..BATCH).rev() {
         order.swap(i, r.below(i as u64 + 1) as usize);
@@ -680,11 +679,12 @@ impl Suite for NtaSuite {
         let base = baseline_instance();
         let rounds = sc.pick(1, 9, 21);
         let reps = sc.pick(20, 2000, 6000);
-        let plan = random_plan();
+        let plan = random_plan(16, 4096);
+        let medium_plan = random_plan(4097, 65536);
         let blocks = sc.pick(2_000, 200_000, 1_000_000);
         let (slots, steps, lrounds) = (1000, sc.pick(500, 20_000, 60_000), sc.pick(2, 6, 10));
         let mut cases: Vec<(String, Workload<'_>)> = Vec::new();
-        for size in [16usize, 64, 256, 1024, 4096] {
+        for size in [16usize, 64, 256, 1024, 4096, 16384] {
             cases.push((
                 format!("fixed_{size}"),
                 Box::new(move |r: &dyn Runner| r.fixed(size, reps)),
@@ -694,6 +694,13 @@ impl Suite for NtaSuite {
         cases.push((
             "random_16_4096".into(),
             Box::new(move |r: &dyn Runner| r.random(plan, reps)),
+        ));
+        // Medium blocks (the medium caches' sizes): a tenth of the
+        // repetitions, each batch 16 times the bytes.
+        let medium_plan = &medium_plan;
+        cases.push((
+            "random_4k_64k".into(),
+            Box::new(move |r: &dyn Runner| r.random(medium_plan, (reps / 10).max(2))),
         ));
         cases.push((
             "prodcons".into(),
@@ -801,7 +808,9 @@ mod tests {
         for case in [
             "fixed_16",
             "fixed_4096",
+            "fixed_16384",
             "random_16_4096",
+            "random_4k_64k",
             "prodcons",
             "larson_2t",
         ] {
