@@ -108,10 +108,18 @@ fn a_multi_thread_stress_checks_every_calloc() {
 /// second per-CPU heap while the first one's blocks die (up to twice the
 /// set for a moment), which is kmem-nta's per-CPU design, not placement or
 /// memory return, what this test is about.
+///
+/// The first window starts after the return policy's delay (1000 ms by
+/// default): freed memory past `retain` may stay backed for that long, so
+/// before it the memory kept beyond the live set is still filling up to
+/// the policy's bound, and a window there measured the fill, not a drift.
+/// With a warm-up of 300 ms the large band failed about one run in two
+/// on 2 cores, kmem's 98b13a7 as much as later code (first window 20 MiB
+/// beyond the live set, last 31-32 MiB, within the policy's 32 MiB).
 #[test]
 fn a_steady_working_set_keeps_its_rss_in_every_band() {
     let exe = workload("churn");
-    let (warm, run, window) = (300.0, 1200.0, 400.0);
+    let (warm, run, window) = (1200.0, 1200.0, 400.0);
     // (time ms, RSS KiB, live KiB): each "rss" line and the "live" line
     // after it.
     let samples = |kmem: bool, band: &str| -> Vec<(f64, f64, f64)> {

@@ -232,6 +232,34 @@ fn sort_of_a_large_file() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Workloads whose blocks cross the medium cache's sizes (4-64 KiB), with
+/// threads handing blocks over: the same checksum as under glibc (every
+/// block's tags checked at its free).
+#[test]
+fn medium_blocks_across_threads_agree_with_glibc() {
+    let d = scratch("medium");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads");
+    let rp = common::compile_with("rptest", &dir.join("rptest.c"), &d, &["-lm"]);
+    let la = compile("larson", &dir.join("larson.c"), &d);
+    for (exe, args) in [
+        (&rp, &["2", "1", "2", "200", "500", "100", "8", "16000"][..]),
+        (
+            &rp,
+            &["3", "0", "1", "100", "300", "50", "4000", "65536"][..],
+        ),
+        (&la, &["2", "2", "500", "3", "1000", "60000"][..]),
+    ] {
+        let (g, k) = both(|| {
+            let mut c = Command::new(exe);
+            c.args(args);
+            c
+        });
+        assert_same(&format!("{} {args:?}", exe.display()), &g, &k);
+        assert!(String::from_utf8_lossy(&k.stdout).contains("checksum"));
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn threads_pass_blocks_and_fork() {
     let d = scratch("mtfork");

@@ -248,7 +248,7 @@ pub fn workloads_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../kmem-malloc/workloads")
 }
 
-/// Compiles `workloads/<name>.c` with `gcc -O2 -pthread` (once, unless the
+/// Compiles `workloads/<name>.c` with `gcc -O2 -pthread ... -lm` (once, unless the
 /// source changed) and returns the program's path.
 pub fn compile_workload(name: &str) -> Result<PathBuf, String> {
     let src = workloads_dir().join(format!("{name}.c"));
@@ -279,6 +279,8 @@ pub fn compile_workload(name: &str) -> Result<PathBuf, String> {
             .args(["-O2", "-g", "-pthread", "-o"])
             .arg(&tmp)
             .arg(&src)
+            // rptest's size distributions (sqrt, log, exp).
+            .arg("-lm")
             .output()
             .map_err(|e| format!("running {cc}: {e} (install gcc)"))?;
         if !out.status.success() {

@@ -61,11 +61,11 @@ pub fn compile(name: &str, src: &Path, d: &Path) -> PathBuf {
 pub fn compile_with(name: &str, src: &Path, d: &Path, extra: &[&str]) -> PathBuf {
     let exe = d.join(name);
     let o = Command::new("cc")
-        .args(["-O2", "-pthread"])
-        .args(extra)
-        .arg("-o")
+        .args(["-O2", "-pthread", "-o"])
         .arg(&exe)
         .arg(src)
+        // After the source: libraries (`-lm`) link only what it needs.
+        .args(extra)
         .output()
         .expect("cc");
     assert!(

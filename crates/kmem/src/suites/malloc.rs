@@ -16,7 +16,10 @@
 //! whole), sh6bench and sh8bench (MicroQuill's: rings of blocks of
 //! 1-1000 bytes, small sizes most often, released around a kept window so
 //! that ages and sizes interleave; in sh8bench the next thread frees
-//! them), JSON-like trees built and
+//! them), rptest (rpmalloc's: each thread frees and reallocates scattered
+//! slots of a set of 1000, sizes 8-16000 B falling off linearly, so about
+//! half above 4 KiB, and hands a batch to the next thread every second
+//! loop), JSON-like trees built and
 //! dropped (most allocations 8-32 bytes), phases that build about 50 MB
 //! of small blocks and drop all of it (`burst`: whether freed memory is
 //! kept for the next phase or faulted in again), and large blocks (5-25 MiB)
@@ -26,7 +29,7 @@
 //! median wall time and peak RSS are reported with ratios to glibc and to
 //! mimalloc. The multi-threaded ones run at their scale's thread count (2
 //! at quick scale) and again at the machine's CPU count when that is larger
-//! (`larson@16t`); larson and glibc-thread also at 1 thread and every power
+//! (`larson@16t`); larson, glibc-thread and rptest also at 1 thread and every power
 //! of two below the CPUs, for a scaling curve beside the peers'
 //! (`scaling_vs_1_thread`, linear = the thread count). The geometric means
 //! are over the first runs only, so that they read the same on every
@@ -249,6 +252,22 @@ const WORKLOADS: &[Workload] = &[
         curve: false,
     },
     Workload {
+        name: "rptest",
+        case: "rptest",
+        // Threads, size distribution (1: linear falloff), a hand-off every
+        // CROSS loops, loops, blocks a thread, blocks freed and allocated a
+        // loop, sizes: mimalloc-bench's rptest (8-16000 B, linear falloff,
+        // every second loop); more loops than its 500, which end in
+        // milliseconds.
+        args: [
+            &["2", "1", "2", "50", "1000", "100", "8", "16000"],
+            &["2", "1", "2", "5000", "1000", "100", "8", "16000"],
+            &["4", "1", "2", "20000", "1000", "100", "8", "16000"],
+        ],
+        threads: Threads::First,
+        curve: true,
+    },
+    Workload {
         name: "large_replace",
         case: "large_replace",
         args: [&["20", "20"], &["200", "20"], &["2000", "20"]],
@@ -270,7 +289,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, sh6bench, sh8bench, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, sh6bench, sh8bench, rptest, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
