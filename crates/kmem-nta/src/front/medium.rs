@@ -398,22 +398,10 @@ mod tests {
     use kmem_pages::FixedSource;
 
     use super::*;
-    use crate::Config;
 
     /// An nta of 64-byte chunks and 64 KiB nodes, one heap, over `b`.
     fn nta_over(b: &mut [u64]) -> Nta<FixedSource<'_>, Cpus> {
-        // SAFETY: viewing the u64 buffer as bytes.
-        let bytes =
-            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
-        let src = FixedSource::new(bytes, 4096).unwrap();
-        let cfg = Config {
-            chunk_size: 64,
-            node_size: 64 << 10,
-            heaps: 1,
-            reserve_nodes: 1,
-            steal: false,
-        };
-        Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap()
+        super::super::tests::nta_with_nodes(b, 64 << 10)
     }
 
     /// The length in chunks nta gives the block at `p`.

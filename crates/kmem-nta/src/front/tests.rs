@@ -103,6 +103,26 @@ fn zero_bytes_are_an_empty_cache() {
     assert!((1..=FRONT_CLASSES).all(|k| z.count(k) == 0 && z.cls[k].head.is_null()));
 }
 
+/// An nta of 64-byte chunks and nodes of `node_size` bytes, one heap, over
+/// `b` (the medium cache's tests use it too).
+pub(super) fn nta_with_nodes(
+    b: &mut [u64],
+    node_size: usize,
+) -> crate::Nta<kmem_pages::FixedSource<'_>, kmem_core::Cpus> {
+    // SAFETY: viewing the u64 buffer as bytes.
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
+    let src = kmem_pages::FixedSource::new(bytes, 4096).unwrap();
+    let cfg = crate::Config {
+        chunk_size: 64,
+        node_size,
+        heaps: 1,
+        reserve_nodes: 1,
+        steal: false,
+    };
+    crate::Nta::with_config(src, cfg, kmem_core::Cpus::Fixed(0)).unwrap()
+}
+
 mod shuffle_tests {
     extern crate std;
 
@@ -118,18 +138,7 @@ mod shuffle_tests {
 
     /// An nta of 64-byte chunks and 32 KiB nodes, one heap, over `b`.
     fn nta_over(b: &mut [u64]) -> Nta<FixedSource<'_>, Cpus> {
-        // SAFETY: viewing the u64 buffer as bytes.
-        let bytes =
-            unsafe { core::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u8>(), b.len() * 8) };
-        let src = FixedSource::new(bytes, 4096).unwrap();
-        let cfg = Config {
-            chunk_size: 64,
-            node_size: 32 << 10,
-            heaps: 1,
-            reserve_nodes: 1,
-            steal: false,
-        };
-        Nta::with_config(src, cfg, Cpus::Fixed(0)).unwrap()
+        super::nta_with_nodes(b, 32 << 10)
     }
 
     #[test]
