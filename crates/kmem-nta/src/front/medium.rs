@@ -18,8 +18,8 @@
 //! **Why.** Without it every medium request took the heap's lock and nta's
 //! general path (find a run on the lists, split it, mark three bitmaps), and
 //! every free the path back (validate, coalesce with the neighbours, list):
-//! 95 ns for a `malloc(8192)` and its `free` on a hot cache against glibc's
-//! 23, and under a working set of random medium blocks (larson with blocks
+//! about 95 ns for a `malloc(8192)` and its `free` on a hot cache against
+//! glibc's 27, and under a working set of random medium blocks (larson with blocks
 //! of 4-16 KiB) 2.4 times mimalloc's time, most of it misses on the free
 //! neighbours' list links. A class is a stack of whole blocks, popped and
 //! pushed with two words written in the block.

@@ -633,4 +633,63 @@ mod tests {
         KmemNta::flush_thread_cache();
         KmemNta::check().unwrap();
     }
+
+    /// Medium blocks made on one thread and freed on another (into the
+    /// freeing thread's medium cache, or nta's remote frees), both threads
+    /// allocating too: every block keeps its bytes, and nothing is lost.
+    #[test]
+    fn medium_blocks_freed_across_threads() {
+        use std::sync::mpsc;
+        let (tx, rx) = mpsc::sync_channel::<(usize, usize, u8)>(64);
+        let producer = std::thread::spawn(move || {
+            let a = KmemNta;
+            for i in 0..3000usize {
+                let size = 4097 + (i * 7919) % 60_000;
+                let l = Layout::from_size_align(size, 8).unwrap();
+                // SAFETY: non-zero layout.
+                let p = unsafe { GlobalAlloc::alloc(&a, l) };
+                assert!(!p.is_null());
+                let tag = i as u8;
+                // SAFETY: p holds size bytes.
+                unsafe { p.write_bytes(tag, size) };
+                tx.send((p as usize, size, tag)).unwrap();
+            }
+            KmemNta::flush_thread_cache();
+        });
+        let consumer = std::thread::spawn(move || {
+            let a = KmemNta;
+            let mut own = std::vec::Vec::new();
+            for (n, (p, size, tag)) in rx.into_iter().enumerate() {
+                let p = p as *mut u8;
+                // SAFETY: the producer's block of size bytes, written with
+                // tag, handed over whole.
+                let s = unsafe { core::slice::from_raw_parts(p, size) };
+                assert!(s.iter().all(|&v| v == tag), "block overwritten");
+                let l = Layout::from_size_align(size, 8).unwrap();
+                // The consumer allocates some of the same sizes itself, so
+                // that its medium cache takes frees of those classes.
+                if n % 2 == 0 {
+                    // SAFETY: non-zero layout.
+                    let q = unsafe { GlobalAlloc::alloc(&a, l) };
+                    assert!(!q.is_null());
+                    own.push((q, l));
+                }
+                // SAFETY: allocated with l (by the producer).
+                unsafe { GlobalAlloc::dealloc(&a, p, l) };
+                if own.len() > 8 {
+                    let (q, l) = own.remove(0);
+                    // SAFETY: allocated above with l.
+                    unsafe { GlobalAlloc::dealloc(&a, q, l) };
+                }
+            }
+            for (q, l) in own {
+                // SAFETY: as above.
+                unsafe { GlobalAlloc::dealloc(&a, q, l) };
+            }
+            KmemNta::flush_thread_cache();
+        });
+        producer.join().unwrap();
+        consumer.join().unwrap();
+        KmemNta::check().unwrap();
+    }
 }
