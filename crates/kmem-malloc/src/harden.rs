@@ -341,11 +341,11 @@ pub(crate) unsafe fn free_small_hardened(t: &Thread, p: *mut u8, k: usize) {
             junk_freed(p, n);
         }
     }
-    // SAFETY: forwarded; this thread's cache holds only NTA's chunks.
+    // SAFETY: forwarded; this thread's caches hold only NTA's blocks.
     unsafe {
         if cached(t.mode.get()) && k <= FRONT_CLASSES {
             (*t.front.get()).push(&NTA, p, k);
-        } else {
+        } else if !(cached(t.mode.get()) && (*t.medium.get()).push(&NTA, p, k)) {
             NTA.free_small(p as usize, k);
         }
     }

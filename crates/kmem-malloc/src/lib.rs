@@ -661,6 +661,14 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
                 if !p.is_null() {
                     return (p, false);
                 }
+            } else if let Some((c, _)) = medium_class(size) {
+                // SAFETY: as above. Its pops check the key and the link as
+                // in T_FAST (a pointer written into a freed medium block
+                // aborts here too).
+                let p = unsafe { (*t.medium.get()).alloc(&NTA, c) };
+                if !p.is_null() {
+                    return (p, false);
+                }
             }
         }
         let l = Layout::from_size_align(size, align).expect("checked sizes");

@@ -45,8 +45,8 @@ pub(crate) struct Thread {
     /// Calls since the last full check (debug mode).
     pub(crate) calls: Cell<u32>,
     pub(crate) front: UnsafeCell<FrontCache>,
-    /// Blocks of 4 to 64 KiB, by class (`T_FAST` only; kmem-nta's
-    /// `MediumCache`).
+    /// Blocks of 4 to 64 KiB, by class (kmem-nta's `MediumCache`), in the
+    /// modes that cache ([`cached`]).
     pub(crate) medium: UnsafeCell<MediumCache>,
     /// The thread's random sequence (secure mode).
     pub(crate) rng: Cell<u64>,
