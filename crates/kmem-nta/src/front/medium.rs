@@ -202,9 +202,10 @@ impl MediumCache {
     /// A block of class `c` or larger (64-byte aligned, of
     /// [`medium_class_chunks`]`(c)` chunks or of a class at most [`UP`]
     /// above): the class's head, or the next one's above when it is empty,
-    /// else a fresh one of class `c` from `nta`. Null when `nta` cannot allocate it, or when the class is out
-    /// of range or larger than `nta`'s nodes serve (the caller then
-    /// allocates its request from `nta` itself). A cached block without its
+    /// else a fresh one of class `c` from `nta`. Null when `nta` cannot
+    /// allocate it, or when the class is out of range or larger than
+    /// `nta`'s nodes serve (the caller then allocates its request from
+    /// `nta` itself). A cached block without its
     /// key, or with a link that does not decode, aborts with one line.
     #[inline]
     pub fn alloc<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
