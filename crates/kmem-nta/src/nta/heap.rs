@@ -156,8 +156,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     ///
     /// # Safety
     /// The caller holds `heap`'s lock, `node` is one of its nodes, and the
-    /// chunks are `allocs` live allocations (validated, or vouched for by
-    /// their cache keys: see `free_batch`) that nothing uses.
+    /// chunks are `allocs` live allocations of `k / allocs` chunks each
+    /// (validated, or vouched for by their cache keys: see `free_batch`)
+    /// that nothing uses.
     #[inline]
     pub(super) unsafe fn release_run(
         &self,
@@ -175,11 +176,13 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe {
             bits::clear_range(used, idx, k);
             bits::clear_range(end, idx, k);
-            // One allocation: its start's byte is the only one set.
+            // Only the allocations' starts have their bytes set: one store
+            // each, unless the allocations are short enough that whole
+            // words of the map clear them faster.
             if allocs == 1 {
                 lens::set(len_map(node, g), idx, 0);
             } else {
-                lens::clear_range(len_map(node, g), idx, k);
+                release_lens(len_map(node, g), idx, k, allocs as usize);
             }
             let mut s = idx;
             let mut e = idx + k;
@@ -500,15 +503,20 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // Only grows; read first, as in `note_span`.
             self.grown.fetch_max(h + 1, Ordering::Relaxed);
         }
-        self.reclaim_others(h);
         self.tick();
-        let pooled = match self.pool.try_lock() {
+        let take = || match self.pool.try_lock() {
             Some(mut pool) if pool.n > 0 => {
                 pool.n -= 1;
                 Some(pool.nodes[pool.n])
             }
             _ => None,
         };
+        let mut pooled = take();
+        if pooled.is_none() {
+            // Fresh memory next: first what other heaps hold queued.
+            self.reclaim_others(h);
+            pooled = take();
+        }
         let node: *mut Node = match pooled {
             Some(a) => a as *mut Node,
             None => self
@@ -537,9 +545,20 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     next: heap.nodes,
                 },
             );
-            // Both bitmaps and the length map.
-            ptr::write_bytes(used_map(node).cast::<u8>(), 0, 2 * g.words * 8 + g.nchunks);
-            bits::set_range(used_map(node), 0, g.hdr);
+            // Both bitmaps and the length map. A pooled node's are as an
+            // empty node leaves them (`node_empty`): only the header's
+            // chunks in use, no end, no length; a node pooled from random
+            // medium frees is regrown about once a free (1,280 bytes less
+            // to write each time).
+            if pooled.is_none() {
+                ptr::write_bytes(used_map(node).cast::<u8>(), 0, 2 * g.words * 8 + g.nchunks);
+                bits::set_range(used_map(node), 0, g.hdr);
+            }
+            #[cfg(debug_assertions)]
+            assert!(
+                self.maps_fresh(node),
+                "a pooled node's maps were not a fresh node's"
+            );
             if !heap.nodes.is_null() {
                 (*heap.nodes).prev = node;
             }
@@ -553,6 +572,22 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         self.note_span(addr, g.node());
         Ok(())
+    }
+
+    /// True when `node`'s maps are a fresh node's: the header's chunks in
+    /// use, nothing else; no end bit; no length.
+    ///
+    /// # Safety
+    /// `node` is a node-sized run of ours.
+    #[cfg(debug_assertions)]
+    unsafe fn maps_fresh(&self, node: *mut Node) -> bool {
+        let g = &self.geo;
+        // SAFETY: the maps lie in the node's header chunks.
+        unsafe {
+            (0..g.nchunks).all(|i| bits::test(used_map(node), i) == (i < g.hdr))
+                && (0..g.nchunks).all(|i| !bits::test(end_map(node, g), i))
+                && (0..g.nchunks).all(|i| lens::get(len_map(node, g), i) == 0)
+        }
     }
 
     /// Finishes the frees other CPUs queued for heap `h`.
@@ -625,5 +660,26 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     pub(crate) unsafe fn semi_push(&self, owner: usize, head: *mut Semi, tail: *mut Semi) {
         // SAFETY: the caller gives up the chain, written completely.
         unsafe { self.slots[owner].semi.push(head, tail) };
+    }
+}
+
+/// Clears the length map's bytes of `allocs` allocations of `k / allocs`
+/// chunks each that fill chunks `[idx, idx + k)` (`release_run` of a
+/// batch): only their starts are set.
+///
+/// # Safety
+/// The chunks lie in the node whose length map is `map`.
+#[cold]
+unsafe fn release_lens(map: *mut u8, idx: usize, k: usize, allocs: usize) {
+    let each = k / allocs;
+    // SAFETY: every index lies in [idx, idx + k), inside the node.
+    unsafe {
+        if each >= 8 {
+            for t in 0..allocs {
+                lens::set(map, idx + t * each, 0);
+            }
+        } else {
+            lens::clear_range(map, idx, k);
+        }
     }
 }
