@@ -299,8 +299,8 @@ static void *double_at_exit(void *arg) {
 int main(int argc, char **argv) {
   int local = 0;
   char *p = malloc(100), *big = malloc(1 << 20), *mid = malloc(100000), *t = malloc(40);
-  char *m = malloc(10000);
-  if (!p || !big || !mid || !t || !m) return 2;
+  char *m = malloc(10000), *l = malloc(40000);
+  if (!p || !big || !mid || !t || !m || !l) return 2;
   const char *what = argv[1];
   if (!strcmp(what, "stack")) free(&local);
   else if (!strcmp(what, "double")) { free(p); free(p); }
@@ -333,6 +333,18 @@ int main(int argc, char **argv) {
     (void)sink;
   }
   else if (!strcmp(what, "medium-middle")) free(m + 64);
+  /* A medium block of 255 chunks or more: nta's length map marks it long
+     and its free's lookup finds the end in the end map. */
+  else if (!strcmp(what, "long-double")) { free(l); free(l); }
+  else if (!strcmp(what, "long-double-apart")) {
+    char *volatile q = malloc(40000);
+    free(l); free(q); free(l);
+    char *volatile sink;
+    for (int i = 0; i < 3; i++) sink = malloc(40000);
+    (void)sink;
+  }
+  else if (!strcmp(what, "long-middle")) free(l + 64);
+  else if (!strcmp(what, "long-end")) free(l + 39936);
   else if (!strcmp(what, "medium-uaf")) {
     /* As uaf-pointer, for blocks of the medium cache. */
     static char target[256] __attribute__((aligned(64)));
@@ -416,7 +428,7 @@ int main(int argc, char **argv) {
     (void)sink;
     free(v[a]);
   }
-  else if (!strcmp(what, "none")) { free(p); free(big); free(mid); free(t); free(m); puts("fine"); return 0; }
+  else if (!strcmp(what, "none")) { free(p); free(big); free(mid); free(t); free(m); free(l); puts("fine"); return 0; }
   puts("not caught");
   return 0;
 }
@@ -458,6 +470,10 @@ fn bad_frees_in_mode(exe: &Path, mode: &str) {
         "medium-double-apart",
         "medium-middle",
         "medium-uaf",
+        "long-double",
+        "long-double-apart",
+        "long-middle",
+        "long-end",
         "tiny-double",
         "tiny-double-apart",
         "tiny-middle",

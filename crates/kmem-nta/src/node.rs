@@ -417,11 +417,12 @@ pub(crate) fn len_map(node: *mut Node, g: &Geometry) -> *mut u8 {
 pub(crate) mod lens {
     use core::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
-    /// The longest length the map holds; a longer allocation reads 0.
+    /// The longest length the map holds exactly; a longer allocation reads
+    /// `MAX` too (its length is then the end map's).
     pub const MAX: usize = u8::MAX as usize;
 
-    /// The length of the allocation that starts at chunk `i`, or 0 (none
-    /// starts there, or it is longer than [`MAX`]).
+    /// The length of the allocation that starts at chunk `i` (`MAX` for
+    /// `MAX` chunks or more), or 0 (none starts there).
     #[inline(always)]
     pub unsafe fn get(map: *const u8, i: usize) -> usize {
         // SAFETY: the caller keeps `i` inside the map; u8 and AtomicU8 have
@@ -430,10 +431,10 @@ pub(crate) mod lens {
     }
 
     /// Records that an allocation of `k` chunks starts at chunk `i` (k = 0:
-    /// none does any more).
+    /// none does any more; `MAX` or more: `MAX`).
     #[inline(always)]
     pub unsafe fn set(map: *mut u8, i: usize, k: usize) {
-        let v = if k <= MAX { k as u8 } else { 0 };
+        let v = if k <= MAX { k as u8 } else { MAX as u8 };
         // SAFETY: as `get`.
         unsafe { (*map.add(i).cast::<AtomicU8>()).store(v, Relaxed) }
     }
@@ -541,14 +542,14 @@ mod tests {
     }
 
     #[test]
-    fn len_map_holds_lengths_up_to_255() {
+    fn len_map_holds_lengths_up_to_255_and_marks_longer_ones() {
         let mut m = vec![0u8; 8];
         let p = m.as_mut_ptr();
         // SAFETY: indexes below 8, inside the map.
         unsafe {
             for (i, k) in [(0, 1), (1, 16), (2, 255), (3, 256), (4, 1019)] {
                 lens::set(p, i, k);
-                assert_eq!(lens::get(p, i), if k <= lens::MAX { k } else { 0 });
+                assert_eq!(lens::get(p, i), k.min(lens::MAX));
             }
             lens::set(p, 1, 0);
             assert_eq!(lens::get(p, 1), 0);

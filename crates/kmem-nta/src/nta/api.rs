@@ -356,7 +356,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// The common case of [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed),
     /// from the node's header alone: `Some(k)` when `addr` starts a live
-    /// allocation of `k` chunks, `k` at most 255 (the length map's); `None`
+    /// allocation of `k` chunks (the length map's, or for 255 chunks and
+    /// more the end map's); `None`
     /// for anything else, good or bad, which the caller settles on its
     /// checked path. The chunk's own words are not read, so a chunk parked
     /// in a front cache or queued on a semi-free list reads live: for a
@@ -387,8 +388,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// The lookup's common case over geometry `g` (this allocator's) with
     /// its secret (0 before it has one: nothing is found): the node's seal
     /// (a node of chunks: a large run's seal differs, see `seal_large`),
-    /// the chunk alignment, then the length map (a block of at most 255
-    /// chunks). `None` for anything else.
+    /// the chunk alignment, then the length map (for a block of 255 chunks
+    /// or more, which it marks as such, the end map after it: see
+    /// [`long_len`]). `None` for anything else.
     ///
     /// The length map's line for the next 64 chunks is prefetched: a
     /// program that frees what it built frees it mostly in the order it
@@ -415,6 +417,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             prefetch::<false>(len_map(node, g).wrapping_add(idx + 64));
             match lens::get(len_map(node, g), idx) {
                 0 => None,
+                lens::MAX => Some(long_len(node, g, idx)),
                 k => Some(k),
             }
         }
@@ -669,4 +672,20 @@ impl<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32> Fixed<CHUNK_SHIFT, NODE_SHIF
         Ok(g) => g,
         Err(e) => panic!("{}", e),
     };
+}
+
+/// The length of the allocation of 255 chunks or more that starts at chunk
+/// `idx` of `node` (the length map says so): up to its end bit, 4 to 16
+/// words of the end map away. Before, such blocks (medium blocks of 16 KiB
+/// and more) took `free`'s checked path: the bitmaps bit by bit and the
+/// block's own words, a third of the instructions of a free of random
+/// 4-64 KiB blocks.
+///
+/// # Safety
+/// `node` is a live node of chunks over geometry `g`, and the length map
+/// marks a live allocation of 255 chunks or more at `idx`.
+#[inline(always)]
+unsafe fn long_len(node: *mut Node, g: &Geometry, idx: usize) -> usize {
+    // SAFETY: the end map lies in the node's header; idx < nchunks.
+    unsafe { bits::next_set(end_map(node, g), idx, g.nchunks) + 1 - idx }
 }
