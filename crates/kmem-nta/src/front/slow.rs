@@ -291,8 +291,12 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
     }
 
-    /// Gives back, whole, every class with chunks and no refill or flush in
-    /// the last [`IDLE_SCAN`] refills; their refills start small again.
+    /// Every class with chunks and no refill or flush in the last
+    /// [`IDLE_SCAN`] refills gives back all but a quarter and is watched; a
+    /// watched class whose count has not moved since the last scan (or a
+    /// class too small to split, or a free-only one) goes back whole, and
+    /// its refills start small again (the module's "Idle classes go
+    /// back").
     ///
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
@@ -301,9 +305,32 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     unsafe fn return_idle<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>) {
         for k in 1..=Self::CLASSES {
             let head = *self.list(k);
+            let bit = 1u64 << (k - 1);
             if head.is_null() || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
+                self.halved &= !bit;
                 continue;
             }
+            let c = self.cls[k].count;
+            if self.halved & bit != 0 {
+                if self.seen[k] != c as u16 {
+                    // Popped or pushed since the last scan, never missing:
+                    // in steady use. It keeps what it has, watched.
+                    self.seen[k] = c as u16;
+                    continue;
+                }
+            } else if !self.only_frees(k) && c >= 4 {
+                // Idle by the clock: half goes back, and the class is
+                // watched; its bound and ramp stay.
+                let n = c - c / 4;
+                // SAFETY: the class's stock holds c > n chunks, nta's.
+                *self.list(k) =
+                    unsafe { nta.free_batch(head, n as usize, k, self.link, self.kbase) };
+                self.cls[k].count -= n;
+                self.seen[k] = (c - n) as u16;
+                self.halved |= bit;
+                continue;
+            }
+            self.halved &= !bit;
             *self.list(k) = ptr::null_mut();
             self.cls[k].count = 0;
             self.fills[k] = 0;
@@ -335,5 +362,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lim(k);
         }
         self.cycled = 0;
+        self.halved = 0;
     }
 }
