@@ -319,8 +319,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                     continue;
                 }
             } else if !self.only_frees(k) && c >= 4 {
-                // Idle by the clock: half goes back, and the class is
-                // watched; its bound and ramp stay.
+                // Idle by the clock: all but a quarter goes back, and the
+                // class is watched; its bound and ramp stay.
                 let n = c - c / 4;
                 // SAFETY: the class's stock holds c > n chunks, nta's.
                 *self.list(k) =

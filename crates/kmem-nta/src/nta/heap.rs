@@ -669,7 +669,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 ///
 /// # Safety
 /// The chunks lie in the node whose length map is `map`.
-#[cold]
+#[inline]
 unsafe fn release_lens(map: *mut u8, idx: usize, k: usize, allocs: usize) {
     let each = k / allocs;
     // SAFETY: every index lies in [idx, idx + k), inside the node.
