@@ -61,8 +61,8 @@ pub(crate) fn free_fast(a: usize) -> bool {
                 }
                 true
             },
-            // SAFETY: as above; a block of 65 to 255 chunks (the length
-            // map's longest).
+            // SAFETY: as above; a block of 65 to 254 chunks, or of 255 or
+            // more (`LONG_LEN`: `free_medium` reads the length).
             Some(k) => unsafe {
                 free_medium(t, a as *mut u8, k);
                 true
@@ -79,11 +79,20 @@ pub(crate) fn free_fast(a: usize) -> bool {
 /// jumps here.
 ///
 /// # Safety
-/// `p` is a live allocation of exactly `k` chunks of `NTA`, looked up in
-/// its maps, that the caller gives up; `t` is this thread's block, in
-/// `T_FAST`.
+/// `p` is a live allocation of exactly `k` chunks of `NTA` (or, for `k` =
+/// [`kmem_nta::LONG_LEN`], of that many or more), looked up in its maps,
+/// that the caller gives up; `t` is this thread's block, in `T_FAST`.
 #[inline(never)]
 unsafe fn free_medium(t: &Thread, p: *mut u8, k: usize) {
+    // The lookup's mark of 255 chunks or more: the length is the end
+    // map's (read here, out of `free`'s inline path).
+    let k = if k == kmem_nta::LONG_LEN {
+        // SAFETY: p is a live block of NTA's (the caller's contract), for
+        // which the length map said LONG_LEN.
+        unsafe { NTA.long_len_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(p as usize) }
+    } else {
+        k
+    };
     // SAFETY: this thread's medium cache, which holds only NTA's blocks;
     // forwarded contract.
     if !unsafe { (*t.medium.get()).push(&NTA, p, k) } {

@@ -511,6 +511,11 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LookupKey(NonZeroUsize);
 
+/// What [`Nta::lookup_common_fixed`] answers for an allocation of 255
+/// chunks or more (the length map's longest; [`Nta::long_len_fixed`] gives
+/// the length then).
+pub const LONG_LEN: usize = crate::node::lens::MAX;
+
 impl core::fmt::Debug for LookupKey {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str("LookupKey(..)")

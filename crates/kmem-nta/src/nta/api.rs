@@ -356,8 +356,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// The common case of [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed),
     /// from the node's header alone: `Some(k)` when `addr` starts a live
-    /// allocation of `k` chunks (the length map's, or for 255 chunks and
-    /// more the end map's); `None`
+    /// allocation of `k` chunks, where `k` = [`LONG_LEN`](crate::LONG_LEN)
+    /// (255) means 255 chunks or more: [`long_len_fixed`](Self::long_len_fixed)
+    /// gives the length then (off the caller's hot path, which sorts
+    /// lengths into its caches first anyway); `None`
     /// for anything else, good or bad, which the caller settles on its
     /// checked path. The chunk's own words are not read, so a chunk parked
     /// in a front cache or queued on a semi-free list reads live: for a
@@ -385,12 +387,33 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe { self.lookup_common(g, key.0.get(), addr) }
     }
 
+    /// The length in chunks of the allocation at `addr`, for which
+    /// [`lookup_common_fixed`](Self::lookup_common_fixed) answered
+    /// [`LONG_LEN`](crate::LONG_LEN): up to its end bit in the node's end
+    /// map.
+    ///
+    /// # Safety
+    /// As `lookup_common_fixed`, which answered `LONG_LEN` for `addr`, and
+    /// the allocation is still live.
+    #[inline]
+    pub unsafe fn long_len_fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>(
+        &self,
+        addr: usize,
+    ) -> usize {
+        let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
+        debug_assert_eq!(*g, self.geo);
+        let node = addr & !g.node_mask();
+        // SAFETY: the caller's contract: a live node of chunks of ours,
+        // whose length map marks a long allocation at this chunk.
+        unsafe { long_len(node as *mut Node, g, (addr - node) >> g.chunk_shift) }
+    }
+
     /// The lookup's common case over geometry `g` (this allocator's) with
     /// its secret (0 before it has one: nothing is found): the node's seal
     /// (a node of chunks: a large run's seal differs, see `seal_large`),
-    /// the chunk alignment, then the length map (for a block of 255 chunks
-    /// or more, which it marks as such, the end map after it: see
-    /// [`long_len`]). `None` for anything else.
+    /// the chunk alignment, then the length map (its byte as it is: 255
+    /// for 255 chunks or more, see [`long_len`]). `None` for anything
+    /// else.
     ///
     /// The length map's line for the next 64 chunks is prefetched: a
     /// program that frees what it built frees it mostly in the order it
@@ -417,7 +440,6 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             prefetch::<false>(len_map(node, g).wrapping_add(idx + 64));
             match lens::get(len_map(node, g), idx) {
                 0 => None,
-                lens::MAX => Some(long_len(node, g, idx)),
                 k => Some(k),
             }
         }
@@ -429,6 +451,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     unsafe fn lookup_in(&self, g: &Geometry, addr: usize) -> Result<usize> {
         // SAFETY: forwarded contract.
         let k = match unsafe { self.lookup_common(g, self.secret(), addr) } {
+            Some(lens::MAX) => {
+                let node = addr & !g.node_mask();
+                // SAFETY: a live node of ours whose length map marks a long
+                // allocation at this chunk (just read).
+                unsafe { long_len(node as *mut Node, g, (addr - node) >> g.chunk_shift) }
+            }
             Some(k) => k,
             // SAFETY: forwarded contract.
             None => unsafe { self.lookup_bits(g, addr)? },
