@@ -402,10 +402,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     ) -> usize {
         let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
         debug_assert_eq!(*g, self.geo);
-        let node = addr & !g.node_mask();
         // SAFETY: the caller's contract: a live node of chunks of ours,
-        // whose length map marks a long allocation at this chunk.
-        unsafe { long_len(node as *mut Node, g, (addr - node) >> g.chunk_shift) }
+        // whose length map marks a long allocation at addr.
+        unsafe { long_len(g, addr) }
     }
 
     /// The lookup's common case over geometry `g` (this allocator's) with
@@ -451,12 +450,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     unsafe fn lookup_in(&self, g: &Geometry, addr: usize) -> Result<usize> {
         // SAFETY: forwarded contract.
         let k = match unsafe { self.lookup_common(g, self.secret(), addr) } {
-            Some(lens::MAX) => {
-                let node = addr & !g.node_mask();
-                // SAFETY: a live node of ours whose length map marks a long
-                // allocation at this chunk (just read).
-                unsafe { long_len(node as *mut Node, g, (addr - node) >> g.chunk_shift) }
-            }
+            // SAFETY: a live node of ours whose length map marks a long
+            // allocation at addr (just read).
+            Some(lens::MAX) => unsafe { long_len(g, addr) },
             Some(k) => k,
             // SAFETY: forwarded contract.
             None => unsafe { self.lookup_bits(g, addr)? },
@@ -702,18 +698,20 @@ impl<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32> Fixed<CHUNK_SHIFT, NODE_SHIF
     };
 }
 
-/// The length of the allocation of 255 chunks or more that starts at chunk
-/// `idx` of `node` (the length map says so): up to its end bit, 4 to 16
-/// words of the end map away. Before, such blocks (medium blocks of 16 KiB
+/// The length of the allocation of 255 chunks or more that starts at
+/// `addr` (the length map says so): up to its end bit, 4 to 16 words of
+/// its node's end map away. Before, such blocks (medium blocks of 16 KiB
 /// and more) took `free`'s checked path: the bitmaps bit by bit and the
 /// block's own words, a third of the instructions of a free of random
 /// 4-64 KiB blocks.
 ///
 /// # Safety
-/// `node` is a live node of chunks over geometry `g`, and the length map
-/// marks a live allocation of 255 chunks or more at `idx`.
+/// `addr` lies in a live node of chunks over geometry `g`, whose length map
+/// marks a live allocation of 255 chunks or more there.
 #[inline(always)]
-unsafe fn long_len(node: *mut Node, g: &Geometry, idx: usize) -> usize {
+unsafe fn long_len(g: &Geometry, addr: usize) -> usize {
+    let node = addr & !g.node_mask();
+    let idx = (addr - node) >> g.chunk_shift;
     // SAFETY: the end map lies in the node's header; idx < nchunks.
-    unsafe { bits::next_set(end_map(node, g), idx, g.nchunks) + 1 - idx }
+    unsafe { bits::next_set(end_map(node as *mut Node, g), idx, g.nchunks) + 1 - idx }
 }
