@@ -268,9 +268,9 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     active: [u16; N],
     /// Doublings of each class's bound (see "Classes grow"); 0: the base.
     grow: [u8; N],
-    /// Bit `k - 1` set when class `k` gave half its stock back at an idle
-    /// scan and is watched (see "Idle classes go back").
-    halved: u64,
+    /// Bit `k - 1` set when class `k` gave three quarters of its stock
+    /// back at an idle scan and is watched (see "Idle classes go back").
+    watched: u64,
     /// A watched class's count (its low 16 bits) at the last scan.
     seen: [u16; N],
 }
@@ -341,7 +341,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             fills: [0; N],
             active: [0; N],
             grow: [0; N],
-            halved: 0,
+            watched: 0,
             seen: [0; N],
         }
     }

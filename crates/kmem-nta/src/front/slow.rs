@@ -307,11 +307,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             let head = *self.list(k);
             let bit = 1u64 << (k - 1);
             if head.is_null() || self.refills.wrapping_sub(self.active[k]) < IDLE_SCAN {
-                self.halved &= !bit;
+                self.watched &= !bit;
                 continue;
             }
             let c = self.cls[k].count;
-            if self.halved & bit != 0 {
+            if self.watched & bit != 0 {
                 if self.seen[k] != c as u16 {
                     // Popped or pushed since the last scan, never missing:
                     // in steady use. It keeps what it has, watched.
@@ -327,10 +327,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                     unsafe { nta.free_batch(head, n as usize, k, self.link, self.kbase) };
                 self.cls[k].count -= n;
                 self.seen[k] = (c - n) as u16;
-                self.halved |= bit;
+                self.watched |= bit;
                 continue;
             }
-            self.halved &= !bit;
+            self.watched &= !bit;
             *self.list(k) = ptr::null_mut();
             self.cls[k].count = 0;
             self.fills[k] = 0;
@@ -362,6 +362,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.set_lim(k);
         }
         self.cycled = 0;
-        self.halved = 0;
+        self.watched = 0;
     }
 }
