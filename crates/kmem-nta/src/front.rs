@@ -8,6 +8,7 @@
 //!                 heap lock: LIMIT[k]/2 chunks carved from one free run,
 //!                 and the heap's queued remote frees of any size with room
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
+//!                 (at most the 64 pushed last)
 //!                 (a class this thread never refilled: onto its hand-back
 //!                 list, which pop never sees, handed back whole at 32 to
 //!                 the exchange of the heap that made the first block)
@@ -140,8 +141,8 @@ mod medium;
 mod slow;
 
 pub use classes::{
-    front_class, tiny_class, FREE_ONLY, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX,
-    IDLE_SCAN, TICK_PUSHES, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
+    front_class, tiny_class, FLUSH_MAX, FREE_ONLY, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES,
+    FRONT_MAX, IDLE_SCAN, TICK_PUSHES, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
 };
 use classes::{limits, max_limits, SHIFT};
 pub use medium::{
@@ -575,8 +576,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         true
     }
 
-    /// Gives a chunk of class `k` to the cache (flushing half the class to
-    /// `nta` first when it is full). The chunk on top of its class (pushed
+    /// Gives a chunk of class `k` to the cache (flushing half the class, at
+    /// most [`FLUSH_MAX`] entries, to `nta` first when it is full). The chunk on top of its class (pushed
     /// just before) aborts with one line naming it; one pushed twice
     /// further apart aborts when it is taken off (see "Double frees").
     ///

@@ -8,7 +8,7 @@ use kmem_core::{CpuSource, PageSource};
 
 use super::classes::{fill_count, FILL_STEPS};
 use super::write_words;
-use super::{FrontCacheOf, FREE_ONLY, IDLE_SCAN};
+use super::{FrontCacheOf, FLUSH_MAX, FREE_ONLY, IDLE_SCAN};
 use crate::nta::{cache_key_from, key_base, link_decode, link_encode, link_key, Nta, Semi};
 
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
@@ -205,7 +205,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         unsafe { self.flush(nta, k) };
     }
 
-    /// Gives half of class k (at least one) back to `nta`, or all of it if
+    /// Gives half of class k (at least one, at most [`FLUSH_MAX`]: the
+    /// entries pushed last) back to `nta`, or all of it if
     /// this thread never refilled the class (it frees what other threads
     /// allocate, and would never use the half).
     ///
@@ -224,7 +225,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         } else {
             self.active[k] = self.refills;
             let c = self.cls[k].count;
-            (c / 2).max(1).min(c)
+            (c / 2).clamp(1, FLUSH_MAX).min(c)
         };
         if n == 0 {
             return;

@@ -290,6 +290,80 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
+    /// A grown class that overflows hands nta the entries pushed last, at
+    /// most FLUSH_MAX at a time, and keeps the older ones.
+    #[test]
+    fn an_overflow_hands_back_at_most_flush_max_of_the_last_pushed() {
+        let mut b = vec![0u64; 513 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        // SAFETY: a cache over nta only; every chunk is given back once.
+        unsafe {
+            let mut v = Vec::with_capacity(700);
+            for _ in 0..700 {
+                let mut p = front.pop(1);
+                if p.is_null() {
+                    p = front.refill(&nta, 1);
+                }
+                assert!(!p.is_null());
+                v.push(p);
+            }
+            // The last refill's rest, under what is pushed now.
+            let stock = front.count(1);
+            let mut flushes = Vec::new();
+            for (i, &p) in v.iter().enumerate() {
+                let before = nta.stats().frees;
+                front.push(&nta, p, 1);
+                let n = nta.stats().frees - before;
+                if n > 0 {
+                    flushes.push((i, n));
+                }
+            }
+            // The class grew once (it had refilled), then overflowed.
+            assert!(front.limit(1) > FrontCache::LIMITS[1]);
+            assert!(flushes.len() >= 2, "{flushes:?}");
+            assert!(
+                flushes.iter().all(|&(_, n)| n == u64::from(super::FLUSH_MAX)),
+                "{flushes:?}"
+            );
+            // What stayed: everything but the runs pushed just before each
+            // flush (the flush takes the top of the stack, pushed last).
+            let mut gone = BTreeSet::new();
+            for &(i, n) in &flushes {
+                let mut j = i;
+                for _ in 0..n {
+                    // The entry pushed at i went on top after the flush.
+                    while gone.contains(&j) || j == i {
+                        j -= 1;
+                    }
+                    gone.insert(j);
+                }
+            }
+            let mut kept = Vec::new();
+            loop {
+                let p = front.pop(1);
+                if p.is_null() {
+                    break;
+                }
+                kept.push(p);
+            }
+            let want: Vec<_> = (0..v.len())
+                .rev()
+                .filter(|j| !gone.contains(j))
+                .map(|j| v[j])
+                .collect();
+            assert_eq!(kept.len(), want.len() + stock);
+            assert_eq!(kept[..want.len()], want[..]);
+            for p in kept {
+                front.push(&nta, p, 1);
+            }
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        nta.maintain();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
     /// Blocks another cache made, freed through this one into a class it
     /// never refilled, are not its stock: its first allocation of the class
     /// does not get one of them (it would share their cache lines with the
