@@ -11,7 +11,7 @@
 //!                       flushed in batches under one nta heap lock
 //!   size < 64 KiB       this thread's medium cache (kmem_nta::MediumCache):
 //!                       whole blocks by class, 16 classes a doubling,
-//!                       512 KiB at most; a miss is one nta allocation
+//!                       512 KiB to 4 MiB; a miss is one nta allocation
 //!   (the same)          kmem-nta: the calling CPU's heap, whole 64-byte
 //!     (any, when the      chunks, bitmaps, frees from other CPUs queued on
 //!      cache misses)      the owner's semi-free list

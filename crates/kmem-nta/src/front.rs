@@ -146,7 +146,8 @@ pub use classes::{
 };
 use classes::{limits, max_limits, SHIFT};
 pub use medium::{
-    medium_class, medium_class_chunks, MediumCache, MEDIUM_BYTES, MEDIUM_CLASSES, MEDIUM_SCAN,
+    medium_class, medium_class_chunks, MediumCache, MEDIUM_BYTES, MEDIUM_CLASSES, MEDIUM_MAX,
+    MEDIUM_SCAN,
 };
 
 /// Writes a chunk's two words (its link and its key) with one store where

@@ -105,8 +105,8 @@ pub mod global;
 
 pub use front::{
     front_class, medium_class, tiny_class, FrontCache, FrontCacheOf, MediumCache, TinyCache,
-    FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX, MEDIUM_BYTES, TINY_CHUNK, TINY_CLASSES,
-    TINY_MAX,
+    FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX, MEDIUM_BYTES, MEDIUM_MAX, TINY_CHUNK,
+    TINY_CLASSES, TINY_MAX,
 };
 #[cfg(all(feature = "std", not(loom)))]
 pub use global::KmemNta;

@@ -36,12 +36,23 @@
 //! a pop hands out a block of the class's length without a lookup. Classes
 //! above nta's largest small allocation are not cached.
 //!
-//! **Bounds.** A class keeps at most `max(2, 256 KiB / size)` blocks and the
-//! whole cache [`MEDIUM_BYTES`] (512 KiB): past that a free goes to nta.
-//! The churn workload's medium band peaked at 25.2 MiB without the cache,
-//! 26.3 with 512 KiB, 27.1 with 1 MiB and 31.0 with 4 MiB (glibc 22.0; its
-//! test allows 1.25 times glibc's and a MiB), while the larger bounds
-//! bought little: larson's medium blocks took as long with each. A
+//! **Bounds.** The cache holds at most what its thread gave back since the
+//! peak of the bytes it had out ([`MediumCache::bound`]), never less than
+//! [`MEDIUM_BYTES`] (512 KiB) nor more than [`MEDIUM_MAX`] (4 MiB); a
+//! class may fill the whole bound; past it a free goes to nta. So a batch
+//! allocated and then freed stays cached whole for the next one, while the
+//! blocks in use and the cache together stay within the thread's peak: a
+//! thread whose set is steady (blocks replaced one at a time) keeps the
+//! floor. A fixed bound could not have both: the churn workload's medium
+//! band (512 live blocks of 4-64 KiB replaced at random) fills any cache to
+//! its bound, and peaked at 25.2 MiB without the cache, 26.3 with 512 KiB,
+//! 27.1 with 1 MiB and 31.0 with 4 MiB (glibc 22.0; its test allows 1.25
+//! times glibc's and a MiB), while `bench nta`'s batches of 100 random
+//! 4-64 KiB blocks (3.4 MB) missed nine times in ten at 512 KiB: 0.34x the
+//! `mimalloc` crate's speed, 0.7x with this bound (16 KiB blocks: 0.76x,
+//! 1.5x), and the churn band's peak unchanged (27.0 MiB). Each scan for
+//! idle classes (below) makes what the thread holds then its new peak, so
+//! a peak long past does not keep the bound up. A
 //! class this thread never allocated from takes no frees (a consumer of
 //! what others allocate would hold them for nothing), and a class idle for
 //! [`MEDIUM_SCAN`] operations goes back whole, so a thread that stops using
@@ -74,10 +85,12 @@ pub const MEDIUM_CLASSES: usize = 4 * STEPS;
 /// Smallest chunk count of the medium classes (the front cache's largest
 /// class and one).
 const MEDIUM_MIN_CHUNKS: usize = 65;
-/// Most bytes a thread's medium cache holds.
+/// Bytes a thread's medium cache may always hold (its floor: see
+/// "Bounds" in the module documentation).
 pub const MEDIUM_BYTES: usize = 512 << 10;
-/// Bytes a class keeps at most (at least two blocks).
-const CLASS_BYTES: usize = 256 << 10;
+/// Most bytes a thread's medium cache holds, however much its thread gave
+/// back since its peak.
+pub const MEDIUM_MAX: usize = 4 << 20;
 /// Operations (allocations and pushes) between two scans for idle classes.
 pub const MEDIUM_SCAN: u32 = 1024;
 /// Classes above a request's that an allocation may take a block from
@@ -154,6 +167,12 @@ pub struct MediumCache {
     used: u64,
     /// Allocations and pushes so far (wrapping): the clock of idleness.
     ops: u32,
+    /// Bytes of the blocks this cache handed out and did not take back
+    /// (saturating at 0: blocks other threads made come back here too).
+    live: usize,
+    /// The most `live` has been since the last scan for idle classes,
+    /// which sets it to `live + bytes` (what the thread holds).
+    peak: usize,
     cls: [Class; MEDIUM_CLASSES],
 }
 
@@ -172,6 +191,8 @@ impl MediumCache {
             bytes: 0,
             used: 0,
             ops: 0,
+            live: 0,
+            peak: 0,
             cls: [Class::EMPTY; MEDIUM_CLASSES],
         }
     }
@@ -186,13 +207,27 @@ impl MediumCache {
         self.cls.get(c).map_or(0, |c| c.count as usize)
     }
 
-    /// Most blocks class `c` keeps.
-    const fn cap(c: usize) -> u32 {
-        let n = CLASS_BYTES / (medium_class_chunks(c) << SHIFT);
-        if n < 2 {
-            2
-        } else {
-            n as u32
+    /// Most bytes the cache may hold now: what its thread gave back since
+    /// its peak (so that the cache and the blocks in use stay within the
+    /// peak), at least [`MEDIUM_BYTES`], at most [`MEDIUM_MAX`].
+    pub fn bound(&self) -> usize {
+        self.peak
+            .saturating_sub(self.live)
+            .clamp(MEDIUM_BYTES, MEDIUM_MAX)
+    }
+
+    /// Most blocks class `c` keeps: the cache's bound (a batch of one size,
+    /// freed, stays whole for the next), at least two.
+    fn cap(&self, c: usize) -> u32 {
+        (self.bound() / (medium_class_chunks(c) << SHIFT)).max(2) as u32
+    }
+
+    /// Counts `bytes` handed out.
+    #[inline(always)]
+    fn out(&mut self, bytes: usize) {
+        self.live += bytes;
+        if self.live > self.peak {
+            self.peak = self.live;
         }
     }
 
@@ -235,7 +270,13 @@ impl MediumCache {
                     self.used |= 1 << d;
                     self.cls[d].last = self.ops;
                 }
-                None => return self.refill(nta, c, solo),
+                None => {
+                    let p = self.refill(nta, c, solo);
+                    if !p.is_null() {
+                        self.out(medium_class_chunks(c) << SHIFT);
+                    }
+                    return p;
+                }
             }
         }
         let (link, kbase) = (self.link, self.kbase);
@@ -255,7 +296,9 @@ impl MediumCache {
             write_words(p, 0, 0);
         }
         cl.count -= 1;
-        self.bytes -= medium_class_chunks(d) << SHIFT;
+        let bytes = medium_class_chunks(d) << SHIFT;
+        self.bytes -= bytes;
+        self.out(bytes);
         p.cast()
     }
 
@@ -295,10 +338,10 @@ impl MediumCache {
     fn refill_batch<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
         let k = medium_class_chunks(c);
         let bytes = k << SHIFT;
-        let room = (MEDIUM_BYTES - self.bytes) / bytes;
+        let room = self.bound().saturating_sub(self.bytes) / bytes;
         let n = (self.cls[c].streak as usize)
             .min(REFILL_MAX)
-            .min(Self::cap(c) as usize / 2)
+            .min(self.cap(c) as usize / 2)
             .min(room + 1);
         let (link, kbase) = (self.link, self.kbase);
         let mut first: *mut u8 = ptr::null_mut();
@@ -370,11 +413,14 @@ impl MediumCache {
             return false;
         }
         let bytes = k << SHIFT;
-        if self.cls[c].count as u32 >= Self::cap(c) {
+        // Back from its thread (a class's size: what `alloc` hands out),
+        // cached or not.
+        self.live = self.live.saturating_sub(bytes);
+        if self.cls[c].count as u32 >= self.cap(c) {
             // SAFETY: forwarded contract.
             unsafe { self.flush(nta, c, (self.cls[c].count as u32).div_ceil(2)) };
         }
-        if self.bytes + bytes > MEDIUM_BYTES {
+        if self.bytes + bytes > self.bound() {
             return false;
         }
         if self.link == 0 {
@@ -439,6 +485,10 @@ impl MediumCache {
                 self.used &= !(1 << c);
             }
         }
+        // What the thread holds now is its new peak: the bound above the
+        // floor shrinks with the blocks that went back, and a peak long
+        // past does not keep a cache full.
+        self.peak = self.live + self.bytes;
     }
 
     /// Gives the first `n` blocks of class `c` (all, when fewer) to `nta`.
@@ -472,6 +522,7 @@ impl MediumCache {
             unsafe { self.flush(nta, c, u32::MAX) };
         }
         self.used = 0;
+        self.peak = self.live;
     }
 }
 

@@ -323,7 +323,9 @@ mod shuffle_tests {
             assert!(front.limit(1) > FrontCache::LIMITS[1]);
             assert!(flushes.len() >= 2, "{flushes:?}");
             assert!(
-                flushes.iter().all(|&(_, n)| n == u64::from(super::FLUSH_MAX)),
+                flushes
+                    .iter()
+                    .all(|&(_, n)| n == u64::from(super::FLUSH_MAX)),
                 "{flushes:?}"
             );
             // What stayed: everything but the runs pushed just before each

@@ -217,7 +217,7 @@ fn classes_and_the_cache_stay_within_their_bounds() {
             unsafe { nta.free(core::ptr::NonNull::new(p).unwrap()) }.unwrap();
         }
     }
-    assert!(m.count(c) as u32 <= MediumCache::cap(c));
+    assert!(m.count(c) as u32 <= m.cap(c));
     assert!(m.count(c) >= 2);
     // Every class's largest blocks: the cache keeps its byte bound.
     let mut all = Vec::new();
@@ -239,7 +239,7 @@ fn classes_and_the_cache_stay_within_their_bounds() {
             unsafe { nta.free(core::ptr::NonNull::new(p).unwrap()) }.unwrap();
         }
     }
-    assert!(m.bytes() <= MEDIUM_BYTES);
+    assert!(m.bytes() <= m.bound() && m.bound() <= MEDIUM_MAX);
     let held: usize = (0..MEDIUM_CLASSES)
         .map(|c| m.count(c) * medium_class_chunks(c) * 64)
         .sum();
@@ -332,7 +332,7 @@ fn random_medium_traffic_loses_nothing() {
                 unsafe { nta.free(core::ptr::NonNull::new(p).unwrap()) }.unwrap();
             }
         }
-        assert!(m.bytes() <= MEDIUM_BYTES);
+        assert!(m.bytes() <= MEDIUM_MAX);
     }
     for (p, _, _) in live {
         // SAFETY: live allocations of nta's.
@@ -371,4 +371,78 @@ fn classes_round_up_at_most_a_sixteenth() {
     assert_eq!(medium_class(4097), Some((0, 68)));
     assert_eq!(medium_class(64 << 10), Some((MEDIUM_CLASSES - 1, 1024)));
     assert_eq!(medium_class((64 << 10) + 1), None);
+}
+
+/// A batch of medium blocks allocated and then freed stays in the cache
+/// (past its floor: what the thread gave back since its peak), so the next
+/// batch takes nothing from nta; a steady set replaced a block at a time
+/// keeps the cache at its floor.
+#[test]
+fn a_freed_batch_stays_whole_and_a_steady_set_keeps_the_floor() {
+    let mut b = vec![0u64; (48 << 20) / 8];
+    let nta = nta_over(&mut b);
+    let mut m = MediumCache::new();
+    // 2 MiB in 100 blocks of sizes spread over the classes.
+    let sizes: Vec<usize> = (0..100).map(|i| 12_000 + i * 200).collect();
+    let batch = |m: &mut MediumCache| -> Vec<(*mut u8, usize)> {
+        sizes
+            .iter()
+            .map(|&s| {
+                let (c, _) = medium_class(s).unwrap();
+                let p = m.alloc(&nta, c);
+                assert!(!p.is_null());
+                (p, len(&nta, p))
+            })
+            .collect()
+    };
+    let give_back = |m: &mut MediumCache, v: &[(*mut u8, usize)]| {
+        for &(p, k) in v {
+            // SAFETY: live allocations of k chunks, given up.
+            if !unsafe { m.push(&nta, p, k) } {
+                // SAFETY: refused: still ours.
+                unsafe { nta.free(core::ptr::NonNull::new(p).unwrap()) }.unwrap();
+            }
+        }
+    };
+    let v = batch(&mut m);
+    let total: usize = v.iter().map(|&(_, k)| k * 64).sum();
+    assert!(total > MEDIUM_BYTES && total <= MEDIUM_MAX);
+    give_back(&mut m, &v);
+    assert_eq!(m.bytes(), total, "the whole batch is cached");
+    assert!(m.bytes() <= m.bound());
+    let allocs = nta.stats().allocations;
+    let v = batch(&mut m);
+    assert_eq!(
+        nta.stats().allocations,
+        allocs,
+        "the next batch came from the cache"
+    );
+    assert_eq!(m.bytes(), 0);
+    // A steady set: 100 blocks live, one freed and one allocated at a
+    // time, sizes moving through the classes. What the cache holds stays
+    // at its floor (plus the block just freed), whatever the set's peak.
+    let mut live = v;
+    for i in 0..2000 {
+        let (p, k) = live.swap_remove(i * 7 % live.len());
+        // SAFETY: as above.
+        if !unsafe { m.push(&nta, p, k) } {
+            // SAFETY: refused: still ours.
+            unsafe { nta.free(core::ptr::NonNull::new(p).unwrap()) }.unwrap();
+        }
+        let s = 4097 + (i * 7919) % 50_000;
+        let (c, _) = medium_class(s).unwrap();
+        let q = m.alloc(&nta, c);
+        assert!(!q.is_null());
+        live.push((q, len(&nta, q)));
+        assert!(
+            m.bytes() <= MEDIUM_BYTES + (64 << 10),
+            "{} cached",
+            m.bytes()
+        );
+    }
+    give_back(&mut m, &live);
+    // SAFETY: the cache holds only nta's blocks.
+    unsafe { m.flush_all(&nta) };
+    assert_eq!(nta.stats().bytes_held, 0);
+    nta.check().unwrap();
 }
