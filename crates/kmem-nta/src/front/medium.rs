@@ -210,6 +210,7 @@ impl MediumCache {
     /// Most bytes the cache may hold now: what its thread gave back since
     /// its peak (so that the cache and the blocks in use stay within the
     /// peak), at least [`MEDIUM_BYTES`], at most [`MEDIUM_MAX`].
+    #[inline(always)]
     pub fn bound(&self) -> usize {
         self.peak
             .saturating_sub(self.live)
@@ -220,6 +221,30 @@ impl MediumCache {
     /// freed, stays whole for the next), at least two.
     fn cap(&self, c: usize) -> u32 {
         (self.bound() / (medium_class_chunks(c) << SHIFT)).max(2) as u32
+    }
+
+    /// A push of a block of class `c` (`bytes` long) found the cache full:
+    /// when the class itself is at its cap (it holds the whole bound), it
+    /// gives half back to `nta`, the blocks pushed last, and the push goes
+    /// on if that made room; otherwise the block goes to nta (false).
+    ///
+    /// # Safety
+    /// Every block in the cache belongs to `nta`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn make_room<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        c: usize,
+        bytes: usize,
+    ) -> bool {
+        let n = self.cls[c].count as u32;
+        if n < self.cap(c) {
+            return false;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.flush(nta, c, n.div_ceil(2)) };
+        self.bytes + bytes <= self.bound()
     }
 
     /// Counts `bytes` handed out.
@@ -416,11 +441,8 @@ impl MediumCache {
         // Back from its thread (a class's size: what `alloc` hands out),
         // cached or not.
         self.live = self.live.saturating_sub(bytes);
-        if self.cls[c].count as u32 >= self.cap(c) {
-            // SAFETY: forwarded contract.
-            unsafe { self.flush(nta, c, (self.cls[c].count as u32).div_ceil(2)) };
-        }
-        if self.bytes + bytes > self.bound() {
+        // SAFETY: forwarded contract.
+        if self.bytes + bytes > self.bound() && !unsafe { self.make_room(nta, c, bytes) } {
             return false;
         }
         if self.link == 0 {
