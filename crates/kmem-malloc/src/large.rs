@@ -235,6 +235,16 @@ struct State {
     /// none and 4,150, mimalloc 6,900, at the same peak RSS). What is not
     /// reused still goes back within the delay.
     recent_max: usize,
+    /// The most bytes in live ranges since the policy's last tick: the top
+    /// pad also covers what was freed since then (`recent_busy - busy`, at
+    /// most the policy's limit). Those pages were in use a moment ago, so
+    /// keeping them raises no peak; a program that allocates a batch of
+    /// large blocks and frees it, again and again, reuses them instead of
+    /// faulting them in each time (100 blocks of 64-256 KiB: 0.74 page
+    /// faults an allocation, 5.4 times mimalloc's time, when the top went
+    /// back above eight times the largest block). What is not reused goes
+    /// back within the delay.
+    recent_busy: usize,
     /// Purges, and pages given back by them, over all time.
     purges: u64,
     purged_pages: u64,
@@ -289,6 +299,7 @@ impl Large {
                 busy: 0,
                 decay: Decay::new(policy),
                 recent_max: 0,
+                recent_busy: 0,
                 purges: 0,
                 purged_pages: 0,
             }),
@@ -386,6 +397,7 @@ impl Large {
         g.top = g.top.max(first + n);
         s.dirty_pages -= taken;
         s.busy += need;
+        s.recent_busy = s.recent_busy.max(s.busy);
         self.settle(&mut s);
         drop(s);
         if zero {
@@ -450,7 +462,11 @@ impl Large {
     fn trim_top(&self, s: &mut State, i: usize) {
         let ps = self.page;
         let policy = s.decay.policy();
-        let recent = s.recent_max.saturating_mul(8).min(policy.limit(s.busy));
+        let recent = s
+            .recent_max
+            .saturating_mul(8)
+            .max(s.recent_busy.saturating_sub(s.busy))
+            .min(policy.limit(s.busy));
         let pad = policy.top_pad(s.busy).max(recent) / ps;
         let Some(g) = s.segs[i].as_mut() else {
             return;
@@ -496,6 +512,7 @@ impl Large {
             Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
             Due::Tick { keep, limit } => {
                 s.recent_max = 0;
+                s.recent_busy = s.busy;
                 self.purge_down_to(s, limit / ps, Map::Dirty);
                 self.purge_down_to(s, keep / ps, Map::Old);
                 Self::age(s, ps);
@@ -627,6 +644,7 @@ impl Large {
             g.top = g.top.max(first + more);
             s.dirty_pages -= taken;
             s.busy += need - n;
+            s.recent_busy = s.recent_busy.max(s.busy);
             return true;
         }
         // Take the old range back: it is free, and an arena split never
@@ -808,6 +826,41 @@ mod tests {
         assert_eq!(x % (8 * P), 0);
         assert!(x > at[2]);
         a.check().unwrap();
+    }
+
+    /// A batch of large blocks allocated and then freed, again and again:
+    /// the pages freed at the top since the batch's peak stay for the next
+    /// batch instead of going back to the OS at once (they were in use a
+    /// moment before, so keeping them raises no peak); the policy's clock
+    /// still returns them.
+    #[test]
+    fn a_batch_freed_keeps_its_pages_for_the_next() {
+        let nodes: NodeSource =
+            Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+        let large = Large::new(ReturnPolicy::DEFAULT, nodes);
+        // 100 blocks of 160 KiB: 16 MB, four times the policy's `retain`
+        // and far above eight times the largest block.
+        let size = 160 << 10;
+        for round in 0..3 {
+            let v: Vec<usize> = (0..100)
+                .map(|i| {
+                    let g = large.alloc(size, 4096, false).unwrap();
+                    // SAFETY: the block holds `size` bytes, ours.
+                    unsafe { core::ptr::write_bytes(g.addr as *mut u8, i as u8, size) };
+                    g.addr
+                })
+                .collect();
+            // Freed in a shuffled order, the highest blocks among the
+            // first: the top of the arena is free long before the batch.
+            for i in 0..100 {
+                large.free(v[(i * 37 + round) % 100]).unwrap();
+            }
+            assert_eq!(large.stats().purges, 0, "round {round}");
+        }
+        // Everything goes back at malloc_trim's purge.
+        large.trim();
+        large.check().unwrap();
+        assert!(large.stats().purged_bytes >= 100 * size as u64);
     }
 
     #[test]
