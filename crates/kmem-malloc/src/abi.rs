@@ -341,10 +341,12 @@ pub(crate) extern "C" fn print_stats() {
     if let Some(l) = LARGE.get() {
         let st = l.stats();
         say!(
-            "kmem: large: {} live ranges ({} KiB) in {} segments, {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
-            st.arena.busy_blocks,
-            st.arena.busy_bytes >> 10,
+            "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
+            st.arena.busy_blocks as usize - st.cached_ranges,
+            (st.arena.busy_bytes as usize - st.cached_bytes) >> 10,
             st.segments,
+            st.cached_ranges,
+            st.cached_bytes >> 10,
             st.dirty_bytes >> 10,
             st.purges,
             st.purged_bytes >> 10,
