@@ -5,7 +5,7 @@ use core::ffi::{c_int, c_void};
 use core::ptr;
 
 use kmem_nta::slab::SLAB_MAX;
-use kmem_nta::FRONT_MAX;
+use kmem_nta::{medium_class, FRONT_MAX};
 
 use crate::out::say;
 use crate::thread::Thread;
@@ -48,9 +48,34 @@ pub(crate) fn malloc_in(size: usize) -> *mut u8 {
         }
     }
     if t.mode.get() == T_FAST {
+        if (FRONT_MAX..MEDIUM_TOP).contains(&m) {
+            return malloc_medium(t, size);
+        }
         return alloc_slow(size, MIN_ALIGN, false);
     }
     malloc_other(t, size)
+}
+
+/// Requests up to this many bytes have a medium class.
+const MEDIUM_TOP: usize = 64 << 10;
+
+/// `malloc` of 4 KiB to 64 KiB on a thread in `T_FAST` (started, not
+/// hardened): this thread's medium cache, else the general path. Out of
+/// line; it skips `alloc_slow`'s checks of the thread and the modes and
+/// `alloc_in`'s routing (about 40 instructions of a medium allocation's
+/// 150 or so).
+#[inline(never)]
+fn malloc_medium(t: &Thread, size: usize) -> *mut u8 {
+    if let Some((c, _)) = medium_class(size) {
+        // SAFETY: this thread's medium cache; no other borrow is live. It
+        // holds only NTA's blocks. (Null for a class nta's nodes do not
+        // serve: the general path sends those to the large arena.)
+        let p = unsafe { (*t.medium.get()).alloc(&NTA, c) };
+        if !p.is_null() {
+            return p;
+        }
+    }
+    alloc_slow(size, MIN_ALIGN, false)
 }
 
 /// `malloc` on a thread not in `T_FAST` (new, hardened, direct, pow2):
