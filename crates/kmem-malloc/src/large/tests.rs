@@ -1,0 +1,164 @@
+//! The large arena's tests: placement, the top pad, the cache of freed
+//! ranges.
+
+use super::*;
+
+const P: u64 = 4096;
+const BASE: u64 = 1 << 32;
+
+fn arena() -> VmapArena<NodeSource> {
+    let src: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    VmapArena::with_lazy_max(src, BASE, BASE + (1 << 30), 0).unwrap()
+}
+
+/// Live blocks with holes of 5, 2 and 3 pages between them (in address
+/// order), and the free rest above.
+fn holes(a: &mut VmapArena<NodeSource>) -> [u64; 3] {
+    let mut at = [0; 3];
+    for (i, pages) in [5, 2, 3].into_iter().enumerate() {
+        a.alloc(P, P).unwrap();
+        at[i] = a.alloc(pages * P, P).unwrap();
+    }
+    a.alloc(P, P).unwrap();
+    for x in at {
+        a.free(x).unwrap();
+    }
+    at
+}
+
+#[test]
+fn few_free_blocks_place_by_best_fit() {
+    let mut a = arena();
+    let at = holes(&mut a);
+    // 2 pages: the 2-page hole, not the lower 5-page one.
+    assert_eq!(place(&mut a, 2 * P, P).unwrap(), at[1]);
+    // 3 pages: the 3-page hole; 4 pages: the 5-page hole (the only one).
+    assert_eq!(place(&mut a, 3 * P, P).unwrap(), at[2]);
+    assert_eq!(place(&mut a, 4 * P, P).unwrap(), at[0]);
+    // Nothing left that fits 6 pages below the top.
+    let top = place(&mut a, 6 * P, P).unwrap();
+    assert!(top > at[2]);
+    a.check().unwrap();
+}
+
+#[test]
+fn best_fit_keeps_the_alignment() {
+    let mut a = arena();
+    let at = holes(&mut a);
+    // 2 pages at 8 pages: none of the holes has an aligned start with
+    // room (they start at pages 1, 7 and 10), so the top serves it.
+    let x = place(&mut a, 2 * P, 8 * P).unwrap();
+    assert_eq!(x % (8 * P), 0);
+    assert!(x > at[2]);
+    a.check().unwrap();
+}
+
+/// A batch of large blocks allocated and then freed, again and again:
+/// the pages freed at the top since the batch's peak stay for the next
+/// batch instead of going back to the OS at once (they were in use a
+/// moment before, so keeping them raises no peak); the policy's clock
+/// still returns them.
+#[test]
+fn a_batch_freed_keeps_its_pages_for_the_next() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes);
+    // 100 blocks of 160 KiB: 16 MB, four times the policy's `retain`
+    // and far above eight times the largest block.
+    let size = 160 << 10;
+    for round in 0..3 {
+        let v: Vec<usize> = (0..100)
+            .map(|i| {
+                let g = large.alloc(size, 4096, false).unwrap();
+                // SAFETY: the block holds `size` bytes, ours.
+                unsafe { core::ptr::write_bytes(g.addr as *mut u8, i as u8, size) };
+                g.addr
+            })
+            .collect();
+        // Freed in a shuffled order, the highest blocks among the
+        // first: the top of the arena is free long before the batch.
+        for i in 0..100 {
+            large.free(v[(i * 37 + round) % 100]).unwrap();
+        }
+        assert_eq!(large.stats().purges, 0, "round {round}");
+    }
+    // Everything goes back at malloc_trim's purge.
+    large.trim();
+    large.check().unwrap();
+    assert!(large.stats().purged_bytes >= 100 * size as u64);
+}
+
+/// A freed range of 64 KiB to 1 MiB comes back for the next request of
+/// its class that it fits; while it waits, a second free of it and any
+/// look at it as live are refused and change nothing; `malloc_trim`
+/// (and the policy's tick) frees it in the arena.
+#[test]
+fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes);
+    let ps = large.page;
+    let a = large.alloc(64 << 10, ps, false).unwrap().addr;
+    let b = large.alloc(100 << 10, ps, false).unwrap().addr;
+    let ranges = large.stats().arena.busy_blocks;
+    large.free(a).unwrap();
+    large.free(b).unwrap();
+    let st = large.stats();
+    assert_eq!((st.cached_ranges, st.arena.busy_blocks), (2, ranges));
+    large.check().unwrap();
+    for x in [a, b] {
+        assert!(matches!(large.free(x), Err(Error::DoubleFree { .. })));
+        assert!(large.usable_size(x).is_err());
+        assert!(!large.grow(x, 2 << 20));
+        assert!(large.shrink(x, 4096).is_err());
+    }
+    large.check().unwrap();
+    // 62 KiB (16 pages) takes the 64 KiB range, of its class; 90 KiB
+    // (23 pages) the 100 KiB one (25 pages), of the class above, as its
+    // own is empty; calloc's memory reads zero.
+    let c = large.alloc(62 << 10, ps, false).unwrap().addr;
+    assert_eq!(c, a);
+    // SAFETY: the range holds 100 KiB, ours.
+    unsafe { core::ptr::write_bytes(b as *mut u8, 0xa5, 100 << 10) };
+    let d = large.alloc(90 << 10, ps, true).unwrap();
+    assert_eq!(d.addr, b);
+    // SAFETY: as above.
+    let bytes = unsafe { core::slice::from_raw_parts(d.addr as *const u8, 90 << 10) };
+    assert!(d.zeroed && bytes.iter().all(|&x| x == 0));
+    assert_eq!(large.usable_size(d.addr).unwrap(), 100 << 10);
+    assert_eq!(large.stats().cached_ranges, 0);
+    large.free(c).unwrap();
+    large.free(d.addr).unwrap();
+    // Trimmed: nothing cached, nothing busy, everything given back.
+    large.trim();
+    let st = large.stats();
+    assert_eq!(
+        (st.cached_ranges, st.arena.busy_blocks, st.dirty_bytes),
+        (0, 0, 0)
+    );
+    large.check().unwrap();
+    // A policy that keeps nothing caches nothing.
+    large.set_policy(ReturnPolicy::EAGER);
+    let e = large.alloc(64 << 10, ps, false).unwrap().addr;
+    large.free(e).unwrap();
+    assert_eq!(large.stats().cached_ranges, 0);
+    large.check().unwrap();
+}
+
+#[test]
+fn many_free_blocks_place_by_first_fit() {
+    let mut a = arena();
+    let mut live = Vec::new();
+    // More holes than best fit scans: 2-page holes, then one of 1 page.
+    for _ in 0..=BEST_FIT_BLOCKS {
+        live.push(a.alloc(2 * P, P).unwrap());
+        a.alloc(P, P).unwrap();
+    }
+    let small = a.alloc(P, P).unwrap();
+    a.alloc(P, P).unwrap();
+    for x in live.into_iter().chain([small]) {
+        a.free(x).unwrap();
+    }
+    assert!(a.free_block_count() > BEST_FIT_BLOCKS);
+    // The lowest fit, not the 1-page hole that fits exactly.
+    assert_eq!(place(&mut a, P, P).unwrap(), BASE);
+    a.check().unwrap();
+}
