@@ -14,7 +14,9 @@
 //!   alloc    the lowest fit in the lowest segment that has one; its dirty
 //!            pages stop counting as freed-and-backed; calloc clears just
 //!            the span of them (never an estimate: the bits are exact)
-//!   free     the range merges with its free neighbours; its pages count as
+//!   free     16-256 pages: kept whole in the cache of freed ranges while
+//!            it has room (`large/cache.rs`; emptied at each policy tick);
+//!            else the range merges with its free neighbours; its pages count as
 //!            freed-and-backed, under the ReturnPolicy (kmem_core::decay):
 //!            past `retain` they go back within the delay, past the limit
 //!            at the next tick, highest addresses first (madvise(MADV_DONTNEED))
@@ -230,7 +232,8 @@ struct State {
     /// Bytes in live ranges.
     busy: usize,
     decay: Decay,
-    /// The largest range freed since the policy's last tick: the top pad
+    /// The largest range freed into the arena (not the cache) since the
+    /// policy's last tick: the top pad
     /// covers eight times it (at most the policy's limit), so that a
     /// program replacing blocks of that size at the top of the arena does
     /// not fault them in each time. Eight, not two as glibc's trim
@@ -435,6 +438,12 @@ impl Large {
                 }
                 break (i, a);
             }
+            // No fit anywhere: the cached ranges first, before a new
+            // segment (they may merge into one).
+            if s.cache.ranges > 0 {
+                self.flush_cache(&mut s);
+                continue;
+            }
             if self.add_segment(&mut s, need, align).is_err() {
                 return Err(Error::OutOfMemory { size: size as u64 });
             }
@@ -510,10 +519,11 @@ impl Large {
         if let Some((c, _)) = class_of(n / self.page) {
             // What was freed since the recent peak (in use a moment ago:
             // keeping it raises no peak), up to the policy's limit; nothing
-            // when the policy keeps nothing.
+            // when the policy keeps nothing or has no clock (no tick would
+            // empty the cache).
             let policy = s.decay.policy();
             let busy = s.busy - n;
-            let bound = if policy.retain == 0 {
+            let bound = if policy.retain == 0 || policy.delay_ms == 0 {
                 0
             } else {
                 s.recent_busy.saturating_sub(busy).min(policy.limit(busy))
@@ -542,15 +552,23 @@ impl Large {
     fn flush_cache(&self, s: &mut State) {
         let ps = self.page;
         let mut cache = core::mem::replace(&mut s.cache, Cache::new());
-        cache.drain(|a, pages| {
-            let Some(g) = Self::seg_of(s, a).and_then(|i| s.segs[i].as_mut()) else {
-                return;
-            };
-            if g.arena.free(a as u64).is_ok() {
-                let first = (a - g.base()) / ps;
-                s.dirty_pages += g.view(Map::Dirty).count_range(first, pages);
-            }
-        });
+        cache.drain(|a, pages| Self::uncache(s, a, pages, ps));
+    }
+
+    /// Frees the range at `a`, `pages` long, just taken out of the cache,
+    /// in its arena.
+    fn uncache(s: &mut State, a: usize, pages: usize, ps: usize) {
+        // A cached range is a busy range of its segment (`check` says so).
+        let Some(g) = Self::seg_of(s, a).and_then(|i| s.segs[i].as_mut()) else {
+            debug_assert!(false, "a cached range outside every segment");
+            return;
+        };
+        let freed = g.arena.free(a as u64);
+        debug_assert!(freed.is_ok(), "a cached range not busy in its arena");
+        if freed.is_ok() {
+            let first = (a - g.base()) / ps;
+            s.dirty_pages += g.view(Map::Dirty).count_range(first, pages);
+        }
     }
 
     /// Gives back the dirty pages of segment `i` that lie more than the
@@ -558,10 +576,17 @@ impl Large {
     fn trim_top(&self, s: &mut State, i: usize) {
         let ps = self.page;
         let policy = s.decay.policy();
+        // Without a clock no tick resets `recent_busy`: its term would be
+        // the all-time peak.
+        let since_peak = if policy.delay_ms == 0 {
+            0
+        } else {
+            s.recent_busy.saturating_sub(s.busy)
+        };
         let recent = s
             .recent_max
             .saturating_mul(8)
-            .max(s.recent_busy.saturating_sub(s.busy))
+            .max(since_peak)
             .min(policy.limit(s.busy));
         let pad = policy.top_pad(s.busy).max(recent) / ps;
         let Some(g) = s.segs[i].as_mut() else {
@@ -722,6 +747,11 @@ impl Large {
         if need <= n {
             return true;
         }
+        // A cached range right after it is free to the program: back to
+        // the arena, where this range can grow into it.
+        if let Some(pages) = s.cache.take_at(p + n, self.page) {
+            Self::uncache(&mut s, p + n, pages, self.page);
+        }
         let (a, ps) = (p as u64, self.page as u64);
         let Some(g) = s.segs[i].as_mut() else {
             return false;
@@ -857,6 +887,16 @@ impl Large {
         }
         if dirty != s.dirty_pages {
             return Err("large: freed backed page count differs from the dirty map");
+        }
+        let mut cached_ok = true;
+        s.cache.each(|a, pages| {
+            let area = Self::seg_of(&s, a)
+                .and_then(|i| s.segs[i].as_ref())
+                .and_then(|g| g.arena.find(a as u64));
+            cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
+        });
+        if !cached_ok {
+            return Err("large: a cached range is not a busy range of its size");
         }
         if busy != s.busy + s.cache.bytes {
             return Err("large: busy byte count differs from the arenas");

@@ -578,9 +578,10 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     }
 
     /// Gives a chunk of class `k` to the cache (flushing half the class, at
-    /// most [`FLUSH_MAX`] entries, to `nta` first when it is full). The chunk on top of its class (pushed
-    /// just before) aborts with one line naming it; one pushed twice
-    /// further apart aborts when it is taken off (see "Double frees").
+    /// most [`FLUSH_MAX`] entries, to `nta` first when it is full). The
+    /// chunk on top of its class (pushed just before) aborts with one line
+    /// naming it; one pushed twice further apart aborts when it is taken
+    /// off (see "Double frees").
     ///
     /// # Safety
     /// `p` is a live allocation of exactly `k` chunks of `nta` that the

@@ -10,7 +10,7 @@
 //!   alloc(size <= 4 KiB)  -> this thread's front cache: pop class k       (no atomics, no lock)
 //!                            empty: one heap lock, carve LIMIT[k]/2 chunks (alloc_batch)
 //!   dealloc(size <= 4 KiB)-> push on class k                              (no atomics, no lock)
-//!                            full: half back: own heap under one lock,
+//!                            full: half back (at most 64): own heap under one lock,
 //!                            others' chunks onto their semi-free lists     (free_batch)
 //!   anything else         -> the Nta: heaps, semi-free lists, page runs
 //!

@@ -4,8 +4,9 @@
 //! ```text
 //!   classes        four a doubling: 16, 17-20, 21-24, 25-28, 29-32, 33-40,
 //!                  ..., 225-256 pages; a range keeps its exact size
-//!   alloc(n pages) a range of n's class at least n pages long (at most a
-//!                  quarter longer) from here, else the arena
+//!   alloc(n pages) a range of n's class at least n pages long, else one of
+//!                  the class above (at most about half again as long), from
+//!                  here; else the arena
 //!   free           kept here whole, still busy in its arena, when its
 //!                  class has a slot and the cache room
 //!   the policy's tick,  every range back to its arena, freed there
@@ -24,14 +25,14 @@
 //! them. A class is a handful of addresses, found and taken under the
 //! arena's lock.
 //!
-//! **Bounds.** At most [`SLOTS`] ranges a class, and in all the return
-//! policy's `retain` bytes (4 MiB by default) or what was freed since the
-//! peak of the memory in use in the policy's last tick period, up to the
-//! policy's limit (pages in use a moment ago raise no peak when kept, and a
-//! batch of ranges allocated and freed again and again stays whole); none
-//! when the policy keeps nothing, and none held past the policy's next
-//! tick: the cache is part of the freed memory that the policy keeps for
-//! reuse. A cached range is
+//! **Bounds.** At most [`SLOTS`] ranges a class, and in all what was freed
+//! since the peak of the memory in use in the policy's current tick period,
+//! up to the policy's limit (pages in use a moment ago raise no peak when
+//! kept, and a batch of ranges allocated and freed again and again stays
+//! whole); none when the policy keeps nothing or has no clock (`retain=0`
+//! or `decay=0`: freed memory goes back at once), and none held past the
+//! policy's next tick: the cache is part of the freed memory that the
+//! policy keeps for reuse. A cached range is
 //! busy in its arena and dirty in its map; the arena's books count it
 //! apart (`Large::check`). Its second free, and any use of it as a live
 //! block (its size asked, a realloc), is refused: the class's slots are
@@ -129,6 +130,34 @@ impl Cache {
         self.addr[c][..self.n[c] as usize].contains(&a)
     }
 
+    /// Takes the range at `a` out, whatever its class, and returns its size
+    /// in pages; `None` when it is not held.
+    pub(super) fn take_at(&mut self, a: usize, ps: usize) -> Option<usize> {
+        let (c, i) = (0..CLASSES).find_map(|c| {
+            self.addr[c][..self.n[c] as usize]
+                .iter()
+                .position(|&x| x == a)
+                .map(|i| (c, i))
+        })?;
+        let n = self.n[c] as usize;
+        let pages = self.pages[c][i] as usize;
+        self.addr[c][i] = self.addr[c][n - 1];
+        self.pages[c][i] = self.pages[c][n - 1];
+        self.n[c] -= 1;
+        self.bytes -= pages * ps;
+        self.ranges -= 1;
+        Some(pages)
+    }
+
+    /// Every range held, with its size in pages.
+    pub(super) fn each(&self, mut f: impl FnMut(usize, usize)) {
+        for c in 0..CLASSES {
+            for i in 0..self.n[c] as usize {
+                f(self.addr[c][i], self.pages[c][i] as usize);
+            }
+        }
+    }
+
     /// Takes every range out, each given to `f` with its size in pages.
     pub(super) fn drain(&mut self, mut f: impl FnMut(usize, usize)) {
         for c in 0..CLASSES {
@@ -191,6 +220,9 @@ mod tests {
             assert!(k.put(1, a, pages, PS, 1 << 30));
         }
         assert_eq!(k.take(1, 19, PS), Some((0x2_0000, 20)));
+        assert_eq!(k.take_at(0x3_0000, PS), Some(17));
+        assert_eq!(k.take_at(0x3_0000, PS), None);
+        assert!(k.put(1, 0x3_0000, 17, PS, 1 << 30));
         assert_eq!(k.take(1, 19, PS), None);
         assert_eq!(k.take(1, 17, PS), Some((0x3_0000, 17)));
         assert_eq!(k.take(1, 17, PS), Some((0x1_0000, 18)));

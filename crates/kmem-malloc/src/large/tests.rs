@@ -56,35 +56,32 @@ fn best_fit_keeps_the_alignment() {
 /// A batch of large blocks allocated and then freed, again and again:
 /// the pages freed at the top since the batch's peak stay for the next
 /// batch instead of going back to the OS at once (they were in use a
-/// moment before, so keeping them raises no peak); the policy's clock
-/// still returns them.
+/// moment before, so keeping them raises no peak); `malloc_trim` still
+/// returns them. The blocks are over 1 MiB, past the cache's classes, so
+/// it is the top pad that keeps them.
 #[test]
 fn a_batch_freed_keeps_its_pages_for_the_next() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
     let large = Large::new(ReturnPolicy::DEFAULT, nodes);
-    // 100 blocks of 160 KiB: 16 MB, four times the policy's `retain`
-    // and far above eight times the largest block.
-    let size = 160 << 10;
+    // 20 blocks of 1.5 MiB: 30 MiB, within the policy's limit (eight
+    // times `retain`), and far above eight times the largest block.
+    let (size, blocks) = (3 << 19, 20);
     for round in 0..3 {
-        let v: Vec<usize> = (0..100)
-            .map(|i| {
-                let g = large.alloc(size, 4096, false).unwrap();
-                // SAFETY: the block holds `size` bytes, ours.
-                unsafe { core::ptr::write_bytes(g.addr as *mut u8, i as u8, size) };
-                g.addr
-            })
+        let v: Vec<usize> = (0..blocks)
+            .map(|_| large.alloc(size, 4096, false).unwrap().addr)
             .collect();
         // Freed in a shuffled order, the highest blocks among the
         // first: the top of the arena is free long before the batch.
-        for i in 0..100 {
-            large.free(v[(i * 37 + round) % 100]).unwrap();
+        for i in 0..blocks {
+            large.free(v[(i * 7 + round) % blocks]).unwrap();
         }
         assert_eq!(large.stats().purges, 0, "round {round}");
+        assert_eq!(large.stats().cached_ranges, 0);
     }
     // Everything goes back at malloc_trim's purge.
     large.trim();
     large.check().unwrap();
-    assert!(large.stats().purged_bytes >= 100 * size as u64);
+    assert!(large.stats().purged_bytes >= (blocks * size) as u64);
 }
 
 /// A freed range of 64 KiB to 1 MiB comes back for the next request of
@@ -135,12 +132,36 @@ fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
         (0, 0, 0)
     );
     large.check().unwrap();
-    // A policy that keeps nothing caches nothing.
-    large.set_policy(ReturnPolicy::EAGER);
-    let e = large.alloc(64 << 10, ps, false).unwrap().addr;
-    large.free(e).unwrap();
+    // A range grows in place into a cached neighbour (it is free to the
+    // program).
+    let v: Vec<usize> = (0..3)
+        .map(|_| large.alloc(64 << 10, ps, false).unwrap().addr)
+        .collect();
+    assert_eq!(v[1], v[0] + (64 << 10));
+    large.free(v[1]).unwrap();
+    assert_eq!(large.stats().cached_ranges, 1);
+    assert!(large.grow(v[0], 128 << 10));
+    assert_eq!(large.usable_size(v[0]).unwrap(), 128 << 10);
     assert_eq!(large.stats().cached_ranges, 0);
     large.check().unwrap();
+    large.free(v[0]).unwrap();
+    large.free(v[2]).unwrap();
+    large.trim();
+    // A policy that keeps nothing, or has no clock to empty the cache,
+    // caches nothing.
+    for policy in [
+        ReturnPolicy::EAGER,
+        ReturnPolicy {
+            delay_ms: 0,
+            ..ReturnPolicy::DEFAULT
+        },
+    ] {
+        large.set_policy(policy);
+        let e = large.alloc(64 << 10, ps, false).unwrap().addr;
+        large.free(e).unwrap();
+        assert_eq!(large.stats().cached_ranges, 0);
+        large.check().unwrap();
+    }
 }
 
 #[test]

@@ -10,8 +10,9 @@
 //!              miss in a row of one class, n of them (at most 8) under
 //!              one lock, the rest cached
 //!   push(p,k)  onto class c when k is c's size, the thread allocates from
-//!              c, and the class and the cache have room; else false (the
-//!              caller frees to nta); a full class first gives half back
+//!              c, and the cache has room (its bound: see "Bounds"); else
+//!              false (the caller frees to nta); when the cache is full and
+//!              the class holds the whole bound, it first gives half back
 //!   every 64th alloc or push: nta's clock; every 1024th: classes idle since
 //!              the last scan go back whole
 //!   flush_all  everything back (thread exit, malloc_trim)
@@ -43,7 +44,9 @@
 //! allocated and then freed stays cached whole for the next one, while the
 //! blocks in use and the cache together stay within the thread's peak: a
 //! thread whose set is steady (blocks replaced one at a time) keeps the
-//! floor. A fixed bound could not have both: the churn workload's medium
+//! floor (at a push; a miss that takes a block from nta lowers the bound
+//! under what is cached, and pops then drain the excess). A fixed bound
+//! could not have both: the churn workload's medium
 //! band (512 live blocks of 4-64 KiB replaced at random) fills any cache to
 //! its bound, and peaked at 25.2 MiB without the cache, 26.3 with 512 KiB,
 //! 27.1 with 1 MiB and 31.0 with 4 MiB (glibc 22.0; its test allows 1.25
@@ -51,8 +54,9 @@
 //! 4-64 KiB blocks (3.4 MB) missed nine times in ten at 512 KiB: 0.34x the
 //! `mimalloc` crate's speed, 0.7x with this bound (16 KiB blocks: 0.76x,
 //! 1.5x), and the churn band's peak unchanged (27.0 MiB). Each scan for
-//! idle classes (below) makes what the thread holds then its new peak, so
-//! a peak long past does not keep the bound up. A
+//! idle classes (below) brings the peak down to the most the thread had
+//! out since the last scan, or to what it has out and half what the cache
+//! holds, so a peak long past does not keep the bound up. A
 //! class this thread never allocated from takes no frees (a consumer of
 //! what others allocate would hold them for nothing), and a class idle for
 //! [`MEDIUM_SCAN`] operations goes back whole, so a thread that stops using
@@ -170,9 +174,11 @@ pub struct MediumCache {
     /// Bytes of the blocks this cache handed out and did not take back
     /// (saturating at 0: blocks other threads made come back here too).
     live: usize,
-    /// The most `live` has been since the last scan for idle classes,
-    /// which sets it to `live + bytes` (what the thread holds).
+    /// The most `live` has been, brought down at each scan for idle
+    /// classes (see the end of `tick`).
     peak: usize,
+    /// The most `live` has been since the last scan for idle classes.
+    recent: usize,
     cls: [Class; MEDIUM_CLASSES],
 }
 
@@ -193,6 +199,7 @@ impl MediumCache {
             ops: 0,
             live: 0,
             peak: 0,
+            recent: 0,
             cls: [Class::EMPTY; MEDIUM_CLASSES],
         }
     }
@@ -251,8 +258,11 @@ impl MediumCache {
     #[inline(always)]
     fn out(&mut self, bytes: usize) {
         self.live += bytes;
-        if self.live > self.peak {
-            self.peak = self.live;
+        if self.live > self.recent {
+            self.recent = self.live;
+            if self.live > self.peak {
+                self.peak = self.live;
+            }
         }
     }
 
@@ -507,10 +517,20 @@ impl MediumCache {
                 self.used &= !(1 << c);
             }
         }
-        // What the thread holds now is its new peak: the bound above the
-        // floor shrinks with the blocks that went back, and a peak long
-        // past does not keep a cache full.
-        self.peak = self.live + self.bytes;
+        // The peak comes down to the most the thread had out since the last
+        // scan, or what it has out now and half what the cache holds: a
+        // peak long past does not keep the cache full (a set that shrank
+        // and stayed kept 1 MiB cached for good when the peak came down to
+        // `live + bytes`, the cached blocks justifying themselves); pushes
+        // past the lower bound go to nta and pops drain the rest, halving
+        // the excess at each scan. Batches allocated and freed over and over
+        // reach about the same peak between two scans: lowered to `live +
+        // bytes / 2` in the middle of a batch's frees, it sent a fifth of
+        // them to nta (+10 % instructions).
+        self.peak = (self.peak - self.peak / 8)
+            .max(self.recent)
+            .max(self.live + self.bytes / 2);
+        self.recent = self.live;
     }
 
     /// Gives the first `n` blocks of class `c` (all, when fewer) to `nta`.
@@ -545,6 +565,7 @@ impl MediumCache {
         }
         self.used = 0;
         self.peak = self.live;
+        self.recent = self.live;
     }
 }
 

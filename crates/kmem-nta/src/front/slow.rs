@@ -174,7 +174,8 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// last overflowed doubles its bound instead, up to
     /// [`MAX_LIMITS`](Self::MAX_LIMITS), while the classes' bounds together
     /// stay within [`BYTES`](Self::BYTES) ([`bound_bytes`](Self::bound_bytes));
-    /// otherwise half of it goes back ([`flush`](Self::flush)).
+    /// otherwise half of it, at most [`FLUSH_MAX`] entries, goes back
+    /// ([`flush`](Self::flush)).
     ///
     /// # Safety
     /// Every chunk in the cache belongs to `nta`.
