@@ -14,8 +14,9 @@
  *   large   256 KiB - 4 MiB,  16 live blocks (about 34 MiB)
  *   mixed   99 % 16 B - 64 KiB (mostly small), 1 % 64 KiB - 1 MiB,
  *           4096 live blocks
- * prints "rss MS KIB" for each sample (MS since the start) and "live MS
- * KIB", the set's bytes at that moment (with blocks of up to 4 MiB, 16 of
+ * prints "rss MS KIB" for each sample (MS since the start), "anon MS KIB"
+ * (its anonymous part: no file-backed pages such as the allocator's own
+ * code) and "live MS KIB", the set's bytes at that moment (with blocks of up to 4 MiB, 16 of
  * them, the set itself swings by a tenth or more), then
  * "ops N" (steps done after warm-up), "live_kib N" (the set's bytes at the
  * end), and "checksum ok" (every pattern checked out). With "pin" the
@@ -95,7 +96,8 @@ int main(int argc, char **argv) {
     }
     double t = now_ms();
     if (t >= next) {
-      printf("rss %.0f %ld\nlive %.0f %zu\n", t - t0, rss_kib(), t - t0, bytes >> 10);
+      printf("rss %.0f %ld\nanon %.0f %ld\nlive %.0f %zu\n", t - t0, rss_kib(), t - t0, anon_kib(), t - t0,
+             bytes >> 10);
       next += 50;
       if (t - t0 < warm) ops = 0;
       if (t - t0 >= warm + run) break;

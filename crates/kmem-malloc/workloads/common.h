@@ -76,6 +76,20 @@ static inline long rss_kib(void) {
   return b * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+/* Anonymous resident memory in KiB (RssAnon: the heap and stacks, no
+ * file-backed pages such as the allocator library's own code). */
+static inline long anon_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long k = -1;
+  if (!f) die("status");
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "RssAnon: %ld", &k) == 1) break;
+  fclose(f);
+  if (k < 0) die("RssAnon");
+  return k;
+}
+
 /* Monotonic milliseconds. */
 static inline double now_ms(void) {
   struct timespec t;
