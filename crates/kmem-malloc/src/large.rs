@@ -420,15 +420,19 @@ impl Large {
                     .map(|a| (i, a as usize))
             });
             if let Some((i, a)) = found {
-                // Fresh pages (above the segment's high-water mark) while
-                // the cache holds ranges of other classes: those go back to
-                // the arena first, where they merge and fit this request,
-                // so that parked ranges never make the heap grow (a steady
-                // set of blocks of many sizes replaced at random missed the
-                // cache and took fresh pages: 2.5 MB more peak RSS).
+                // Pages that are not backed (fresh, or given back to the
+                // OS) while the cache holds ranges of other classes: those
+                // go back to the arena first, where they merge and may fit
+                // this request, so that parked ranges do not make RSS grow
+                // (a steady set of blocks of many sizes replaced at random
+                // misses the cache and faults pages in: with no such rule
+                // the churn page band peaked 2.7 MB higher; with fresh pages
+                // only, 1.7 MB, and the large band 4-5 MB; counting pages
+                // given back too, about 1 MB less in the large band).
                 if s.cache.ranges > 0 {
                     if let Some(g) = s.segs[i].as_mut() {
-                        if (a - g.base()) / ps + need / ps > g.top {
+                        let (first, n) = ((a - g.base()) / ps, need / ps);
+                        if g.view(Map::Dirty).count_range(first, n) < n {
                             let undone = g.arena.free(a as u64);
                             debug_assert!(undone.is_ok());
                             self.flush_cache(&mut s);
