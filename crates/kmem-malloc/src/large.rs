@@ -551,30 +551,6 @@ impl Large {
         Ok(())
     }
 
-    /// Frees every cached range in its arena (then freed memory under the
-    /// policy like any other).
-    fn flush_cache(&self, s: &mut State) {
-        let ps = self.page;
-        let mut cache = core::mem::replace(&mut s.cache, Cache::new());
-        cache.drain(|a, pages| Self::uncache(s, a, pages, ps));
-    }
-
-    /// Frees the range at `a`, `pages` long, just taken out of the cache,
-    /// in its arena.
-    fn uncache(s: &mut State, a: usize, pages: usize, ps: usize) {
-        // A cached range is a busy range of its segment (`check` says so).
-        let Some(g) = Self::seg_of(s, a).and_then(|i| s.segs[i].as_mut()) else {
-            debug_assert!(false, "a cached range outside every segment");
-            return;
-        };
-        let freed = g.arena.free(a as u64);
-        debug_assert!(freed.is_ok(), "a cached range not busy in its arena");
-        if freed.is_ok() {
-            let first = (a - g.base()) / ps;
-            s.dirty_pages += g.view(Map::Dirty).count_range(first, pages);
-        }
-    }
-
     /// Gives back the dirty pages of segment `i` that lie more than the
     /// policy's top pad above its highest busy range.
     fn trim_top(&self, s: &mut State, i: usize) {

@@ -38,6 +38,8 @@
 //! block (its size asked, a realloc), is refused: the class's slots are
 //! looked at before a range is taken as live.
 
+use super::{Large, Map, State};
+
 /// Smallest class, in pages.
 pub(super) const MIN_PAGES: usize = 16;
 /// Largest class, in pages.
@@ -168,6 +170,33 @@ impl Cache {
         }
         self.bytes = 0;
         self.ranges = 0;
+    }
+}
+
+/// The arena's side of the cache: its ranges back into their arenas.
+impl Large {
+    /// Frees every cached range in its arena (then freed memory under the
+    /// policy like any other).
+    pub(super) fn flush_cache(&self, s: &mut State) {
+        let ps = self.page;
+        let mut cache = core::mem::replace(&mut s.cache, Cache::new());
+        cache.drain(|a, pages| Self::uncache(s, a, pages, ps));
+    }
+
+    /// Frees the range at `a`, `pages` long, just taken out of the cache,
+    /// in its arena.
+    pub(super) fn uncache(s: &mut State, a: usize, pages: usize, ps: usize) {
+        // A cached range is a busy range of its segment (`check` says so).
+        let Some(g) = Self::seg_of(s, a).and_then(|i| s.segs[i].as_mut()) else {
+            debug_assert!(false, "a cached range outside every segment");
+            return;
+        };
+        let freed = g.arena.free(a as u64);
+        debug_assert!(freed.is_ok(), "a cached range not busy in its arena");
+        if freed.is_ok() {
+            let first = (a - g.base()) / ps;
+            s.dirty_pages += g.view(Map::Dirty).count_range(first, pages);
+        }
     }
 }
 
