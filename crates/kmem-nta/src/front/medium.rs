@@ -128,6 +128,17 @@ const fn class_of_chunks(k: usize) -> (usize, usize) {
     ((b - 6) * STEPS + q - STEPS, (q + 1) << step)
 }
 
+/// The size of each class in bytes (one load where the hot paths need it).
+const CLASS_BYTES: [u32; MEDIUM_CLASSES] = {
+    let mut t = [0; MEDIUM_CLASSES];
+    let mut c = 0;
+    while c < MEDIUM_CLASSES {
+        t[c] = (medium_class_chunks(c) << SHIFT) as u32;
+        c += 1;
+    }
+    t
+};
+
 /// The size of class `c` in chunks.
 #[inline(always)]
 pub const fn medium_class_chunks(c: usize) -> usize {
@@ -169,6 +180,9 @@ pub struct MediumCache {
     bytes: usize,
     /// Bit `c` set while this thread allocates from class `c`.
     used: u64,
+    /// Classes below this one are served by the `Nta` the cache serves; 0
+    /// until the first push sets the keys.
+    served: u8,
     /// Allocations and pushes so far (wrapping): the clock of idleness.
     ops: u32,
     /// Bytes of the blocks this cache handed out and did not take back
@@ -196,6 +210,7 @@ impl MediumCache {
             kbase: 0,
             bytes: 0,
             used: 0,
+            served: 0,
             ops: 0,
             live: 0,
             peak: 0,
@@ -283,40 +298,28 @@ impl MediumCache {
     /// `nta`'s nodes serve (the caller then allocates its request from
     /// `nta` itself). A cached block without its
     /// key, or with a link that does not decode, aborts with one line.
-    #[inline]
+    ///
+    /// The hit (the class holds a block) is inline and calls nothing but
+    /// on its cold branches; the rest is [`alloc_miss`](Self::alloc_miss).
+    #[inline(always)]
     pub fn alloc<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
-        if !Self::serves(nta, c) {
+        let Some(cl) = self.cls.get(c) else {
             return ptr::null_mut();
-        }
-        self.used |= 1 << c;
-        // The operation before this one was on this class too.
-        let solo = self.cls[c].last == self.ops;
-        self.count_op(nta, c);
-        // The class, else one of the [`UP`] above it (a block at most an
-        // eighth larger than the class), so that sizes spread over many
-        // classes find what the cache holds.
-        let mut d = c;
-        if self.cls[c].head.is_null() {
-            match self.above(c) {
-                Some(e) => {
-                    // Its block comes back to it: a class this thread uses
-                    // now.
-                    d = e;
-                    self.used |= 1 << d;
-                    self.cls[d].last = self.ops;
-                }
-                None => {
-                    let p = self.refill(nta, c, solo);
-                    if !p.is_null() {
-                        self.out(medium_class_chunks(c) << SHIFT);
-                    }
-                    return p;
-                }
-            }
-        }
-        let (link, kbase) = (self.link, self.kbase);
-        let cl = &mut self.cls[d];
+        };
         let p = cl.head;
+        if p.is_null() {
+            return self.alloc_miss(nta, c);
+        }
+        // A class that holds a block is served (only `push` fills one, and
+        // it checks) and used (a scan that clears the bit empties it).
+        self.count_op(nta, c);
+        self.pop(c, p)
+    }
+
+    /// Pops `p`, the head of class `d`, checking its key and link.
+    #[inline(always)]
+    fn pop(&mut self, d: usize, p: *mut Semi) -> *mut u8 {
+        let (link, kbase) = (self.link, self.kbase);
         // SAFETY: a cached block is an allocation of this cache's (written
         // by `push`, at least 64 bytes).
         unsafe {
@@ -327,14 +330,45 @@ impl MediumCache {
             if next & ((1 << SHIFT) - 1) != 0 {
                 return refuse_pop(p, true).as_ptr();
             }
-            cl.head = next as *mut Semi;
+            self.cls[d].head = next as *mut Semi;
             write_words(p, 0, 0);
         }
-        cl.count -= 1;
-        let bytes = medium_class_chunks(d) << SHIFT;
+        self.cls[d].count -= 1;
+        let bytes = CLASS_BYTES[d] as usize;
         self.bytes -= bytes;
         self.out(bytes);
         p.cast()
+    }
+
+    /// [`alloc`](Self::alloc) when class `c` is empty: a block of one of
+    /// the [`UP`] classes above it (at most an eighth larger, so that sizes
+    /// spread over many classes find what the cache holds), else one from
+    /// `nta` ([`refill`](Self::refill)).
+    #[inline(never)]
+    fn alloc_miss<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
+        if !Self::serves(nta, c) {
+            return ptr::null_mut();
+        }
+        self.used |= 1 << c;
+        // The operation before this one was on this class too.
+        let solo = self.cls[c].last == self.ops;
+        self.count_op(nta, c);
+        match self.above(c) {
+            Some(d) => {
+                // Its block comes back to it: a class this thread uses now.
+                self.used |= 1 << d;
+                self.cls[d].last = self.ops;
+                let p = self.cls[d].head;
+                self.pop(d, p)
+            }
+            None => {
+                let p = self.refill(nta, c, solo);
+                if !p.is_null() {
+                    self.out(CLASS_BYTES[c] as usize);
+                }
+                p
+            }
+        }
     }
 
     /// A miss on class `c` (and the classes above it): a block of the class
@@ -418,6 +452,25 @@ impl MediumCache {
         first
     }
 
+    /// The first push: sets the keys and the classes `nta` serves; true when
+    /// class `c` is one of them.
+    #[cold]
+    #[inline(never)]
+    fn start<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> bool {
+        if self.link == 0 {
+            let secret = nta.secret();
+            if secret == 0 {
+                return false;
+            }
+            self.link = link_key(secret);
+            self.kbase = key_base(secret);
+            self.served = (0..MEDIUM_CLASSES)
+                .take_while(|&d| Self::serves(nta, d))
+                .count() as u8;
+        }
+        c < self.served as usize
+    }
+
     /// The first class above `c`, at most [`UP`] above, that holds a block.
     #[inline(always)]
     fn above(&self, c: usize) -> Option<usize> {
@@ -444,7 +497,10 @@ impl MediumCache {
             return false;
         }
         let (c, size) = class_of_chunks(k);
-        if size != k || self.used & (1 << c) == 0 || !Self::serves(nta, c) {
+        if size != k || self.used & (1 << c) == 0 {
+            return false;
+        }
+        if c >= self.served as usize && !self.start(nta, c) {
             return false;
         }
         let bytes = k << SHIFT;
@@ -454,14 +510,6 @@ impl MediumCache {
         // SAFETY: forwarded contract.
         if self.bytes + bytes > self.bound() && !unsafe { self.make_room(nta, c, bytes) } {
             return false;
-        }
-        if self.link == 0 {
-            let secret = nta.secret();
-            if secret == 0 {
-                return false;
-            }
-            self.link = link_key(secret);
-            self.kbase = key_base(secret);
         }
         let e: *mut Semi = p.cast();
         // A block freed twice while cached (a free that did not look for
