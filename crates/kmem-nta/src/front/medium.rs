@@ -38,7 +38,8 @@
 //! above nta's largest small allocation are not cached.
 //!
 //! **Bounds.** The cache holds at most what its thread gave back since the
-//! peak of the bytes it had out ([`MediumCache::bound`]), never less than
+//! peak of the bytes it had out, and an eighth of the peak up to
+//! [`MEDIUM_SLACK`] ([`MediumCache::bound`]), never less than
 //! [`MEDIUM_BYTES`] (512 KiB) nor more than [`MEDIUM_MAX`] (4 MiB); a
 //! class may fill the whole bound; past it a free goes to nta. So a batch
 //! allocated and then freed stays cached whole for the next one, while the
@@ -95,6 +96,16 @@ pub const MEDIUM_BYTES: usize = 512 << 10;
 /// Most bytes a thread's medium cache holds, however much its thread gave
 /// back since its peak.
 pub const MEDIUM_MAX: usize = 4 << 20;
+/// Most bytes the cache may hold over the thread's peak: an eighth of the
+/// peak, at most this. Sizes that come mixed do not come back class by
+/// class: with batches of 100 random 4-64 KiB blocks and the cache held to
+/// the peak, an allocation in eight missed (its class and the two above
+/// empty) while the cache held the last batch's unmatched blocks, and as
+/// many frees early in the next batch found the cache full of them and
+/// went to nta. With the slack: 185 -> 170 M instructions, 14 % less time;
+/// the churn workload's medium band peaks as before (25.2 MiB; 26.1 with
+/// a slack of up to 1 MiB).
+pub const MEDIUM_SLACK: usize = 512 << 10;
 /// Operations (allocations and pushes) between two scans for idle classes.
 pub const MEDIUM_SCAN: u32 = 1024;
 /// Classes above a request's that an allocation may take a block from
@@ -230,11 +241,12 @@ impl MediumCache {
     }
 
     /// Most bytes the cache may hold now: what its thread gave back since
-    /// its peak (so that the cache and the blocks in use stay within the
-    /// peak), at least [`MEDIUM_BYTES`], at most [`MEDIUM_MAX`].
+    /// its peak and [`MEDIUM_SLACK`] (so that the cache and the blocks in
+    /// use stay within the peak and the slack), at least [`MEDIUM_BYTES`],
+    /// at most [`MEDIUM_MAX`].
     #[inline(always)]
     pub fn bound(&self) -> usize {
-        self.peak
+        (self.peak + (self.peak / 8).min(MEDIUM_SLACK))
             .saturating_sub(self.live)
             .clamp(MEDIUM_BYTES, MEDIUM_MAX)
     }
