@@ -61,10 +61,10 @@ pub(crate) fn free_fast(a: usize) -> bool {
                 }
                 true
             },
-            // SAFETY: as above; a block of 65 to 254 chunks, or of 255 or
-            // more (`LONG_LEN`: `free_medium` reads the length).
+            // SAFETY: as above; a block of 65 to 127 chunks, or the code of
+            // a longer one (`LONG_LEN`: `free_medium_coded` decodes it).
             Some(k) => unsafe {
-                free_medium(t, a as *mut u8, k);
+                free_medium_coded(t, a as *mut u8, k);
                 true
             },
             None => false,
@@ -75,24 +75,46 @@ pub(crate) fn free_fast(a: usize) -> bool {
 }
 
 /// [`free_fast`]'s block of over [`FRONT_CLASSES`] chunks on a thread in
-/// `T_FAST`: onto its medium cache, else to nta. Out of line: `free_fast`
-/// jumps here.
+/// `T_FAST`, with the lookup's answer `code`: the length, or for 128
+/// chunks or more ([`kmem_nta::LONG_LEN`]) the length map's code of it,
+/// decoded here (out of `free`'s inline path, which jumps here); then as
+/// [`free_medium`].
 ///
 /// # Safety
-/// `p` is a live allocation of exactly `k` chunks of `NTA` (or, for `k` =
-/// [`kmem_nta::LONG_LEN`], of that many or more), looked up in its maps,
+/// `p` is a live allocation of `NTA` for which its lookup answered `code`,
 /// that the caller gives up; `t` is this thread's block, in `T_FAST`.
 #[inline(never)]
-unsafe fn free_medium(t: &Thread, p: *mut u8, k: usize) {
-    // The lookup's mark of 255 chunks or more: the length is the end
-    // map's (read here, out of `free`'s inline path).
-    let k = if k == kmem_nta::LONG_LEN {
+unsafe fn free_medium_coded(t: &Thread, p: *mut u8, code: usize) {
+    let k = if code >= kmem_nta::LONG_LEN {
         // SAFETY: p is a live block of NTA's (the caller's contract), for
-        // which the length map said LONG_LEN.
-        unsafe { NTA.long_len_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(p as usize) }
+        // which the lookup answered code.
+        unsafe { NTA.long_len_fixed::<NTA_CHUNK_SHIFT, NTA_NODE_SHIFT>(code, p as usize) }
     } else {
-        k
+        code
     };
+    // SAFETY: a live allocation of exactly k chunks; forwarded contract.
+    unsafe { free_medium_in(t, p, k) }
+}
+
+/// A block of over [`FRONT_CLASSES`] chunks, of `k` chunks exactly, on a
+/// thread in `T_FAST`: onto its medium cache, else to nta.
+///
+/// # Safety
+/// `p` is a live allocation of exactly `k` chunks of `NTA`, looked up in
+/// its maps, that the caller gives up; `t` is this thread's block, in
+/// `T_FAST`.
+#[inline(never)]
+unsafe fn free_medium(t: &Thread, p: *mut u8, k: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { free_medium_in(t, p, k) }
+}
+
+/// The body of [`free_medium`] and [`free_medium_coded`].
+///
+/// # Safety
+/// As [`free_medium`].
+#[inline(always)]
+unsafe fn free_medium_in(t: &Thread, p: *mut u8, k: usize) {
     // SAFETY: this thread's medium cache, which holds only NTA's blocks;
     // forwarded contract.
     if !unsafe { (*t.medium.get()).push(&NTA, p, k) } {

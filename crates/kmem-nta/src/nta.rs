@@ -511,10 +511,10 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LookupKey(NonZeroUsize);
 
-/// What [`Nta::lookup_common_fixed`] answers for an allocation of 255
-/// chunks or more (the length map's longest; [`Nta::long_len_fixed`] gives
-/// the length then).
-pub const LONG_LEN: usize = crate::node::lens::MAX;
+/// The least that [`Nta::lookup_common_fixed`] answers for an allocation of
+/// more than 127 chunks: its answer is then the length map's code of the
+/// length, which [`Nta::long_len_fixed`] turns into the length.
+pub const LONG_LEN: usize = crate::node::lens::EXACT + 1;
 
 impl core::fmt::Debug for LookupKey {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {

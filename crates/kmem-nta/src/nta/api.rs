@@ -356,10 +356,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// The common case of [`lookup_unlocked_fixed`](Self::lookup_unlocked_fixed),
     /// from the node's header alone: `Some(k)` when `addr` starts a live
-    /// allocation of `k` chunks, where `k` = [`LONG_LEN`](crate::LONG_LEN)
-    /// (255) means 255 chunks or more: [`long_len_fixed`](Self::long_len_fixed)
-    /// gives the length then (off the caller's hot path, which sorts
-    /// lengths into its caches first anyway); `None`
+    /// allocation of `k` chunks, where `k` of [`LONG_LEN`](crate::LONG_LEN)
+    /// (128) or more is the length map's code of a length of 128 chunks or
+    /// more: [`long_len_fixed`](Self::long_len_fixed) gives the length then
+    /// (off the caller's hot path, which sorts lengths into its caches
+    /// first anyway); `None`
     /// for anything else, good or bad, which the caller settles on its
     /// checked path. The chunk's own words are not read, so a chunk parked
     /// in a front cache or queued on a semi-free list reads live: for a
@@ -388,20 +389,25 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     }
 
     /// The length in chunks of the allocation at `addr`, for which
-    /// [`lookup_common_fixed`](Self::lookup_common_fixed) answered
-    /// [`LONG_LEN`](crate::LONG_LEN): up to its end bit in the node's end
-    /// map.
+    /// [`lookup_common_fixed`](Self::lookup_common_fixed) answered `code`, at
+    /// least [`LONG_LEN`](crate::LONG_LEN): the length the code holds, or,
+    /// for a length the length map does not hold, up to its end bit in the
+    /// node's end map.
     ///
     /// # Safety
-    /// As `lookup_common_fixed`, which answered `LONG_LEN` for `addr`, and
+    /// As `lookup_common_fixed`, which answered `code` for `addr`, and
     /// the allocation is still live.
     #[inline]
     pub unsafe fn long_len_fixed<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32>(
         &self,
+        code: usize,
         addr: usize,
     ) -> usize {
         let g = &Fixed::<CHUNK_SHIFT, NODE_SHIFT>::GEO;
         debug_assert_eq!(*g, self.geo);
+        if code != lens::MAX {
+            return lens::decode(code);
+        }
         // SAFETY: the caller's contract: a live node of chunks of ours,
         // whose length map marks a long allocation at addr.
         unsafe { long_len(g, addr) }
@@ -410,8 +416,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// The lookup's common case over geometry `g` (this allocator's) with
     /// its secret (0 before it has one: nothing is found): the node's seal
     /// (a node of chunks: a large run's seal differs, see `seal_large`),
-    /// the chunk alignment, then the length map (its byte as it is: 255
-    /// for 255 chunks or more, see [`long_len`]). `None` for anything
+    /// the chunk alignment, then the length map (its byte as it is, a
+    /// code: see [`lens`]). `None` for anything
     /// else.
     ///
     /// The length map's line for the next 64 chunks is prefetched: a
@@ -453,7 +459,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // SAFETY: a live node of ours whose length map marks a long
             // allocation at addr (just read).
             Some(lens::MAX) => unsafe { long_len(g, addr) },
-            Some(k) => k,
+            Some(v) => lens::decode(v),
             // SAFETY: forwarded contract.
             None => unsafe { self.lookup_bits(g, addr)? },
         };
@@ -698,16 +704,17 @@ impl<const CHUNK_SHIFT: u32, const NODE_SHIFT: u32> Fixed<CHUNK_SHIFT, NODE_SHIF
     };
 }
 
-/// The length of the allocation of 255 chunks or more that starts at
-/// `addr` (the length map says so): up to its end bit, 4 to 16 words of
-/// its node's end map away. Before, such blocks (medium blocks of 16 KiB
+/// The length of the allocation that starts at `addr`, of a length the
+/// length map does not hold (its code is `lens::MAX`: over 127 chunks and
+/// not a multiple of 8): up to its end bit, 2 to 16 words of its node's end
+/// map away. Before, such blocks (medium blocks of 16 KiB
 /// and more) took `free`'s checked path: the bitmaps bit by bit and the
 /// block's own words, a third of the instructions of a free of random
 /// 4-64 KiB blocks.
 ///
 /// # Safety
 /// `addr` lies in a live node of chunks over geometry `g`, whose length map
-/// marks a live allocation of 255 chunks or more there.
+/// marks a live allocation there with `lens::MAX`.
 #[inline(always)]
 unsafe fn long_len(g: &Geometry, addr: usize) -> usize {
     let node = addr & !g.node_mask();

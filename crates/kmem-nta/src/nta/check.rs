@@ -165,8 +165,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                         }
                         at = e;
                     }
-                    // The length map: each allocation's length (255 for
-                    // 255 or more) at its start, 0 everywhere else.
+                    // The length map: each allocation's length, coded, at
+                    // its start, 0 everywhere else.
                     let len = len_map(n, &g);
                     for i in 0..g.nchunks {
                         let start = i >= g.hdr
@@ -174,7 +174,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                             && (i == g.hdr || !bits::test(used, i - 1) || bits::test(end, i - 1));
                         let want = if start {
                             let k = bits::next_set(end, i, g.nchunks) + 1 - i;
-                            k.min(lens::MAX)
+                            lens::encode(k) as usize
                         } else {
                             0
                         };
