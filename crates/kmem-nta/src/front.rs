@@ -22,7 +22,8 @@
 //! share; `front/slow.rs` the slow paths (refills, overflows and flushes,
 //! idle classes, `flush_all`); `front/classes.rs` the classes and bounds;
 //! `front/medium.rs` the [`MediumCache`], whole blocks of 4 to 64 KiB by
-//! size class, beside this cache.
+//! size class, beside this cache; `front/large.rs` the [`LargeCache`] of
+//! freed large runs that `KmemNta` keeps per thread.
 //!
 //! The cache is a plain value with no destructor, so that its owner decides
 //! how it lives: [`KmemNta`](crate::KmemNta) keeps one in a Rust
@@ -137,6 +138,7 @@ use crate::nta::{
 };
 
 mod classes;
+mod large;
 mod medium;
 mod slow;
 
@@ -145,6 +147,7 @@ pub use classes::{
     FRONT_MAX, IDLE_SCAN, TICK_PUSHES, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
 };
 use classes::{limits, max_limits, SHIFT};
+pub use large::{LargeCache, LARGE_CACHE_BYTES, LARGE_CACHE_MAX, LARGE_SLOTS};
 pub use medium::{
     medium_class, medium_class_chunks, MediumCache, MEDIUM_BYTES, MEDIUM_CLASSES, MEDIUM_MAX,
     MEDIUM_SCAN,

@@ -104,9 +104,9 @@ pub mod slab;
 pub mod global;
 
 pub use front::{
-    front_class, medium_class, tiny_class, FrontCache, FrontCacheOf, MediumCache, TinyCache,
-    FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX, MEDIUM_BYTES, MEDIUM_MAX, TINY_CHUNK,
-    TINY_CLASSES, TINY_MAX,
+    front_class, medium_class, tiny_class, FrontCache, FrontCacheOf, LargeCache, MediumCache,
+    TinyCache, FRONT_BYTES, FRONT_CHUNK, FRONT_CLASSES, FRONT_MAX, LARGE_CACHE_BYTES,
+    LARGE_CACHE_MAX, MEDIUM_BYTES, MEDIUM_MAX, TINY_CHUNK, TINY_CLASSES, TINY_MAX,
 };
 #[cfg(all(feature = "std", not(loom)))]
 pub use global::KmemNta;

@@ -17,7 +17,7 @@
 //! The bitmaps are the truth; runs are found and merged in them.
 //!
 //! `len` byte i: the length in chunks of the allocation that starts at
-//! chunk i, coded ([`lens`]): 1 to 127 as they are, multiples of 8 from 128
+//! chunk i, coded (`lens`): 1 to 127 as they are, multiples of 8 from 128
 //! to 1136 as `128 + (k - 128) / 8` (every size class of kmem-nta's medium
 //! cache is one), any other length `255` (the end map then tells it); 0 for
 //! every chunk that starts no allocation. It is the bitmaps' answer kept ready for `free`'s lookup:

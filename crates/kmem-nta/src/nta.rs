@@ -119,6 +119,9 @@ pub struct Stats {
     pub large_runs: usize,
     /// Pages in those runs, headers included.
     pub large_pages: usize,
+    /// Pages of freed large runs kept in threads' caches for reuse (not in
+    /// `large_runs`; `KmemNta`'s large cache).
+    pub large_parked_pages: usize,
     /// Frees that came from another CPU and went through a semi-free list.
     pub remote_frees: u64,
     /// Remote frees still waiting on semi-free lists.
@@ -156,6 +159,7 @@ impl core::ops::Add for Stats {
             free_bytes: self.free_bytes + o.free_bytes,
             large_runs: self.large_runs + o.large_runs,
             large_pages: self.large_pages + o.large_pages,
+            large_parked_pages: self.large_parked_pages + o.large_parked_pages,
             remote_frees: self.remote_frees + o.remote_frees,
             remote_pending: self.remote_pending + o.remote_pending,
             remote_pending_bytes: self.remote_pending_bytes + o.remote_pending_bytes,
@@ -490,6 +494,9 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     hi: AtomicUsize,
     large_runs: AtomicUsize,
     large_pages: AtomicUsize,
+    /// Pages of freed large runs that threads' caches keep for reuse
+    /// ([`park_large`](Nta::park_large)).
+    large_parked: AtomicUsize,
     large_allocs: Counter,
     large_frees: Counter,
     large_requested: Counter,
@@ -625,6 +632,7 @@ macro_rules! nta_new {
             hi: AtomicUsize::new(0),
             large_runs: AtomicUsize::new(0),
             large_pages: AtomicUsize::new(0),
+            large_parked: AtomicUsize::new(0),
             large_allocs: Counter::new(),
             large_frees: Counter::new(),
             large_requested: Counter::new(),

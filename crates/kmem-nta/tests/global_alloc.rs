@@ -110,3 +110,25 @@ fn collections_strings_and_threads() {
     assert!(s.allocations > before, "allocations went through kmem-nta");
     assert!(s.nodes >= 1);
 }
+
+/// A buffer just over nta's largest small allocation (a 64 KiB one, with
+/// its header page a large run), freed and asked for again, comes back from
+/// the thread's large cache; its contents are the program's to write; the
+/// cache goes back to the page supply at the flush.
+#[test]
+fn a_large_buffer_freed_comes_back_and_goes_back_at_the_flush() {
+    let a = vec![7u8; 65_536];
+    assert!(a.iter().all(|&x| x == 7));
+    let pa = a.as_ptr() as usize;
+    drop(a);
+    assert!(KmemNta::stats().large_parked_pages >= 17);
+    let b = vec![9u8; 65_536];
+    assert_eq!(b.as_ptr() as usize, pa, "the freed run comes back");
+    assert!(b.iter().all(|&x| x == 9));
+    // Another page count is another run.
+    let c = vec![1u8; 200_000];
+    assert_ne!(c.as_ptr() as usize, pa);
+    drop((b, c));
+    KmemNta::flush_thread_cache();
+    KmemNta::check().unwrap();
+}

@@ -241,7 +241,7 @@ impl MediumCache {
     }
 
     /// Most bytes the cache may hold now: what its thread gave back since
-    /// its peak and [`MEDIUM_SLACK`] (so that the cache and the blocks in
+    /// its peak and `MEDIUM_SLACK` (so that the cache and the blocks in
     /// use stay within the peak and the slack), at least [`MEDIUM_BYTES`],
     /// at most [`MEDIUM_MAX`].
     #[inline(always)]
@@ -312,7 +312,7 @@ impl MediumCache {
     /// key, or with a link that does not decode, aborts with one line.
     ///
     /// The hit (the class holds a block) is inline and calls nothing but
-    /// on its cold branches; the rest is [`alloc_miss`](Self::alloc_miss).
+    /// on its cold branches; the rest is `alloc_miss`.
     #[inline(always)]
     pub fn alloc<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
         let Some(cl) = self.cls.get(c) else {
@@ -326,6 +326,20 @@ impl MediumCache {
         // it checks) and used (a scan that clears the bit empties it).
         self.count_op(nta, c);
         self.pop(c, p)
+    }
+
+    /// [`alloc`](Self::alloc)'s hit alone: a block of class `c` when the
+    /// class holds one, else null (nothing asked of `nta`).
+    #[inline(always)]
+    pub fn pop_hit<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
+        match self.cls.get(c) {
+            Some(cl) if !cl.head.is_null() => {
+                let p = cl.head;
+                self.count_op(nta, c);
+                self.pop(c, p)
+            }
+            _ => ptr::null_mut(),
+        }
     }
 
     /// Pops `p`, the head of class `d`, checking its key and link.

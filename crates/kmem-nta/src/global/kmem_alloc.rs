@@ -5,10 +5,10 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::ptr::{self, NonNull};
 
-use kmem_core::{Cpus, Error};
+use kmem_core::{Cpus, Error, PageSource};
 
 use super::{global_source, tiny_source, GlobalSource, GLOBAL_CHUNK, GLOBAL_CONFIG};
-use crate::front::{medium_class, FrontCache, MediumCache};
+use crate::front::{medium_class, FrontCache, LargeCache, MediumCache};
 use crate::nta::{bad_free, Nta, Stats};
 use crate::slab::{slab_class, SlabArena, SlabCache, SlabStats, SLAB_GRANULE};
 
@@ -18,11 +18,12 @@ static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CON
 static SLABS: SlabArena<GlobalSource> = SlabArena::new(tiny_source());
 
 /// The thread's caches: a [`FrontCache`] of [`NTA`]'s chunks, the
-/// thread's slabs of [`SLABS`] and a [`MediumCache`] of NTA's blocks of 4
-/// to 64 KiB. No destructor of its own, so that every
+/// thread's slabs of [`SLABS`], a [`MediumCache`] of NTA's blocks of 4
+/// to 64 KiB and a [`LargeCache`] of its freed large runs up to 256 KiB.
+/// No destructor of its own, so that every
 /// access is a plain TLS access (a `thread_local!` value with a destructor
 /// checks its state on each); [`EXIT`] gives them back at thread exit.
-struct Front(FrontCache, SlabCache, MediumCache);
+struct Front(FrontCache, SlabCache, MediumCache, LargeCache);
 
 /// Gives the thread's caches back when the thread exits (registered by the
 /// first slow path that fills a cache, see [`alive`]). After it has run,
@@ -41,6 +42,7 @@ impl Drop for Exit {
                 f.0.flush_all(&NTA);
                 f.0.close();
                 f.2.flush_all(&NTA);
+                f.3.flush_all(&NTA);
                 f.1.abandon(&SLABS);
             }
         });
@@ -49,7 +51,14 @@ impl Drop for Exit {
 
 std::thread_local! {
     static FRONT: UnsafeCell<Front> =
-        const { UnsafeCell::new(Front(FrontCache::new(), SlabCache::new(), MediumCache::new())) };
+        const {
+            UnsafeCell::new(Front(
+                FrontCache::new(),
+                SlabCache::new(),
+                MediumCache::new(),
+                LargeCache::new(),
+            ))
+        };
     static EXIT: Exit = const { Exit };
 }
 
@@ -120,6 +129,7 @@ impl KmemNta {
             unsafe {
                 (*f.get()).0.flush_all(&NTA);
                 (*f.get()).2.flush_all(&NTA);
+                (*f.get()).3.flush_all(&NTA);
                 (*f.get()).1.trim(&SLABS);
             }
         });
@@ -177,21 +187,42 @@ fn pop(k: usize) -> *mut u8 {
 #[cold]
 #[inline(never)]
 unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
-    if let (Some(k), true) = (k, alive()) {
+    if let Some(k) = k {
+        if alive() {
+            let p = FRONT
+                .try_with(|f| {
+                    // SAFETY: as in `pop`; the front cache holds NTA's chunks.
+                    unsafe { (*f.get()).0.refill(&NTA, k) }
+                })
+                .unwrap_or(ptr::null_mut());
+            if !p.is_null() {
+                return p;
+            }
+        }
+    } else if let Some((c, _)) = medium(&layout) {
+        // A hit first, without asking whether the thread's caches are
+        // still alive: once its exit has flushed them, every class is
+        // empty. A miss fills the cache, so it asks.
         let p = FRONT
             .try_with(|f| {
-                // SAFETY: as in `pop`; the front cache holds NTA's chunks.
-                unsafe { (*f.get()).0.refill(&NTA, k) }
+                // SAFETY: as in `pop`; the medium cache holds NTA's blocks.
+                let m = unsafe { &mut (*f.get()).2 };
+                match m.pop_hit(&NTA, c) {
+                    p if p.is_null() && alive() => m.alloc(&NTA, c),
+                    p => p,
+                }
             })
             .unwrap_or(ptr::null_mut());
         if !p.is_null() {
             return p;
         }
-    } else if let (Some((c, _)), true) = (medium(&layout), alive()) {
+    } else if large(&layout) {
+        // A run this thread freed, of the request's page count (none once
+        // its exit has flushed the cache: no need to ask whether it did).
         let p = FRONT
             .try_with(|f| {
-                // SAFETY: as in `pop`; the medium cache holds NTA's blocks.
-                unsafe { (*f.get()).2.alloc(&NTA, c) }
+                // SAFETY: as in `pop`; the large cache holds NTA's runs.
+                unsafe { (*f.get()).3.alloc(&NTA, layout.size()) }
             })
             .unwrap_or(ptr::null_mut());
         if !p.is_null() {
@@ -200,6 +231,39 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
     }
     // SAFETY: forwarded contract.
     unsafe { GlobalAlloc::alloc(&NTA, layout) }
+}
+
+/// True when `layout` is a large one (over nta's largest small
+/// allocation) that the thread's [`LargeCache`] may keep: at most
+/// [`LARGE_CACHE_MAX`](crate::LARGE_CACHE_MAX) bytes, aligned to at most a
+/// page.
+#[inline(always)]
+fn large(layout: &Layout) -> bool {
+    layout.size() > NTA.max_small()
+        && LargeCache::fits(layout.size())
+        && layout.align() <= NTA.source().page_size()
+}
+
+/// `dealloc` of a large layout's run that the thread's cache may keep:
+/// kept, else nta frees it.
+///
+/// # Safety
+/// As `dealloc`; `large(&layout)`.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_large(ptr: *mut u8, layout: Layout) {
+    if alive() {
+        let r = FRONT.try_with(|f| {
+            // SAFETY: as in `pop`; a live large allocation of NTA's
+            // (GlobalAlloc's contract), given up; the cache holds NTA's.
+            unsafe { (*f.get()).3.free(&NTA, ptr, layout.size()) }
+        });
+        if r == Ok(true) {
+            return;
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }
 }
 
 /// The medium class of `layout` (and its size in chunks): over 4 KiB, at
@@ -410,6 +474,10 @@ unsafe impl GlobalAlloc for KmemNta {
         if medium(&layout).is_some() {
             // SAFETY: forwarded contract; a medium layout.
             return unsafe { dealloc_medium(ptr) };
+        }
+        if large(&layout) {
+            // SAFETY: forwarded contract; a large layout the cache keeps.
+            return unsafe { dealloc_large(ptr, layout) };
         }
         // SAFETY: forwarded contract.
         unsafe { GlobalAlloc::dealloc(&NTA, ptr, layout) }

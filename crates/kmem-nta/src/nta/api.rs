@@ -417,7 +417,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// its secret (0 before it has one: nothing is found): the node's seal
     /// (a node of chunks: a large run's seal differs, see `seal_large`),
     /// the chunk alignment, then the length map (its byte as it is, a
-    /// code: see [`lens`]). `None` for anything
+    /// code: see the `lens` module). `None` for anything
     /// else.
     ///
     /// The length map's line for the next 64 chunks is prefetched: a

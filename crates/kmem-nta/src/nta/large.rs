@@ -120,4 +120,77 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         Err(Error::NotAllocated { addr: a })
     }
+
+    /// Takes the live large allocation at `addr` out of use without giving
+    /// its pages back, for a thread's cache to hand out again
+    /// ([`unpark_large`](Self::unpark_large)): validated as a free is,
+    /// sealed as freed (a second free of it is a double free), counted as
+    /// freed. Returns its data bytes, or `Ok(0)` with nothing changed for a
+    /// run whose data does not start one page in (aligned over a page: the
+    /// caller frees it).
+    ///
+    /// # Safety
+    /// `addr` is not used afterwards unless unparked; the caller gives the
+    /// run back ([`release_parked`](Self::release_parked)) or unparks it.
+    pub unsafe fn park_large(&self, addr: usize) -> Result<usize> {
+        let hdr = self.large_header(addr)?;
+        let ps = self.source.page_size();
+        // SAFETY: a validated live large header.
+        unsafe {
+            if (*hdr).run + ps != addr {
+                return Ok(0);
+            }
+            let pages = (*hdr).pages;
+            (*hdr)
+                .check
+                .store(seal_freed(hdr as usize, self.secret()), Ordering::Release);
+            self.large_runs.fetch_sub(1, Ordering::Relaxed);
+            self.large_pages.fetch_sub(pages, Ordering::Relaxed);
+            self.large_parked.fetch_add(pages, Ordering::Relaxed);
+            self.large_frees.add(1);
+            Ok((*hdr).size)
+        }
+    }
+
+    /// Hands out again the run parked at `addr` for a request of `size`
+    /// bytes (at most its data bytes): live, owned by the calling CPU's
+    /// heap, counted as allocated.
+    ///
+    /// # Safety
+    /// `addr` was parked ([`park_large`](Self::park_large)) by this
+    /// allocator and neither unparked nor released since; `size` is at most
+    /// the data bytes `park_large` returned.
+    pub unsafe fn unpark_large(&self, addr: usize, size: usize) -> NonNull<u8> {
+        let hdr = (addr - self.source.page_size()) as *mut Node;
+        // SAFETY: a parked run's header page, ours (the contract).
+        unsafe {
+            let pages = (*hdr).pages;
+            (*hdr).owner = self.current_heap() as u32;
+            self.large_parked.fetch_sub(pages, Ordering::Relaxed);
+            self.large_runs.fetch_add(1, Ordering::Relaxed);
+            self.large_pages.fetch_add(pages, Ordering::Relaxed);
+            self.large_allocs.add(1);
+            self.large_requested.add(size as u64);
+            (*hdr)
+                .check
+                .store(seal_large(hdr as usize, self.secret()), Ordering::Release);
+            NonNull::new_unchecked(addr as *mut u8)
+        }
+    }
+
+    /// Gives the pages of the run parked at `addr` back to the source.
+    ///
+    /// # Safety
+    /// As [`unpark_large`](Self::unpark_large).
+    pub unsafe fn release_parked(&self, addr: usize) {
+        let hdr = (addr - self.source.page_size()) as *mut Node;
+        // SAFETY: a parked run's header page, ours (the contract).
+        unsafe {
+            let (run, pages) = ((*hdr).run, (*hdr).pages);
+            self.large_parked.fetch_sub(pages, Ordering::Relaxed);
+            let _ = self
+                .source
+                .free_pages(NonNull::new_unchecked(run as *mut u8), pages);
+        }
+    }
 }
