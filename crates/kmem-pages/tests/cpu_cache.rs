@@ -482,3 +482,47 @@ fn a_remote_list_of_one_colour_taken_over() {
     assert_eq!(a.free_count(), 1024);
     a.check().unwrap();
 }
+
+/// `free_page_batch`: pages another thread allocated, freed as a list, all
+/// go back; a list with a bad page in it frees the pages before it, refuses
+/// it with its address, and leaves it and the pages after it live (each
+/// then frees on its own); `check()` passes after each.
+#[test]
+fn a_batch_of_pages_from_another_thread_frees_up_to_a_bad_one() {
+    let a = real(PAGES);
+    let free0 = a.free_count();
+    let pages: Vec<usize> = std::thread::scope(|s| {
+        s.spawn(|| {
+            (0..64)
+                .map(|_| a.alloc_page().unwrap().as_ptr() as usize)
+                .collect()
+        })
+        .join()
+        .unwrap()
+    });
+    let list: Vec<NonNull<u8>> = pages
+        .iter()
+        .map(|&p| NonNull::new(p as *mut u8).unwrap())
+        .collect();
+    // SAFETY: live pages of ours, freed once.
+    unsafe { a.free_page_batch(&list[..40]) }.unwrap();
+    assert_eq!(a.free_count(), free0 - 24);
+    a.check().unwrap();
+    // A page freed already, in the middle of the rest.
+    let mut bad = list[40..].to_vec();
+    bad.insert(10, list[3]);
+    // SAFETY: the pages before the bad one are live; the call stops there.
+    let e = unsafe { a.free_page_batch(&bad) }.unwrap_err();
+    assert!(
+        matches!(e, Error::DoubleFree { addr } if addr == list[3].as_ptr() as u64),
+        "{e:?}"
+    );
+    assert_eq!(a.free_count(), free0 - 14);
+    a.check().unwrap();
+    for &p in &bad[11..] {
+        // SAFETY: live, not freed by the refused batch.
+        unsafe { a.free_page(p) }.unwrap();
+    }
+    assert_eq!(a.free_count(), free0);
+    a.check().unwrap();
+}
