@@ -286,6 +286,7 @@ fn bad_frees_abort_with_one_line() {
 #include <string.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <unistd.h>
 /* Frees a block, 299 others of its size, then the first again, and exits:
    its cache goes back to the allocator with the block on it twice. */
 static void *double_at_exit(void *arg) {
@@ -331,6 +332,20 @@ int main(int argc, char **argv) {
     char *volatile sink;
     for (int i = 0; i < 3; i++) sink = malloc(10000);
     (void)sink;
+  }
+  else if (!strcmp(what, "medium-double-full")) {
+    /* The block cached, the cache then filled to its bound with blocks of
+       another class, and the block freed again: the push must refuse it
+       as freed twice, not hand it to the heap while it waits cached. */
+    /* 16 KiB blocks leave less room under the 4 MiB bound than the block
+       needs (the cache holds it and 255 of them); the second free must be
+       refused at once (_exit: nothing after it may catch it later). */
+    static char *v[400];
+    for (int i = 0; i < 400; i++) if (!(v[i] = malloc(16384))) return 2;
+    free(m);
+    for (int i = 0; i < 400; i++) free(v[i]);
+    free(m);
+    _exit(0);
   }
   else if (!strcmp(what, "medium-middle")) free(m + 64);
   /* A medium block of 255 chunks or more: nta's length map marks it long
@@ -468,6 +483,7 @@ fn bad_frees_in_mode(exe: &Path, mode: &str) {
         "mid-double",
         "medium-double",
         "medium-double-apart",
+        "medium-double-full",
         "medium-middle",
         "medium-uaf",
         "long-double",

@@ -95,15 +95,23 @@ impl LargeCache {
 
     /// The latest kept run whose data is `size`'s whole pages, live again
     /// (a large allocation of `nta`'s for `size` bytes), or null.
-    pub fn alloc<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, size: usize) -> *mut u8 {
+    ///
+    /// # Safety
+    /// Every run in the cache is `nta`'s (the one `free` parked it with),
+    /// and `nta` is still alive.
+    pub unsafe fn alloc<P: PageSource, C: CpuSource>(
+        &mut self,
+        nta: &Nta<P, C>,
+        size: usize,
+    ) -> *mut u8 {
         let ps = nta.source().page_size();
         let want = size.div_ceil(ps) * ps;
         let Some(i) = (0..self.n).rev().find(|&i| self.bytes[i] == want) else {
             return core::ptr::null_mut();
         };
         let a = self.take(i);
-        // SAFETY: a was parked by nta (`free`) and left the cache just now;
-        // size is at most its data bytes (want).
+        // SAFETY: a was parked by nta (this function's contract) and left
+        // the cache just now; size is at most its data bytes (want).
         unsafe { nta.unpark_large(a, size) }.as_ptr()
     }
 

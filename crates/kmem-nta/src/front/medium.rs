@@ -43,7 +43,8 @@
 //! [`MEDIUM_BYTES`] (512 KiB) nor more than [`MEDIUM_MAX`] (4 MiB); a
 //! class may fill the whole bound; past it a free goes to nta. So a batch
 //! allocated and then freed stays cached whole for the next one, while the
-//! blocks in use and the cache together stay within the thread's peak: a
+//! blocks in use and the cache together stay within the thread's peak and
+//! the slack: a
 //! thread whose set is steady (blocks replaced one at a time) keeps the
 //! floor (at a push; a miss that takes a block from nta lowers the bound
 //! under what is cached, and pops then drain the excess). A fixed bound
@@ -529,6 +530,20 @@ impl MediumCache {
         if c >= self.served as usize && !self.start(nta, c) {
             return false;
         }
+        let e: *mut Semi = p.cast();
+        // A block freed twice while cached (a free that did not look for
+        // the parked mark, as kmem-malloc's fast path does not): the store
+        // below misses on the block anyway, so the load costs little here,
+        // and the second free aborts at once instead of at a later pop.
+        // Before the bound: a cache full of other classes' blocks refused
+        // the second free, and the caller gave the block to nta (whose free
+        // reads only its maps) while it waited here (test
+        // `medium-double-full` of kmem-malloc's bad frees).
+        // SAFETY: the block holds at least 16 bytes (the caller's
+        // contract); the keys are set (`start`).
+        if unsafe { (*e).chunks } == cache_key_from(p as usize, self.kbase) {
+            double_free(p as usize);
+        }
         let bytes = k << SHIFT;
         // Back from its thread (a class's size: what `alloc` hands out),
         // cached or not.
@@ -536,16 +551,6 @@ impl MediumCache {
         // SAFETY: forwarded contract.
         if self.bytes + bytes > self.bound() && !unsafe { self.make_room(nta, c, bytes) } {
             return false;
-        }
-        let e: *mut Semi = p.cast();
-        // A block freed twice while cached (a free that did not look for
-        // the parked mark, as kmem-malloc's fast path does not): the store
-        // below misses on the block anyway, so the load costs little here,
-        // and the second free aborts at once instead of at a later pop.
-        // SAFETY: the block holds at least 16 bytes (the caller's
-        // contract).
-        if unsafe { (*e).chunks } == cache_key_from(p as usize, self.kbase) {
-            double_free(p as usize);
         }
         self.count_op(nta, c);
         let cl = &mut self.cls[c];

@@ -221,7 +221,8 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
         // its exit has flushed the cache: no need to ask whether it did).
         let p = FRONT
             .try_with(|f| {
-                // SAFETY: as in `pop`; the large cache holds NTA's runs.
+                // SAFETY: as in `pop`; the large cache holds NTA's runs
+                // (a static: alive).
                 unsafe { (*f.get()).3.alloc(&NTA, layout.size()) }
             })
             .unwrap_or(ptr::null_mut());

@@ -44,8 +44,11 @@ fn a_freed_run_comes_back_for_its_page_count_and_everything_goes_back() {
     assert_eq!(nta.stats().large_parked_pages, 19);
     nta.check().unwrap();
     // Another page count misses; the same one takes it.
-    assert!(c.alloc(&nta, 80_000).is_null());
-    let q = c.alloc(&nta, 69_700);
+    // SAFETY: the cache's runs are nta's, alive.
+    let miss = unsafe { c.alloc(&nta, 80_000) };
+    assert!(miss.is_null());
+    // SAFETY: as above.
+    let q = unsafe { c.alloc(&nta, 69_700) };
     assert_eq!(q, p);
     assert!(c.is_empty());
     let s = nta.stats();
@@ -77,12 +80,12 @@ fn the_slots_and_bytes_bound_the_cache_oldest_out_first() {
         assert_eq!(parked, c.bytes() / 4096 + c.len(), "after {k} frees");
     }
     // The newest runs stayed; the oldest went back.
-    let q = c.alloc(&nta, 262_144);
+    // SAFETY: the cache's runs are nta's, alive.
+    let q = unsafe { c.alloc(&nta, 262_144) };
     assert_eq!(q, ps[6]);
-    assert!(
-        c.alloc(&nta, 65_536).is_null(),
-        "the oldest went back first"
-    );
+    // SAFETY: as above.
+    let gone = unsafe { c.alloc(&nta, 65_536) };
+    assert!(gone.is_null(), "the oldest went back first");
     // SAFETY: a live large allocation, given up.
     assert!(unsafe { c.free(&nta, q, 262_144) });
     // Too long, or aligned over a page: not kept, nothing changed.
