@@ -134,7 +134,7 @@ use kmem_core::{CpuSource, Error, PageSource};
 
 use crate::nta::{
     bad_free, cache_key_from, double_free, fatal_corruption, fatal_unmarked, key_base, link_decode,
-    link_encode, link_key, prefetch, Nta, Semi,
+    link_encode, link_key, Nta, Semi,
 };
 
 mod classes;
@@ -450,9 +450,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
                     return refuse_pop(p, true).as_ptr();
                 }
                 c.head = next as *mut Semi;
-                // The class's next pop reads that chunk's words: ask for
-                // them now (a hint; it never faults, whatever `next` is).
-                prefetch::<true>(next as *const u8);
                 (*p).next = ptr::null_mut();
                 (*p).chunks = 0;
             }

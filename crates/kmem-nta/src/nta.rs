@@ -220,7 +220,7 @@ fn skip_word(e: *mut Semi, bytes: usize) -> Option<*mut *mut Semi> {
 /// semi-free entry's words) or to read it. A hint only: it never faults,
 /// whatever `p` is.
 #[inline(always)]
-pub(crate) fn prefetch<const WRITE: bool>(p: *const u8) {
+fn prefetch<const WRITE: bool>(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetch has no architectural effect and never faults.
     unsafe {
