@@ -6,7 +6,9 @@
 //! of pages, touches each one (a write, as a fault would), and frees them
 //! all; one page in four is freed by the next thread instead (a page freed on
 //! another CPU than the one that allocated it), handed over through a
-//! mailbox of that pair of threads alone. A sample runs every thread for a
+//! mailbox of that pair of threads alone and freed from it as a list
+//! (kmem-pages' `free_page_batch`; the baseline frees them one by one, as
+//! it has no such call). A sample runs every thread for a
 //! fixed time and counts the pages: alloc+free operations per second.
 //!
 //! Two placements, each at 1, 2, 4, 8 and 16 threads:
@@ -129,7 +131,8 @@ impl Pages for PageAllocator<'_> {
         unsafe { self.free_page(p) }.expect("a live page")
     }
     /// kmem-pages' batch free: the records of the pages ahead asked for
-    /// together (about a fifth more pages a second at 2 threads here).
+    /// together (about a third more operations a second at 2 threads
+    /// here).
     unsafe fn free_list(&self, ps: &[NonNull<u8>]) {
         // SAFETY: forwarded contract.
         unsafe { self.free_page_batch(ps) }.expect("live pages")
