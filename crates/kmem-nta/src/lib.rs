@@ -111,7 +111,7 @@ pub use front::{
 #[cfg(all(feature = "std", not(loom)))]
 pub use global::KmemNta;
 pub use node::{Geometry, MAX_NODE_CHUNKS};
-pub use nta::{Config, LookupKey, Nta, Stats, LONG_LEN, MAINTAIN_MS, MAX_HEAPS};
+pub use nta::{Config, LookupKey, Nta, Stats, LARGE_PARKED_MAX, LONG_LEN, MAINTAIN_MS, MAX_HEAPS};
 
 #[cfg(all(test, not(loom)))]
 mod tests;

@@ -17,6 +17,7 @@ mod batch;
 mod check;
 mod heap;
 mod large;
+pub use large::LARGE_PARKED_MAX;
 mod traits;
 
 /// Most per-CPU heaps an allocator has; CPU numbers past the configured count

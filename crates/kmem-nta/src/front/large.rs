@@ -24,7 +24,10 @@
 //! most; a request takes only a run of its own page count (a longer one
 //! would answer a later `free_sized` with the wrong size). A thread keeps
 //! its runs until it frees more large blocks, flushes
-//! (`KmemNta::flush_thread_cache`) or exits.
+//! (`KmemNta::flush_thread_cache`) or exits, so the threads of one
+//! allocator keep [`LARGE_PARKED_MAX`](crate::LARGE_PARKED_MAX) bytes
+//! together at most (8 MiB; `Nta::park_large` declines past it): a pool of
+//! idle threads does not hold a mebibyte each.
 //!
 //! **Double frees.** A cached run's header carries the freed seal, so a
 //! second free of it is refused as a double free by nta's header check,
@@ -118,8 +121,9 @@ impl LargeCache {
     /// Keeps the large allocation `p` of `nta` (a request of `size` bytes,
     /// as its layout says), giving back the oldest runs when the slots or
     /// the bytes are full. False, with nothing changed, for a run that is
-    /// not kept: longer than [`LARGE_CACHE_MAX`] or aligned over a page
-    /// (the caller frees it). A pointer that is not a live large
+    /// not kept: longer than [`LARGE_CACHE_MAX`], aligned over a page, or
+    /// past what the allocator's threads may keep together (the caller
+    /// frees it). A pointer that is not a live large
     /// allocation aborts with one line, as nta's free does.
     ///
     /// # Safety

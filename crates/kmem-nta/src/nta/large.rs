@@ -10,6 +10,12 @@ use crate::node::{load_check, seal_freed, seal_large, Node, KIND_LARGE};
 
 use super::Nta;
 
+/// Most bytes of large runs that the threads' caches of one allocator keep
+/// together ([`Nta::park_large`]): each thread keeps at most 1 MiB of data
+/// (`LargeCache`), and a pool of idle threads, which nothing makes give
+/// their runs back, could otherwise hold a mebibyte each.
+pub const LARGE_PARKED_MAX: usize = 8 << 20;
+
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// A page run with a header page: data at `run + max(page, align)`,
     /// header one page below the data.
@@ -126,8 +132,9 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// ([`unpark_large`](Self::unpark_large)): validated as a free is,
     /// sealed as freed (a second free of it is a double free), counted as
     /// freed. Returns its data bytes, or `Ok(0)` with nothing changed for a
-    /// run whose data does not start one page in (aligned over a page: the
-    /// caller frees it).
+    /// run whose data does not start one page in (aligned over a page) or
+    /// that would take the pages parked in all threads' caches past
+    /// [`LARGE_PARKED_MAX`] bytes: the caller frees it.
     ///
     /// # Safety
     /// `addr` is not used afterwards unless unparked; the caller gives the
@@ -137,10 +144,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let ps = self.source.page_size();
         // SAFETY: a validated live large header.
         unsafe {
-            if (*hdr).run + ps != addr {
+            let pages = (*hdr).pages;
+            // The bound is read, not reserved: threads parking at once may
+            // pass it by a run each.
+            if (*hdr).run + ps != addr
+                || (self.large_parked.load(Ordering::Relaxed) + pages) * ps > LARGE_PARKED_MAX
+            {
                 return Ok(0);
             }
-            let pages = (*hdr).pages;
             (*hdr)
                 .check
                 .store(seal_freed(hdr as usize, self.secret()), Ordering::Release);

@@ -11,6 +11,7 @@ use kmem_core::{Cpus, Error};
 use kmem_pages::FixedSource;
 
 use super::*;
+use crate::LARGE_PARKED_MAX;
 
 /// An nta of 64-byte chunks and 64 KiB nodes, one heap, over `b`.
 fn nta_over(b: &mut [u64]) -> Nta<FixedSource<'_>, Cpus> {
@@ -110,4 +111,41 @@ fn the_slots_and_bytes_bound_the_cache_oldest_out_first() {
     assert_eq!(nta.stats().large_parked_pages, 0);
     assert_eq!(nta.source().free_page_count().unwrap(), free0);
     nta.check().unwrap();
+}
+
+#[test]
+fn the_threads_caches_together_keep_at_most_the_allocators_bound() {
+    let mut b = vec![0u64; (24 << 20) / 8];
+    let nta = nta_over(&mut b);
+    let free0 = nta.source().free_page_count().unwrap();
+    // Ten caches (threads) of four 252 KiB runs each (64 pages with the
+    // header: 1 MiB a cache) would keep 10 MiB; the bound is 8 MiB.
+    let mut caches: Vec<LargeCache> = (0..10).map(|_| LargeCache::new()).collect();
+    let mut declined = Vec::new();
+    for c in caches.iter_mut() {
+        for _ in 0..4 {
+            let p = big(&nta, 252 << 10);
+            // SAFETY: a live large allocation, given up (or declined, and
+            // still ours).
+            if !unsafe { c.free(&nta, p, 252 << 10) } {
+                declined.push(p);
+            }
+        }
+    }
+    let parked = nta.stats().large_parked_pages * 4096;
+    assert!(parked <= LARGE_PARKED_MAX, "{parked} bytes parked");
+    assert!(parked + 64 * 4096 > LARGE_PARKED_MAX, "up to the bound");
+    assert_eq!(declined.len(), 40 - parked / (64 * 4096));
+    nta.check().unwrap();
+    // SAFETY: the declined runs are live and ours; every kept run is nta's.
+    unsafe {
+        for p in declined {
+            nta.free(core::ptr::NonNull::new(p).unwrap()).unwrap();
+        }
+        for c in caches.iter_mut() {
+            c.flush_all(&nta);
+        }
+    }
+    assert_eq!(nta.stats().large_parked_pages, 0);
+    assert_eq!(nta.source().free_page_count().unwrap(), free0);
 }
