@@ -316,17 +316,12 @@ impl MediumCache {
     /// on its cold branches; the rest is `alloc_miss`.
     #[inline(always)]
     pub fn alloc<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, c: usize) -> *mut u8 {
-        let Some(cl) = self.cls.get(c) else {
-            return ptr::null_mut();
-        };
-        let p = cl.head;
+        let p = self.pop_hit(nta, c);
         if p.is_null() {
+            // Empty, or out of range (which `alloc_miss` refuses).
             return self.alloc_miss(nta, c);
         }
-        // A class that holds a block is served (only `push` fills one, and
-        // it checks) and used (a scan that clears the bit empties it).
-        self.count_op(nta, c);
-        self.pop(c, p)
+        p
     }
 
     /// [`alloc`](Self::alloc)'s hit alone: a block of class `c` when the
@@ -336,6 +331,9 @@ impl MediumCache {
         match self.cls.get(c) {
             Some(cl) if !cl.head.is_null() => {
                 let p = cl.head;
+                // A class that holds a block is served (only `push` fills
+                // one, and it checks) and used (a scan that clears the bit
+                // empties it).
                 self.count_op(nta, c);
                 self.pop(c, p)
             }
