@@ -26,6 +26,15 @@ const fn xfer_depth(k: usize) -> usize {
     }
 }
 
+/// How many allocations ahead of the one it hands out `alloc_batch` asks
+/// for a chunk's line. Its caller, a front cache's refill, writes a link
+/// into each chunk at once, and the chunks are cold (freed a phase ago, or
+/// never touched): one store miss after another filled the store buffer,
+/// and most of the refill's time waited there. Eight ahead gave burst
+/// (phases of 200000 blocks of 16-512 B) 9-12 % less time; 4 or 16 ahead
+/// gained less.
+const BATCH_AHEAD: usize = 8;
+
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- batches, for front caches ----------------------------------------
 
@@ -97,6 +106,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 bits::set_range(used_map(node), idx, m * k);
                 let (end, len) = (end_map(node, &self.geo), len_map(node, &self.geo));
                 for t in 0..m {
+                    if t + BATCH_AHEAD < m {
+                        // A hint: the chunk lies in the run just popped.
+                        let ahead = self.chunk_addr(node, idx + (t + BATCH_AHEAD) * k);
+                        super::prefetch::<true>(ahead);
+                    }
                     bits::set(end, idx + t * k + k - 1);
                     lens::set(len, idx + t * k, k);
                     out(self.chunk_addr(node, idx + t * k), k);
