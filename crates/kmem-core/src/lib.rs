@@ -3,6 +3,7 @@
 //! ```text
 //!   bitmap        Bitmap over caller words: ranges, counts, word-at-a-time searches
 //!   decay         ReturnPolicy and Decay: how long freed memory stays backed
+//!   hint          prefetch_read, prefetch_write: cache hints
 //!   list          intrusive doubly linked list, container_of!
 //!   lock          Lock<T>: a lock_api mutex that counts acquisitions, contention, wait
 //!   topology      Topology (CPUs, packages, nodes) and Cpus (real, simulated, fixed)
@@ -30,6 +31,7 @@ extern crate std;
 pub mod bitmap;
 pub mod decay;
 pub mod error;
+pub mod hint;
 pub mod list;
 pub mod lock;
 pub mod page_source;

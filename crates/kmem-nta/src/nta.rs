@@ -3,6 +3,7 @@
 use core::num::NonZeroUsize;
 use core::ptr;
 
+use kmem_core::hint::prefetch_write;
 use kmem_core::sync::{AtomicBool, AtomicUsize, Ordering};
 use kmem_core::{
     CachePadded, Counter, CpuSource, Cpus, Error, Lock, LockGuard, LockStats, PageSource, Result,
@@ -217,25 +218,6 @@ fn skip_word(e: *mut Semi, bytes: usize) -> Option<*mut *mut Semi> {
     (bytes >= SKIP_BYTES).then(|| e.cast::<*mut Semi>().wrapping_add(2))
 }
 
-/// Asks for the line at `p`, to write it (`WRITE`: the drainer rewrites a
-/// semi-free entry's words) or to read it. A hint only: it never faults,
-/// whatever `p` is.
-#[inline(always)]
-fn prefetch<const WRITE: bool>(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch has no architectural effect and never faults.
-    unsafe {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
-        if WRITE {
-            _mm_prefetch::<_MM_HINT_ET0>(p.cast())
-        } else {
-            _mm_prefetch::<_MM_HINT_T0>(p.cast())
-        }
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// Reads entry `e`'s jump pointer and prefetches its target.
 ///
 /// # Safety
@@ -248,7 +230,7 @@ unsafe fn prefetch_ahead(e: *mut Semi, bytes: usize) {
         // whoever queued it.
         let t = unsafe { *w };
         if !t.is_null() {
-            prefetch::<true>(t.cast());
+            prefetch_write(t.cast());
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use core::ptr::NonNull;
 
+use kmem_core::hint::prefetch_write;
 use kmem_core::sync::Ordering::{Acquire, Relaxed};
 use kmem_core::{Error, Result};
 
@@ -17,21 +18,6 @@ use crate::state::{free_error, PageAllocator, PerCpu};
 /// Pages [`PageAllocator::free_page_batch`] asks for ahead of the one it
 /// frees.
 const BATCH_AHEAD: usize = 8;
-
-/// Asks for the line at `p` in a state to write it (x86-64's `prefetchw`,
-/// a no-op on processors without it); a hint: it never faults, whatever
-/// `p` is.
-#[inline(always)]
-fn prefetch_write(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch has no architectural effect and never faults; it
-    // reads no memory the program can observe and writes none.
-    unsafe {
-        core::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 impl<'a> PageAllocator<'a> {
     // ----- single pages -----

@@ -5,6 +5,7 @@ use core::alloc::Layout;
 use core::num::NonZeroUsize;
 use core::ptr::{self, NonNull};
 
+use kmem_core::hint::prefetch_read;
 use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, Error, PageSource, Result};
 
@@ -13,7 +14,7 @@ use crate::node::{
     KIND_SMALL,
 };
 
-use super::{bad_free, parked, prefetch, semi_tag, skip_word, LookupKey, Nta, Semi};
+use super::{bad_free, parked, semi_tag, skip_word, LookupKey, Nta, Semi};
 
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- public allocation API ------------------------------------------
@@ -442,7 +443,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // idx is in range (below nchunks by construction of node_of).
         unsafe {
             debug_assert_eq!((*node).kind, KIND_SMALL);
-            prefetch::<false>(len_map(node, g).wrapping_add(idx + 64));
+            prefetch_read(len_map(node, g).wrapping_add(idx + 64));
             match lens::get(len_map(node, g), idx) {
                 0 => None,
                 k => Some(k),

@@ -3,6 +3,7 @@
 
 use core::ptr;
 
+use kmem_core::hint::prefetch_write;
 use kmem_core::sync::Ordering;
 use kmem_core::{CpuSource, LockGuard, PageSource};
 
@@ -109,7 +110,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     if t + BATCH_AHEAD < m {
                         // A hint: the chunk lies in the run just popped.
                         let ahead = self.chunk_addr(node, idx + (t + BATCH_AHEAD) * k);
-                        super::prefetch::<true>(ahead);
+                        prefetch_write(ahead);
                     }
                     bits::set(end, idx + t * k + k - 1);
                     lens::set(len, idx + t * k, k);
