@@ -16,7 +16,8 @@
 //! No thread runs in the background: the clock is read on the sources' slow
 //! paths (page-level allocations and frees), so "within the delay" means at
 //! the first such call after it, and `malloc_trim` gives everything back at
-//! once. [`Decay`] is the clock: the owner tells it how many freed bytes
+//! once. Where no call may come for a long time (kmem-malloc: a thread's
+//! exit), [`Decay::settle`] applies the limit at once. [`Decay`] is the clock: the owner tells it how many freed bytes
 //! are backed after every change, and it answers what must go back now.
 //!
 //! ```text
@@ -216,6 +217,26 @@ impl Decay {
         self.next_tick = now.saturating_add(period);
         Due::Tick { keep, limit }
     }
+
+    /// What a source must do when no call may come for a long time: freed
+    /// bytes past the limit go back now, down to it, instead of at the next
+    /// tick, which a process that stopped allocating never reaches (its
+    /// workers exited, and the thread left waits). With no delay,
+    /// everything past `retain`, as [`check`](Self::check). The clock is
+    /// not touched: what stays below the limit goes at the ticks as before.
+    #[inline]
+    pub fn settle(&self, dirty: usize, in_use: usize) -> Due {
+        let keep = if self.policy.period_ns() == 0 {
+            self.policy.retain
+        } else {
+            self.policy.limit(in_use)
+        };
+        if dirty > keep {
+            Due::Now { keep }
+        } else {
+            Due::Nothing
+        }
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +250,26 @@ mod tests {
             retain: 100,
             delay_ms: 10,
         }
+    }
+
+    #[test]
+    fn a_settle_gives_back_down_to_the_limit_at_once_and_keeps_the_clock() {
+        let mut d = Decay::new(policy());
+        assert!(matches!(d.check(0, 0, MS), Due::Tick { .. }));
+        // Past the limit (800) between two ticks: now, down to the limit.
+        assert_eq!(d.settle(5000, 0), Due::Now { keep: 800 });
+        // The limit grows with the memory in use.
+        assert_eq!(d.settle(5000, 6000), Due::Nothing);
+        assert_eq!(d.settle(800, 0), Due::Nothing);
+        // The next tick is where it was (5 ms after the first).
+        assert_eq!(d.check(800, 0, 2 * MS), Due::Nothing);
+        assert!(matches!(d.check(800, 0, 6 * MS), Due::Tick { .. }));
+        // With no delay, down to retain.
+        let eager = Decay::new(ReturnPolicy {
+            retain: 100,
+            delay_ms: 0,
+        });
+        assert_eq!(eager.settle(500, 0), Due::Now { keep: 100 });
     }
 
     #[test]

@@ -774,6 +774,23 @@ impl Large {
         self.state.lock().decay.set_policy(policy);
     }
 
+    /// Gives back at once the freed memory past the policy's limit
+    /// ([`Decay::settle`]), the cached ranges counted in (they join the
+    /// arena first when the total passes it): for a thread's exit, after
+    /// which no call may come to tick the clock.
+    pub(crate) fn settle_limit(&self) {
+        let mut s = self.state.lock();
+        let ps = self.page;
+        let freed = s.dirty_pages * ps + s.cache.bytes;
+        if s.decay.settle(freed, s.busy) == Due::Nothing {
+            return;
+        }
+        self.flush_cache(&mut s);
+        if let Due::Now { keep } = s.decay.settle(s.dirty_pages * ps, s.busy) {
+            self.purge_down_to(&mut s, keep / ps, Map::Dirty);
+        }
+    }
+
     /// Applies the return policy now (from nta's periodic maintenance).
     pub(crate) fn maintain(&self) {
         if let Some(mut s) = self.state.try_lock() {

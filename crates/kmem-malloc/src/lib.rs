@@ -466,9 +466,35 @@ extern "C" fn thread_exit(b: *mut c_void) {
             (*t.medium.get()).flush_all(&NTA);
             (*t.slabs.get()).abandon(&SLABS);
         }
+        settle_after_exit();
     }
     // SAFETY: nothing reads the block any more: the slot points elsewhere.
     unsafe { free_block(b) };
+}
+
+/// After an exiting thread gave its caches back: nta's maintenance now (the
+/// frees it queued on other heaps finished, the pool's empty nodes back to
+/// the page supply), then each source's return-policy limit applied at
+/// once ([`kmem_core::Decay::settle`]). The policy's clock ticks only on
+/// the allocator's calls, and a program whose workers have exited may make
+/// none for good (its main thread waits, or computes): what the workers
+/// freed past the limit then stayed backed. 16 threads that each built and
+/// freed 16 MiB of 64-byte blocks left 200 MB resident after their joins,
+/// with the process idle (mimalloc 3 MB, jemalloc 48 MB, glibc 329 MB).
+/// Below the limit (eight times `retain`, or the memory in use) memory
+/// still goes at the next ticks, as before: a program whose threads come
+/// and go reuses it.
+fn settle_after_exit() {
+    NTA.maintain();
+    if let Some(p) = NTA.source().0.built() {
+        p.settle();
+    }
+    if let Some(p) = SLABS.source().0.built() {
+        p.settle();
+    }
+    if let Some(l) = LARGE.get() {
+        l.settle_limit();
+    }
 }
 
 extern "C" fn fork_prepare() {

@@ -1,7 +1,7 @@
 //! Regressions of wrong results and unbounded memory under `LD_PRELOAD`:
 //! stale `calloc` memory, RSS that grew without bound under a steady
 //! working set, memory never returned (small and medium blocks, frees from
-//! another CPU), the 64 GiB ceiling on large blocks, double frees that
+//! another CPU, exited threads'), the 64 GiB ceiling on large blocks, double frees that
 //! `engine=pow2` accepted, and a cut `KMEM_OPTIONS` message. Each case is
 //! a C program in `workloads/` that prints what it measured; the figures
 //! are memory, never time.
@@ -226,6 +226,19 @@ fn memory_freed_on_another_cpu_goes_back() {
     assert!(peak > start + 200.0 * 1024.0, "{r:?}");
     assert!(after <= start + 64.0 * 1024.0, "{r:?}");
     assert!(trimmed <= start + 16.0 * 1024.0, "{r:?}");
+}
+
+/// 8 threads build and free 16 MiB of small blocks each, then exit, and the
+/// process makes no call after the joins: what they freed past the return
+/// policy's limit (eight times `retain`: 32 MiB) goes back at their exits.
+/// It stayed resident for good, 136 MiB above the start, since the policy's
+/// clock ticks only on calls that never came.
+#[test]
+fn memory_of_exited_threads_goes_back_with_no_later_call() {
+    let r = run("memory_return", "exited", true, "");
+    let (start, peak, after) = (get(&r, "start"), get(&r, "peak"), get(&r, "after"));
+    assert!(peak > start + 120.0 * 1024.0, "{r:?}");
+    assert!(after <= start + 48.0 * 1024.0, "{r:?}");
 }
 
 /// Untouched `malloc(1 GiB)` as many times as glibc allows, up to 96 (the

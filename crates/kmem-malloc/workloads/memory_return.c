@@ -14,6 +14,11 @@
  *              freed by one on CPU 1, which then goes on with small
  *              allocations for up to 5 s; prints "start", "peak", "after"
  *              and "ms" as above, then "trimmed" after malloc_trim(0)
+ *   exited     8 threads each build 16 MiB of 64-byte blocks (chained
+ *              through their first words: no array to allocate), free
+ *              them and exit; prints "start", "peak" (all 8 built) and
+ *              "after" the joins, with no allocation after them (a program
+ *              whose workers are done and whose main thread waits)
  *   ceiling    untouched malloc(1 GiB) until one fails or 96 succeed;
  *              prints "gib N"
  */
@@ -125,6 +130,44 @@ static void case_remote(void) {
   printf("trimmed %ld\n", rss_kib());
 }
 
+enum { WORKERS = 8 };
+static pthread_barrier_t built, measured;
+
+static void *worker(void *arg) {
+  (void)arg;
+  void *head = NULL;
+  for (size_t i = 0; i < (16u << 20) / 64; i++) {
+    void **b = xmalloc(64);
+    memset(b, 3, 64);
+    *b = head;
+    head = b;
+  }
+  pthread_barrier_wait(&built);
+  pthread_barrier_wait(&measured);
+  while (head) {
+    void *next = *(void **)head;
+    free(head);
+    head = next;
+  }
+  return NULL;
+}
+
+static void case_exited(void) {
+  long start = rss_kib();
+  printf("start %ld\n", start);
+  pthread_t t[WORKERS];
+  pthread_barrier_init(&built, NULL, WORKERS + 1);
+  pthread_barrier_init(&measured, NULL, WORKERS + 1);
+  for (int i = 0; i < WORKERS; i++)
+    if (pthread_create(&t[i], NULL, worker, NULL)) die("pthread_create");
+  pthread_barrier_wait(&built);
+  long peak = rss_kib();
+  pthread_barrier_wait(&measured);
+  for (int i = 0; i < WORKERS; i++) pthread_join(t[i], NULL);
+  long after = rss_kib();
+  printf("peak %ld\nafter %ld\n", peak, after);
+}
+
 static void case_ceiling(void) {
   int n = 0;
   while (n < 96 && malloc(1ul << 30)) n++;
@@ -137,6 +180,7 @@ int main(int argc, char **argv) {
   if (!strcmp(c, "calloc")) case_calloc();
   else if (!strcmp(c, "small")) case_small();
   else if (!strcmp(c, "remote")) case_remote();
+  else if (!strcmp(c, "exited")) case_exited();
   else if (!strcmp(c, "ceiling")) case_ceiling();
   else die("unknown case");
   return 0;

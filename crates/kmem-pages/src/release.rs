@@ -7,6 +7,9 @@
 //! highest frame in use go back at once.
 //!
 //! ```text
+//!   settle()            as maintain, with the limit applied at once
+//!                       (Decay::settle: for a caller after which no call
+//!                       may come, such as a thread's exit)
 //!   maintain()          the release lock, then every bucket lock
 //!     top trim          free dirty frames above (highest frame in use + pad)
 //!     Decay::check      Now:  dirty free frames, highest first, down to `keep`
@@ -45,6 +48,16 @@ use crate::MAX_BUCKETS;
 const COOL_NS: u64 = 1_000_000_000;
 
 type Guards<'a> = [Option<LockGuard<'a, BucketState>>; MAX_BUCKETS];
+
+/// What [`apply`](PageAllocator::apply) does: the policy at `now`, its
+/// limit at once, or everything back.
+#[cfg(feature = "os")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    Policy,
+    Settle,
+    Everything,
+}
 
 impl PageAllocator<'_> {
     /// The policy under which free pages go back to the OS.
@@ -112,7 +125,21 @@ impl PageAllocator<'_> {
                 r.cooled = now;
                 self.cool_caches();
             }
-            self.apply(&mut r, now, false);
+            self.apply(&mut r, now, How::Policy);
+        }
+    }
+
+    /// Applies the policy's limit now ([`Decay::settle`](kmem_core::Decay::settle)):
+    /// freed pages past it go back without waiting for the next tick, for
+    /// a caller that knows no call may come for a while (kmem-malloc, when
+    /// a thread exits: the program may have stopped allocating, and its
+    /// freed memory would stay backed for good). Also the top trim, as
+    /// [`maintain`](Self::maintain). Waits for the release lock.
+    pub fn settle(&self) {
+        #[cfg(feature = "os")]
+        {
+            let mut r = self.release.lock();
+            self.apply(&mut r, 0, How::Settle);
         }
     }
 
@@ -125,7 +152,7 @@ impl PageAllocator<'_> {
         {
             let mut r = self.release.lock();
             let before = r.purged;
-            self.apply(&mut r, 0, true);
+            self.apply(&mut r, 0, How::Everything);
             (r.purged - before) as usize
         }
         #[cfg(not(feature = "os"))]
@@ -143,7 +170,7 @@ impl PageAllocator<'_> {
 
     /// CONTEXT: the release lock (`r`).
     #[cfg(feature = "os")]
-    fn apply(&self, r: &mut Release, now: u64, everything: bool) {
+    fn apply(&self, r: &mut Release, now: u64, how: How) {
         let crate::state::Backing::Regions {
             _frames: region, ..
         } = &self.backing
@@ -164,7 +191,7 @@ impl PageAllocator<'_> {
         };
         let fr = self.frames();
         let mut dirty = self.dirty_locked(&mut g);
-        if everything {
+        if how == How::Everything {
             self.purge_from_top(&mut g, &mut dirty, 0, false, 0, &mut purge);
         } else {
             // Free frames above the highest one in use: placement reaches
@@ -184,7 +211,12 @@ impl PageAllocator<'_> {
             if from < fr.len() {
                 self.purge_from_top(&mut g, &mut dirty, 0, false, from, &mut purge);
             }
-            match r.decay.check(dirty * ps, in_use * ps, now) {
+            let due = if how == How::Settle {
+                r.decay.settle(dirty * ps, in_use * ps)
+            } else {
+                r.decay.check(dirty * ps, in_use * ps, now)
+            };
+            match due {
                 Due::Nothing => {}
                 Due::Now { keep } => {
                     self.purge_from_top(&mut g, &mut dirty, keep / ps, false, 0, &mut purge)

@@ -46,6 +46,17 @@ impl Drop for Exit {
                 f.1.abandon(&SLABS);
             }
         });
+        // The return policy's clock ticks only on calls, and a program
+        // whose workers have exited may make none for good: the maintenance
+        // now, then freed memory past the policy's limit back at once
+        // (kmem-malloc's thread exit does the same, and says why).
+        NTA.maintain();
+        for pages in [NTA.source().built(), SLABS.source().built()]
+            .into_iter()
+            .flatten()
+        {
+            pages.settle();
+        }
     }
 }
 
