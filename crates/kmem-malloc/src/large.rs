@@ -279,6 +279,15 @@ pub(crate) struct LargeStats {
     pub lock: LockStats,
 }
 
+/// What [`Large::resize`] did with a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resize {
+    /// It stays where it is (grown, shrunk or kept in place).
+    InPlace,
+    /// It must move; it holds this many bytes.
+    Move(usize),
+}
+
 /// Reserves `bytes` of address space (halving down to `min` while the OS
 /// refuses), 2 MiB aligned, readable and writable at once: `MAP_NORESERVE`,
 /// so the kernel backs a page only when it is first touched.
@@ -683,45 +692,68 @@ impl Large {
         s.purged_pages += done as u64;
     }
 
-    /// Shrinks the live range at `p` to `new` bytes in place when that frees
-    /// at least a page: the tail goes back to the OS and to the arena.
-    /// Returns the usable size after.
-    pub(crate) fn shrink(&self, p: usize, new: usize) -> Result<usize> {
+    /// `realloc` of the live range at `p` to `new` bytes, under one lock and
+    /// one look-up (a loop that grows a buffer a few bytes at a time calls
+    /// it for every step): in place when `new` fits the range and is over
+    /// `min` (a shrink by whole pages gives the tail back), or when the
+    /// addresses after it are free; else [`Resize::Move`] with its size (a
+    /// size of `min` or less belongs to a smaller allocator).
+    pub(crate) fn resize(&self, p: usize, new: usize, min: usize) -> Result<Resize> {
         let mut s = self.state.lock();
         let (i, n) = Self::live(&s, p)?;
+        if new <= n {
+            if new > min {
+                self.shrink_locked(&mut s, i, p, n, new);
+                return Ok(Resize::InPlace);
+            }
+            return Ok(Resize::Move(n));
+        }
+        Ok(if self.grow_locked(&mut s, i, p, n, new) {
+            Resize::InPlace
+        } else {
+            Resize::Move(n)
+        })
+    }
+
+    /// Shrinks the live range at `p`, `n` bytes in segment `i`, to `new`
+    /// bytes in place when that frees at least a page: the tail goes back
+    /// to the OS and to the arena. Returns the usable size after.
+    fn shrink_locked(&self, s: &mut State, i: usize, p: usize, n: usize, new: usize) -> usize {
         let keep = new.max(1).next_multiple_of(self.page);
         if keep >= n {
-            return Ok(n);
+            return n;
         }
         let ps = self.page;
-        let g = s.segs[i].as_mut().ok_or(Error::NotAllocated { addr: 0 })?;
+        let Some(g) = s.segs[i].as_mut() else {
+            return n;
+        };
         let off = p - g.base();
         // The tail reads zero after this: it leaves the map clean.
         if g.region.purge(off + keep, n - keep).is_err() {
-            return Ok(n);
+            return n;
         }
         g.map(Map::Dirty)
             .clear_range((off + keep) / ps, (n - keep) / ps);
         // Free the whole range and take its head back: the arena's
         // lowest-address first fit puts a request at the start of the
         // merged free block, which begins at p at the latest.
-        g.arena.free(p as u64)?;
+        if g.arena.free(p as u64).is_err() {
+            debug_assert!(false, "a live range not busy in its arena");
+            return n;
+        }
         let again = g
             .arena
-            .alloc_in(keep as u64, ps as u64, p as u64, (p + keep) as u64)?;
-        debug_assert_eq!(again, p as u64);
+            .alloc_in(keep as u64, ps as u64, p as u64, (p + keep) as u64);
+        debug_assert_eq!(again, Ok(p as u64));
         s.busy -= n - keep;
-        Ok(keep)
+        keep
     }
 
-    /// Grows the live range at `p` to `new` bytes in place when the
-    /// addresses after it are free. Returns whether it did.
-    pub(crate) fn grow(&self, p: usize, new: usize) -> bool {
+    /// Grows the live range at `p`, `n` bytes in segment `i`, to `new`
+    /// bytes in place when the addresses after it are free. Returns
+    /// whether it did.
+    fn grow_locked(&self, s: &mut State, i: usize, p: usize, n: usize, new: usize) -> bool {
         let Some(need) = new.checked_next_multiple_of(self.page) else {
-            return false;
-        };
-        let mut s = self.state.lock();
-        let Ok((i, n)) = Self::live(&s, p) else {
             return false;
         };
         if need <= n {
@@ -730,7 +762,7 @@ impl Large {
         // A cached range right after it is free to the program: back to
         // the arena, where this range can grow into it.
         if let Some(pages) = s.cache.take_at(p + n, self.page) {
-            Self::uncache(&mut s, p + n, pages, self.page);
+            Self::uncache(s, p + n, pages, self.page);
         }
         let (a, ps) = (p as u64, self.page as u64);
         let Some(g) = s.segs[i].as_mut() else {

@@ -9,6 +9,7 @@ use kmem_nta::medium_class;
 use kmem_nta::slab::{slab_class, SLAB_GRANULE};
 
 use crate::free::{free_in, free_nta_block, free_slab_block};
+use crate::large::Resize;
 use crate::out::die;
 use crate::{abi, harden, in_nta, in_tiny, large_of, usable, NTA, SLABS};
 
@@ -68,20 +69,13 @@ pub(crate) fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
         // SAFETY: a live block of the slabs' (just checked), given up.
         return move_to_known(p, n, size, |q| unsafe { free_slab_block(q) });
     } else if let Some(l) = large_of(a) {
-        let n = match l.usable_size(a) {
-            Ok(n) => n,
+        // In place (a shrink gives whole pages back) unless the size is
+        // nta's now or the addresses after it are taken.
+        return match l.resize(a, size, NTA.max_small()) {
+            Ok(Resize::InPlace) => p,
+            Ok(Resize::Move(n)) => move_to(p, n, size),
             Err(e) => die("realloc", p, &e),
         };
-        if size <= n {
-            if size > NTA.max_small() {
-                // Give back the tail if that frees whole pages.
-                let _ = l.shrink(a, size);
-                return p;
-            }
-        } else if l.grow(a, size) {
-            return p;
-        }
-        return move_to(p, n, size);
     }
     let n = usable("realloc", p);
     if size <= n && size >= n / 2 {

@@ -104,8 +104,8 @@ fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
     for x in [a, b] {
         assert!(matches!(large.free(x), Err(Error::DoubleFree { .. })));
         assert!(large.usable_size(x).is_err());
-        assert!(!large.grow(x, 2 << 20));
-        assert!(large.shrink(x, 4096).is_err());
+        assert!(large.resize(x, 2 << 20, 0).is_err());
+        assert!(large.resize(x, 4096, 0).is_err());
     }
     large.check().unwrap();
     // 62 KiB (16 pages) takes the 64 KiB range, of its class; 90 KiB
@@ -140,7 +140,7 @@ fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
     assert_eq!(v[1], v[0] + (64 << 10));
     large.free(v[1]).unwrap();
     assert_eq!(large.stats().cached_ranges, 1);
-    assert!(large.grow(v[0], 128 << 10));
+    assert_eq!(large.resize(v[0], 128 << 10, 0), Ok(Resize::InPlace));
     assert_eq!(large.usable_size(v[0]).unwrap(), 128 << 10);
     assert_eq!(large.stats().cached_ranges, 0);
     large.check().unwrap();
