@@ -681,6 +681,17 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
                     return (p, false);
                 }
             }
+        } else if mode == T_FAST {
+            // Aligned past a chunk: the front cache's top block when it is
+            // aligned (the one just freed, in an allocate-free loop), else
+            // nta carves one.
+            if let Some(k) = front_class(size) {
+                // SAFETY: this thread's cache; no other borrow is live.
+                let p = unsafe { (*t.front.get()).pop_aligned(k, align) };
+                if !p.is_null() {
+                    return (p, false);
+                }
+            }
         } else if (mode == T_HARD || mode == T_SECURE) && align <= 64 {
             if let Some(k) = front_class(size) {
                 let p = harden::pop_hardened(t, k);

@@ -458,6 +458,46 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         p.cast()
     }
 
+    /// A chunk of class `k` when the one on top of its list (its stock, or
+    /// its hand-back list while this thread only frees the class) is
+    /// aligned to `align` bytes (a power of two), taken off as
+    /// [`pop`](Self::pop) does; else null and nothing changes. For aligned
+    /// requests (`posix_memalign`), which nta serves without refills, so
+    /// that their frees go to the hand-back list: the block a program freed
+    /// just before is on top, and an allocate-free loop reuses it instead
+    /// of carving a new aligned block out of nta each time.
+    pub fn pop_aligned(&mut self, k: usize, align: usize) -> *mut u8 {
+        debug_assert!(align.is_power_of_two());
+        if k == 0 || k >= N {
+            return ptr::null_mut();
+        }
+        let (link, kbase, back) = (self.link, self.kbase, self.only_frees(k));
+        let list = self.list(k);
+        let p = *list;
+        if p.is_null() || p as usize & (align - 1) != 0 {
+            return ptr::null_mut();
+        }
+        // SAFETY: cached chunks are allocated chunks this cache owns.
+        let next = unsafe {
+            if (*p).chunks != cache_key_from(p as usize, kbase) {
+                return refuse_pop(p, false).as_ptr();
+            }
+            let next = (*p).next as usize ^ link;
+            if next & (Self::CHUNK - 1) != 0 {
+                return refuse_pop(p, true).as_ptr();
+            }
+            *list = next as *mut Semi;
+            (*p).next = ptr::null_mut();
+            (*p).chunks = 0;
+            next
+        };
+        self.cls[k].count -= 1;
+        if back && next == 0 {
+            self.back_tail[k] = ptr::null_mut();
+        }
+        p.cast()
+    }
+
     /// Puts class `k`'s chunks in a random order (Fisher-Yates over its
     /// first 256 entries; `rand` gives uniform words), so that
     /// which address the next allocation gets cannot be predicted from the

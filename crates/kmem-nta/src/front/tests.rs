@@ -412,6 +412,54 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
+    /// An aligned request takes the top of its class when that is aligned,
+    /// from the hand-back list of a class the thread only frees and from
+    /// its stock; a top that is not aligned is left where it is.
+    #[test]
+    fn an_aligned_pop_takes_the_top_only_when_it_is_aligned() {
+        use core::alloc::Layout;
+        let mut b = vec![0u64; 65 * 4096 / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        let l = Layout::from_size_align(100, 1024).unwrap();
+        // SAFETY: a cache over nta only; every chunk is given back once.
+        unsafe {
+            // Class 2 never refilled: frees go to its hand-back list.
+            let a = nta.alloc(l).unwrap().as_ptr();
+            assert_eq!(a as usize % 1024, 0);
+            front.push(&nta, a, 2);
+            assert_eq!(front.pop_aligned(2, 1024), a);
+            assert_eq!(front.count(2), 0);
+            assert!(front.pop_aligned(2, 1024).is_null());
+            nta.free(core::ptr::NonNull::new(a).unwrap()).unwrap();
+            // A top off the alignment stays: a block carved next to the
+            // aligned one (still live) is not aligned.
+            let a = nta.alloc(l).unwrap().as_ptr();
+            let v = nta
+                .alloc(Layout::from_size_align(100, 64).unwrap())
+                .unwrap()
+                .as_ptr();
+            assert_ne!(v as usize % 1024, 0, "{v:?}");
+            front.push(&nta, v, 2);
+            assert!(front.pop_aligned(2, 1024).is_null());
+            assert_eq!(front.count(2), 1);
+            front.push(&nta, a, 2);
+            assert_eq!(front.pop_aligned(2, 1024), a);
+            front.push(&nta, a, 2);
+            // The stock, once the class is refilled.
+            let r = front.refill(&nta, 2);
+            assert!(!r.is_null());
+            let a = nta.alloc(l).unwrap().as_ptr();
+            front.push(&nta, a, 2);
+            assert_eq!(front.pop_aligned(2, 1024), a);
+            front.push(&nta, a, 2);
+            front.push(&nta, r, 2);
+            front.flush_all(&nta);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
+    }
+
     /// A tiny cache over an nta of 16-byte chunks: blocks of 16, 32 and 48
     /// bytes at their size, recycled through the cache, all back at the end.
     #[test]

@@ -15,6 +15,11 @@ use crate::remote::RemoteList;
 use super::MAINTAIN_MS;
 use super::{bad_free, fatal_unmarked, prefetch_ahead, semi_len, Free, Heap, Nta, Semi, NODE_POOL};
 
+/// Free runs too short to be sure of an aligned start that an aligned
+/// allocation looks at before it takes a longer one (see
+/// `heap_alloc_aligned`).
+const ALIGNED_LOOKS: usize = 64;
+
 impl<P: PageSource, C: CpuSource> Nta<P, C> {
     // ---- the heap algorithms (caller holds the heap's lock) ---------------
 
@@ -78,6 +83,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     /// Takes `k` chunks aligned to `a` chunks.
     ///
+    /// A free run of `k + a - 1` chunks or more always holds an aligned
+    /// start, so the head of the first list of such runs serves; shorter
+    /// runs may, and only [`ALIGNED_LOOKS`] of them are looked at first (a
+    /// front cache keeps the aligned blocks a program frees, so the
+    /// leftovers around them pile up on the short lists: `posix_memalign`
+    /// of 100 bytes at 4 KiB, freed and asked again, walked up to 64 runs
+    /// of every length and took 87 % of the time, 9x glibc's).
+    ///
     /// # Safety
     /// As `heap_alloc`; `is_small` held for the request.
     #[cold]
@@ -88,31 +101,20 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         k: usize,
         a: usize,
     ) -> Result<*mut u8> {
+        // A power of two (a layout's alignment over the chunk's); at least 1.
+        let a = a.max(1);
+        debug_assert!(a.is_power_of_two());
+        let sure = k + a - 1;
         for attempt in 0..2 {
+            let mut budget = ALIGNED_LOOKS;
             let mut j = heap.find(k);
-            while j != 0 {
+            while j != 0 && j < sure && budget > 0 {
                 // SAFETY: walking list j of this heap under its lock.
                 let mut c = unsafe { *heap.lists.add(j) };
-                let mut budget = 64;
                 while !c.is_null() && budget > 0 {
-                    let (node, idx) = self.node_of(c as usize);
-                    let s = idx.next_multiple_of(a);
-                    if s + k <= idx + j {
-                        // SAFETY: c is a listed run [idx, idx + j) containing
-                        // [s, s + k); the pieces left over are listed again.
-                        unsafe {
-                            heap.unlink(c, j);
-                            if s > idx {
-                                heap.push(c, s - idx);
-                            }
-                            if s + k < idx + j {
-                                heap.push(self.chunk_addr(node, s + k).cast(), idx + j - s - k);
-                            }
-                            self.mark(heap, node, s, k);
-                            // A handed-out chunk never carries a parked mark.
-                            (*self.chunk_addr(node, s).cast::<Semi>()).chunks = 0;
-                        }
-                        return Ok(self.chunk_addr(node, s));
+                    // SAFETY: c heads a listed run of j chunks of this heap.
+                    if let Some(p) = unsafe { self.carve_aligned(heap, c, j, k, a) } {
+                        return Ok(p);
                     }
                     // SAFETY: listed free chunk.
                     c = unsafe { (*c).next };
@@ -124,6 +126,18 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     heap.find(j + 1)
                 };
             }
+            let j = if sure <= self.geo.max {
+                heap.find(sure)
+            } else {
+                0
+            };
+            if j != 0 {
+                // SAFETY: list j is non-empty; its head is a run of j >= k +
+                // a - 1 chunks, which holds an aligned start.
+                if let Some(p) = unsafe { self.carve_aligned(heap, *heap.lists.add(j), j, k, a) } {
+                    return Ok(p);
+                }
+            }
             if attempt == 0 {
                 // SAFETY: forwarded.
                 unsafe { self.grow(heap, h, k + a)? };
@@ -132,6 +146,44 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         Err(Error::OutOfMemory {
             size: (k << self.geo.chunk_shift) as u64,
         })
+    }
+
+    /// Takes `[s, s + k)` out of the listed free run at `c` (`j` chunks),
+    /// `s` its first start aligned to `a` chunks (a power of two), when the
+    /// run holds it;
+    /// the pieces left over are listed again.
+    ///
+    /// # Safety
+    /// `c` heads a free run of `j` chunks on this heap's list `j`; the heap
+    /// is locked.
+    unsafe fn carve_aligned(
+        &self,
+        heap: &mut Heap,
+        c: *mut Free,
+        j: usize,
+        k: usize,
+        a: usize,
+    ) -> Option<*mut u8> {
+        let (node, idx) = self.node_of(c as usize);
+        let s = (idx + a - 1) & !(a - 1);
+        if s + k > idx + j {
+            return None;
+        }
+        // SAFETY: c is a listed run [idx, idx + j) containing [s, s + k);
+        // the pieces left over are listed again.
+        unsafe {
+            heap.unlink(c, j);
+            if s > idx {
+                heap.push(c, s - idx);
+            }
+            if s + k < idx + j {
+                heap.push(self.chunk_addr(node, s + k).cast(), idx + j - s - k);
+            }
+            self.mark(heap, node, s, k);
+            // A handed-out chunk never carries a parked mark.
+            (*self.chunk_addr(node, s).cast::<Semi>()).chunks = 0;
+        }
+        Some(self.chunk_addr(node, s))
     }
 
     /// Gives `[idx, idx + k)` back: clears its bits, merges it with free
