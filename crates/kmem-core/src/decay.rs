@@ -17,8 +17,9 @@
 //! paths (page-level allocations and frees), so "within the delay" means at
 //! the first such call after it, and `malloc_trim` gives everything back at
 //! once. Where no call may come for a long time (kmem-malloc: a thread's
-//! exit), [`Decay::settle`] applies the limit at once. [`Decay`] is the clock: the owner tells it how many freed bytes
-//! are backed after every change, and it answers what must go back now.
+//! exit), [`Decay::settle`] applies the limit at once. [`Decay`] is the
+//! clock: the owner tells it how many freed bytes are backed after every
+//! change, and it answers what must go back now.
 //!
 //! ```text
 //!   freed page:   free ... tick (marked old) ... tick (given back)
@@ -26,7 +27,7 @@
 //!   reused page:  free ... tick (marked old) . alloc (in use: never given back)
 //!   freed bytes past the limit: given back at the next tick, down to the
 //!                 limit (with no delay: at once, down to retain; with no
-//!                 clock: at once, down to the limit)
+//!                 clock, or at a settle: at once, down to the limit)
 //! ```
 //!
 //! **Why the next tick and not at once.** A program that works in phases

@@ -7,13 +7,16 @@
 
 /// Asks for the line at `p` in a state to write it: x86-64's `prefetchw`,
 /// which fetches the line exclusive, so that a line another CPU wrote last
-/// moves once instead of being read shared and then taken over (a no-op on
-/// x86-64 processors without it).
+/// moves once instead of being read shared and then taken over. Intel's
+/// x86-64 processors before Broadwell do not report the instruction
+/// (CPUID's PRFCHW) but run it as a no-op, which 64-bit Windows 8.1 and
+/// later rely on; AMD's have had it since their first.
 #[inline(always)]
 pub fn prefetch_write(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch has no architectural effect and never faults; it
-    // reads no memory the program can observe and writes none. (`asm!`,
+    // reads no memory the program can observe and writes none (on a
+    // processor without it, see above, it is a no-op). (`asm!`,
     // because `_mm_prefetch`'s write hint lowers to a read prefetch unless
     // the whole build targets a CPU with `prfchw`.)
     unsafe {

@@ -745,6 +745,10 @@ impl Large {
             .arena
             .alloc_in(keep as u64, ps as u64, p as u64, (p + keep) as u64);
         debug_assert_eq!(again, Ok(p as u64));
+        if again.is_err() {
+            // Never (an arena split never lacks a node); the books stay.
+            return n;
+        }
         s.busy -= n - keep;
         keep
     }

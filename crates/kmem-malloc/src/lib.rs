@@ -33,7 +33,9 @@
 //! at once when it lies well above the highest block in use. The clock is
 //! read on slow paths and every 63 frees into a front cache (nta's
 //! maintenance, which also finishes frees stranded on idle heaps); there is
-//! no background thread. `malloc_trim` gives everything back.
+//! no background thread. A thread's exit runs the maintenance and applies
+//! the limit at once (no call may come after it to tick the clock).
+//! `malloc_trim` gives everything back.
 //!
 //! **Initialisation** happens when the library is loaded (an `.init_array`
 //! constructor) or at the first call, whichever comes first, without allocating:
@@ -49,9 +51,9 @@
 //! (8 bytes: the library also loads by `dlopen` after start-up, where glibc
 //! keeps little spare static TLS). No Rust destructor (registering one would
 //! call `__cxa_thread_atexit_impl`, which allocates): a pthread key's
-//! destructor flushes the cache and frees the block when the thread exits;
-//! calls after that go straight to nta, so nothing stays parked in a dead
-//! thread.
+//! destructor flushes the cache, frees the block and settles the return
+//! policy when the thread exits; calls after that go straight to nta, so
+//! nothing stays parked in a dead thread.
 //!
 //! **fork.** `pthread_atfork` handlers take every lock (nta's heaps and node
 //! pool, its region's guard, the large arena's lock) before `fork()` and
@@ -448,9 +450,10 @@ fn make_pow2() -> kmem_core::Result<Pow2Slab<'static>> {
 }
 
 /// The pthread key's destructor, given the exiting thread's own block: its
-/// cache goes back, then the block. Calls after this one (glibc and other
-/// keys' destructors still allocate) read `DIRECT` and go straight to nta,
-/// so nothing stays parked in a dead thread and nothing writes a freed block.
+/// cache goes back, then the block, then the return policy is settled
+/// ([`settle_after_exit`]). Calls after this one (glibc and other keys'
+/// destructors still allocate) read `DIRECT` and go straight to nta, so
+/// nothing stays parked in a dead thread and nothing writes a freed block.
 extern "C" fn thread_exit(b: *mut c_void) {
     let b = b.cast::<Thread>();
     set_thread(&DIRECT.0);
@@ -466,10 +469,12 @@ extern "C" fn thread_exit(b: *mut c_void) {
             (*t.medium.get()).flush_all(&NTA);
             (*t.slabs.get()).abandon(&SLABS);
         }
-        settle_after_exit();
     }
     // SAFETY: nothing reads the block any more: the slot points elsewhere.
     unsafe { free_block(b) };
+    // After the thread's last free (its block): of threads exiting
+    // together, the last to settle then finds every other one's frees done.
+    settle_after_exit();
 }
 
 /// After an exiting thread gave its caches back: nta's maintenance now (the
@@ -483,7 +488,10 @@ extern "C" fn thread_exit(b: *mut c_void) {
 /// with the process idle (mimalloc 3 MB, jemalloc 48 MB, glibc 329 MB).
 /// Below the limit (eight times `retain`, or the memory in use) memory
 /// still goes at the next ticks, as before: a program whose threads come
-/// and go reuses it.
+/// and go reuses it. (One that runs each phase of its work on new threads,
+/// with little in use between two phases, faults in again what went past
+/// the limit; that is the price of the bound.) Threads in every mode do
+/// it: a `nocache` or `engine=pow2` thread's frees leave the same memory.
 fn settle_after_exit() {
     NTA.maintain();
     if let Some(p) = NTA.source().0.built() {

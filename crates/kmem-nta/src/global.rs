@@ -17,7 +17,10 @@
 //!   (size <= 48 means size <= SLAB_MAX and align <= 16; a tiny block lives
 //!    in the slabs unless they could not serve it, which its address says)
 //!   thread exit           -> the front cache is flushed back, the slabs
-//!                            orphaned (adopted by the next thread that needs one)
+//!                            orphaned (adopted by the next thread that needs one),
+//!                            nta maintained and the page supplies settled
+//!                            (freed memory past the return policy's limit goes
+//!                            back at once)
 //! ```
 //!
 //! **Why per thread, not per CPU.** A per-CPU cache without atomics needs a

@@ -5,6 +5,7 @@ use core::marker::PhantomData;
 use core::mem::{align_of, size_of};
 use core::ptr::{self, NonNull};
 
+use kmem_core::hint::prefetch_read;
 use kmem_core::sync::{AtomicU64, AtomicUsize, Ordering};
 use kmem_core::{Counter, Cpus, Error, LockStats, PageSource, RawCountingLock, Result, Topology};
 
@@ -145,21 +146,6 @@ pub type Ctor<'a> = &'a dyn Fn(&mut [u8]);
 /// A destructor: runs on a page in its constructed state just before the page
 /// goes back to the source (a trim, a drain).
 pub type Dtor<'a> = &'a dyn Fn(&mut [u8]);
-
-/// Starts loading the cache line at `p` (no effect on a null or unmapped
-/// address: a prefetch never faults).
-#[inline(always)]
-fn prefetch(p: *const u64) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 only hints the cache; it reads nothing architecturally
-    // and cannot fault, whatever the address.
-    #[allow(unused_unsafe)]
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// A list's packed top: `(index of the top page + 1) | depth << 32`, zero
 /// for an empty list. A page's link word holds the top that was below it, so
@@ -707,7 +693,7 @@ impl<P: PageSource, const NR: usize> Quicklists<P, NR> {
         w.top.store(below, Ordering::Relaxed);
         if let Some(j) = top_index(below) {
             // The next allocation will read that page's link word.
-            prefetch(self.link(self.owner.addr(j)));
+            prefetch_read(self.link(self.owner.addr(j)).cast());
         }
         Some(p)
     }
