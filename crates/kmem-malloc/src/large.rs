@@ -19,7 +19,8 @@
 //!            else the range merges with its free neighbours; its pages count as
 //!            freed-and-backed, under the ReturnPolicy (kmem_core::decay):
 //!            past `retain` they go back within the delay, past the limit
-//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED))
+//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED));
+//!            the policy's side is `large/policy.rs`
 //! ```
 //!
 //! A program that frees and allocates large blocks in turn reuses backed
@@ -32,11 +33,12 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use kmem_core::{Bitmap, Decay, Due, Error, Lock, LockStats, PageSource, Result, ReturnPolicy};
+use kmem_core::{Bitmap, Decay, Error, Lock, LockStats, PageSource, Result, ReturnPolicy};
 use kmem_sys::Region;
 use kmem_vmap::{VmapArena, VmapStats};
 
 mod cache;
+mod policy;
 
 use cache::{class_of, Cache};
 
@@ -560,138 +562,6 @@ impl Large {
         Ok(())
     }
 
-    /// Gives back the dirty pages of segment `i` that lie more than the
-    /// policy's top pad above its highest busy range.
-    fn trim_top(&self, s: &mut State, i: usize) {
-        let ps = self.page;
-        let policy = s.decay.policy();
-        // Without a clock no tick resets `recent_busy`: its term would be
-        // the all-time peak.
-        let since_peak = if policy.delay_ms == 0 {
-            0
-        } else {
-            s.recent_busy.saturating_sub(s.busy)
-        };
-        let recent = s
-            .recent_max
-            .saturating_mul(8)
-            .max(since_peak)
-            .min(policy.limit(s.busy));
-        let pad = policy.top_pad(s.busy).max(recent) / ps;
-        let Some(g) = s.segs[i].as_mut() else {
-            return;
-        };
-        let (base, end) = (g.base(), g.base() + g.region.len());
-        // The free block that reaches the segment's end, if any: above the
-        // highest busy range.
-        let Some(w) = g.arena.free_blocks().next_back() else {
-            return;
-        };
-        if w.end() as usize != end {
-            return;
-        }
-        let lo = ((w.start as usize - base) / ps).saturating_add(pad);
-        let mut at = lo;
-        let mut done = 0;
-        while let Some((d, len)) = g.view(Map::Dirty).next_set_run(at, g.top) {
-            // A failed madvise leaves the pages backed and dirty.
-            if g.region.purge(d * ps, len * ps).is_err() {
-                break;
-            }
-            g.map(Map::Dirty).clear_range(d, len);
-            g.map(Map::Old).clear_range(d, len);
-            done += len;
-            at = d + len;
-        }
-        if at >= g.top {
-            g.top = g.top.min(lo);
-        }
-        if done > 0 {
-            s.dirty_pages -= done;
-            s.purges += 1;
-            s.purged_pages += done as u64;
-        }
-    }
-
-    /// Asks the policy what must go back after a change, and gives it back.
-    fn settle(&self, s: &mut State) {
-        let ps = self.page;
-        let now = kmem_sys::clock::coarse_ns();
-        match s.decay.check(s.dirty_pages * ps, s.busy, now) {
-            Due::Nothing => {}
-            Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
-            Due::Tick { keep, limit } => {
-                self.flush_cache(s);
-                s.recent_max = 0;
-                s.recent_busy = s.busy;
-                self.purge_down_to(s, limit / ps, Map::Dirty);
-                self.purge_down_to(s, keep / ps, Map::Old);
-                Self::age(s, ps);
-            }
-        }
-    }
-
-    /// Marks every free dirty page old (a tick of the policy).
-    fn age(s: &mut State, ps: usize) {
-        let n = s.n;
-        for g in s.segs[..n].iter_mut().flatten() {
-            g.each_free_block_down(ps, |g, first, len| {
-                let mut at = first;
-                while let Some((d, dl)) = g.view(Map::Dirty).next_set_run(at, first + len) {
-                    g.map(Map::Old).set_range(d, dl);
-                    at = d + dl;
-                }
-                true
-            });
-        }
-    }
-
-    /// Gives free pages back to the OS, highest addresses first, until at
-    /// most `keep` free pages are dirty: any dirty page (`Map::Dirty`), or
-    /// only those marked old (`Map::Old`, a subset of the free dirty ones).
-    fn purge_down_to(&self, s: &mut State, keep: usize, which: Map) {
-        if s.dirty_pages <= keep {
-            return;
-        }
-        let ps = self.page;
-        let mut left = s.dirty_pages - keep;
-        let mut done = 0;
-        for g in s.segs[..s.n].iter_mut().rev().flatten() {
-            let mut refused = false;
-            g.each_free_block_down(ps, |g, first, n| {
-                let mut end = first + n;
-                while left > 0 {
-                    let map = g.view(which);
-                    let Some(last) = map.find_prev_bit_from(first, end) else {
-                        break;
-                    };
-                    let lo = map
-                        .find_prev_zero_bit_from(first, last)
-                        .map_or(first, |z| z + 1);
-                    let len = (last + 1 - lo).min(left);
-                    let at = last + 1 - len;
-                    // A failed madvise leaves the pages backed and dirty.
-                    if g.region.purge(at * ps, len * ps).is_err() {
-                        refused = true;
-                        break;
-                    }
-                    g.map(Map::Dirty).clear_range(at, len);
-                    g.map(Map::Old).clear_range(at, len);
-                    left -= len;
-                    done += len;
-                    end = at;
-                }
-                left > 0 && !refused
-            });
-            if left == 0 || refused {
-                break;
-            }
-        }
-        s.dirty_pages -= done;
-        s.purges += 1;
-        s.purged_pages += done as u64;
-    }
-
     /// `realloc` of the live range at `p` to `new` bytes, under one lock and
     /// one look-up (a loop that grows a buffer a few bytes at a time calls
     /// it for every step): in place when `new` fits the range and is over
@@ -795,43 +665,6 @@ impl Large {
         let again = g.arena.alloc_in(n as u64, ps, a, a + n as u64);
         debug_assert_eq!(again, Ok(a));
         false
-    }
-
-    /// Gives every freed range back to the OS now (`malloc_trim`).
-    pub(crate) fn trim(&self) {
-        let mut s = self.state.lock();
-        self.flush_cache(&mut s);
-        self.purge_down_to(&mut s, 0, Map::Dirty);
-    }
-
-    /// Changes the return policy (`mallopt(M_TRIM_THRESHOLD)`); it applies
-    /// from the next free or tick.
-    pub(crate) fn set_policy(&self, policy: ReturnPolicy) {
-        self.state.lock().decay.set_policy(policy);
-    }
-
-    /// Gives back at once the freed memory past the policy's limit
-    /// ([`Decay::settle`]), the cached ranges counted in (they join the
-    /// arena first when the total passes it): for a thread's exit, after
-    /// which no call may come to tick the clock.
-    pub(crate) fn settle_limit(&self) {
-        let mut s = self.state.lock();
-        let ps = self.page;
-        let freed = s.dirty_pages * ps + s.cache.bytes;
-        if s.decay.settle(freed, s.busy) == Due::Nothing {
-            return;
-        }
-        self.flush_cache(&mut s);
-        if let Due::Now { keep } = s.decay.settle(s.dirty_pages * ps, s.busy) {
-            self.purge_down_to(&mut s, keep / ps, Map::Dirty);
-        }
-    }
-
-    /// Applies the return policy now (from nta's periodic maintenance).
-    pub(crate) fn maintain(&self) {
-        if let Some(mut s) = self.state.try_lock() {
-            self.settle(&mut s);
-        }
     }
 
     /// Takes the lock for `fork()`.
