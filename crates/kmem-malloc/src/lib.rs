@@ -694,10 +694,17 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
             // aligned (the one just freed, in an allocate-free loop), else
             // nta carves one.
             if let Some(k) = front_class(size) {
-                // SAFETY: this thread's cache; no other borrow is live.
-                let p = unsafe { (*t.front.get()).pop_aligned(k, align) };
-                if !p.is_null() {
-                    return (p, false);
+                // SAFETY: this thread's cache; no other borrow is live. It
+                // holds only NTA's chunks.
+                unsafe {
+                    let f = &mut *t.front.get();
+                    let p = f.pop_aligned(k, align);
+                    if !p.is_null() {
+                        return (p, false);
+                    }
+                    // The blocks of the class this thread frees stay in its
+                    // cache from now on (see `own_class`).
+                    f.own_class(&NTA, k);
                 }
             }
         } else if (mode == T_HARD || mode == T_SECURE) && align <= 64 {

@@ -132,3 +132,38 @@ fn a_large_buffer_freed_comes_back_and_goes_back_at_the_flush() {
     KmemNta::flush_thread_cache();
     KmemNta::check().unwrap();
 }
+
+/// Blocks aligned past a chunk (crossbeam's `CachePadded` is aligned to 128
+/// bytes) are cached when freed and handed out again, each at its
+/// alignment, written and read back whole.
+#[test]
+fn aligned_blocks_are_cached_and_come_back_aligned() {
+    #[repr(C, align(128))]
+    struct Padded([u64; 12]);
+    #[repr(C, align(4096))]
+    struct Page([u8; 1000]);
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..4u64 {
+        let v: Vec<Box<Padded>> = (0..100)
+            .map(|i| Box::new(Padded([round + i; 12])))
+            .collect();
+        let p: Vec<Box<Page>> = (0..8)
+            .map(|i| Box::new(Page([(round + i) as u8; 1000])))
+            .collect();
+        for (i, b) in v.iter().enumerate() {
+            let a = &**b as *const Padded as usize;
+            assert_eq!(a % 128, 0);
+            assert!(b.0.iter().all(|&x| x == round + i as u64));
+            if round > 0 {
+                seen.insert(a);
+            }
+        }
+        for (i, b) in p.iter().enumerate() {
+            assert_eq!(&**b as *const Page as usize % 4096, 0);
+            assert!(b.0.iter().all(|&x| x == (round + i as u64) as u8));
+        }
+    }
+    // Later rounds reused the blocks the first ones freed.
+    assert!(seen.len() < 300, "{} distinct blocks", seen.len());
+    KmemNta::check().unwrap();
+}

@@ -12,6 +12,42 @@ use super::{FrontCacheOf, FLUSH_MAX, FREE_ONLY, IDLE_SCAN};
 use crate::nta::{cache_key_from, key_base, link_decode, link_encode, link_key, Nta, Semi};
 
 impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
+    /// Makes class `k` this thread's own, as its first refill does, without
+    /// carving anything: what the thread only freed of the class so far
+    /// goes back to `nta`, and from now on its frees of the class are its
+    /// stock (up to the class's bound) instead of a hand-back list of
+    /// [`FREE_ONLY`]. For a thread that takes the class's blocks from `nta`
+    /// directly, aligned requests: their frees stay here, where
+    /// [`pop_aligned`](Self::pop_aligned) finds them. Nothing for a class
+    /// the thread owns already.
+    ///
+    /// # Safety
+    /// Every chunk in the cache belongs to `nta`.
+    #[cold]
+    pub unsafe fn own_class<P: PageSource, C: CpuSource>(&mut self, nta: &Nta<P, C>, k: usize) {
+        if nta.geometry().chunk() != Self::CHUNK
+            || k == 0
+            || k > Self::CLASSES
+            || k << SHIFT > nta.max_small()
+            || !self.only_frees(k)
+        {
+            return;
+        }
+        if !self.back[k].is_null() {
+            let head = core::mem::replace(&mut self.back[k], ptr::null_mut());
+            self.cls[k].count = 0;
+            // SAFETY: the whole hand-back chain of class k, nta's chunks.
+            unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
+        }
+        self.refilled |= 1 << (k - 1);
+        if self.link == 0 && nta.secret() != 0 {
+            self.set_keys(nta.secret());
+            self.set_lims();
+        } else {
+            self.set_lim(k);
+        }
+    }
+
     /// Refills class `k` from `nta` under one heap lock and returns one chunk
     /// of it (null when out of memory or when `nta`'s chunks are not
     /// `1 << SHIFT` bytes). The heap's queued remote frees come first:

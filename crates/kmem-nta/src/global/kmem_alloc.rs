@@ -175,6 +175,20 @@ fn front_class(layout: &Layout) -> Option<usize> {
     }
 }
 
+/// The front cache's class of a layout aligned past a chunk (up to a page)
+/// whose size the cache serves: nta carves such a block as exactly that
+/// many chunks, so the cache may keep it when it is freed, and hand it out
+/// again to a request its address is aligned for (`crossbeam`'s
+/// `CachePadded` is aligned to 128 bytes).
+#[inline(always)]
+fn aligned_class(layout: &Layout) -> Option<usize> {
+    if layout.align() > GLOBAL_CHUNK && layout.align() <= 4096 {
+        crate::front::front_class(layout.size())
+    } else {
+        None
+    }
+}
+
 /// A block of class `k` from this thread's front cache, or null when it is
 /// empty or gone (thread exit). No call in it, so that `alloc`'s hit needs
 /// no stack frame.
@@ -209,6 +223,27 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
             if !p.is_null() {
                 return p;
             }
+        }
+    } else if let Some(k) = aligned_class(&layout) {
+        // The cache's top block of the class when it is aligned (the one
+        // freed just before, in an allocate-free loop), else nta carves one.
+        // A miss makes the class the thread's own, so that the blocks it
+        // frees stay in its cache (see `own_class`).
+        let p = FRONT
+            .try_with(|f| {
+                // SAFETY: as in `pop`; the front cache holds NTA's chunks.
+                unsafe {
+                    let f = &mut (*f.get()).0;
+                    let p = f.pop_aligned(k, layout.align());
+                    if p.is_null() && alive() {
+                        f.own_class(&NTA, k);
+                    }
+                    p
+                }
+            })
+            .unwrap_or(ptr::null_mut());
+        if !p.is_null() {
+            return p;
         }
     } else if let Some((c, _)) = medium(&layout) {
         // A hit first, without asking whether the thread's caches are
@@ -471,10 +506,12 @@ unsafe impl GlobalAlloc for KmemNta {
             }
             return;
         }
-        if let Some(k) = front_class(&layout) {
+        if let Some(k) = front_class(&layout).or_else(|| aligned_class(&layout)) {
             let r = FRONT.try_with(|f| {
                 // SAFETY: as in alloc; ptr is a live allocation of class k
-                // (GlobalAlloc's contract), NTA's like every cached chunk.
+                // (GlobalAlloc's contract; an aligned layout's block is
+                // exactly its class's chunks too), NTA's like every cached
+                // chunk.
                 unsafe { (*f.get()).0.try_push(&NTA, ptr, k) }
             });
             if r != Ok(true) {
