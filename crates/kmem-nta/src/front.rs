@@ -10,8 +10,10 @@
 //!   push(p, k)    onto class k; full class or cache: flush half of class k
 //!                 (at most the 64 pushed last)
 //!                 (a class this thread never refilled: onto its hand-back
-//!                 list, which pop never sees, handed back whole at 32 to
-//!                 the exchange of the heap that made the first block)
+//!                 list, which pop never sees (only an aligned request's
+//!                 pop_aligned, which then makes the class the thread's own),
+//!                 handed back whole at 32 to the exchange of the heap that
+//!                 made the first block)
 //!   every 64th refill (or free-only hand-back): classes with no refill or
 //!                 flush in the last 64 go back
 //!   flush_all     everything back, every class at its base bound again
@@ -46,7 +48,10 @@
 //! blocks, and reusing it here shares their cache lines between two CPUs
 //! (Hoard's passive false sharing, `cache_scratch`: 1.8x mimalloc's time
 //! when the block a worker was given and freed became its working block).
-//! The class's first refill hands the list back. A full batch goes whole
+//! The class's first refill hands the list back, and so does the thread's
+//! first aligned request of the class that finds no aligned block on top
+//! (`own_class`: nta serves those without refills, and the class becomes
+//! the thread's own all the same). A full batch goes whole
 //! to the exchange of the heap that made its first block (the `exchange`
 //! module), where that heap's next refill of the class (the producer's, as
 //! a rule) splices it into its stock as it is: no chunk is validated,
@@ -245,8 +250,9 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     /// Refills of the whole cache and hand-backs of free-only classes
     /// (wrapping): the clock of idleness.
     refills: u16,
-    /// Bit `k - 1` set once this thread has refilled class `k`: a class it
-    /// never refilled, it only frees.
+    /// Bit `k - 1` set once this thread has refilled class `k` (or taken it
+    /// as its own for aligned requests, `own_class`): a class it never
+    /// refilled, it only frees.
     refilled: u64,
     /// Bit `k - 1` set when class `k` was refilled since it last overflowed.
     cycled: u64,
@@ -462,10 +468,13 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// its hand-back list while this thread only frees the class) is
     /// aligned to `align` bytes (a power of two), taken off as
     /// [`pop`](Self::pop) does; else null and nothing changes. For aligned
-    /// requests (`posix_memalign`), which nta serves without refills, so
-    /// that their frees go to the hand-back list: the block a program freed
-    /// just before is on top, and an allocate-free loop reuses it instead
-    /// of carving a new aligned block out of nta each time.
+    /// requests (`posix_memalign`, a layout aligned past a chunk), which
+    /// nta serves without refills: the block a program freed just before
+    /// is on top, and an allocate-free loop reuses it instead of carving a
+    /// new aligned block out of nta each time. (On a miss the caller makes
+    /// the class its own, [`own_class`](Self::own_class), so that later
+    /// frees go to the stock, up to the class's bound, instead of the
+    /// hand-back list of 32.)
     pub fn pop_aligned(&mut self, k: usize, align: usize) -> *mut u8 {
         debug_assert!(align.is_power_of_two());
         if k == 0 || k >= N {
@@ -766,8 +775,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
     }
 
-    /// True while this thread has never refilled class `k` (1..=64): it
-    /// frees what other threads allocate.
+    /// True while this thread has never refilled class `k` (1..=64) nor
+    /// taken it as its own (`own_class`): it frees what other threads
+    /// allocate.
     #[inline(always)]
     fn only_frees(&self, k: usize) -> bool {
         self.refilled & (1 << (k - 1)) == 0

@@ -12,6 +12,8 @@
 //!   dealloc(size <= 4 KiB)-> push on class k                              (no atomics, no lock)
 //!                            full: half back (at most 64): own heap under one lock,
 //!                            others' chunks onto their semi-free lists     (free_batch)
+//!   aligned past 64 B,    -> the top of class k when it is aligned (pop_aligned), else
+//!   up to 4 KiB              the Nta carves it; freed onto class k like any block
 //!   anything else         -> the Nta: heaps, semi-free lists, page runs
 //!
 //!   (size <= 48 means size <= SLAB_MAX and align <= 16; a tiny block lives

@@ -1290,3 +1290,54 @@ fn a_cache_moved_to_another_nta_hands_nothing_to_its_exchange() {
     a.check().unwrap();
     assert_eq!(b.stats().bytes_held, 0);
 }
+
+/// An aligned request so long that no run short of a whole node's can be
+/// sure to hold it (k + a - 1 chunks past the longest run) still finds the
+/// node it grew, behind more than 64 runs that fail it: nodes whose data
+/// is free but for their last chunk (found in review: the search stopped
+/// after 64 runs and answered out of memory).
+#[test]
+fn a_long_aligned_request_finds_its_node_behind_many_failing_runs() {
+    let node = 64 << 10;
+    let mut b = vec![0u64; 80 * node / 8 + node / 8];
+    let nta = Nta::with_config(
+        source(&mut b),
+        Config {
+            node_size: node,
+            ..cfg()
+        },
+        kmem_core::Cpus::Fixed(0),
+    )
+    .unwrap();
+    let g = nta.geometry();
+    let chunk = g.chunk();
+    // Each node: a block of all its data but the last chunk, then the last.
+    let mut big = Vec::new();
+    let mut last = Vec::new();
+    for _ in 0..70 {
+        big.push(nta.alloc(l((g.max - 1) * chunk)).unwrap());
+        last.push(nta.alloc(l(chunk)).unwrap());
+    }
+    for p in big {
+        // SAFETY: live, allocated above, freed once.
+        unsafe { nta.free(p).unwrap() };
+    }
+    nta.check().unwrap();
+    // The longest request at 4 KiB that nta serves small: its aligned start
+    // in a node's run is past the run's end by a chunk.
+    let a = 4096 / chunk;
+    let k = g.nchunks - g.hdr.next_multiple_of(a);
+    assert!(k + a - 1 > g.max && g.hdr.next_multiple_of(a) + k > g.nchunks - 1);
+    let lay = Layout::from_size_align(k * chunk, 4096).unwrap();
+    let p = nta.alloc(lay).expect("a grown node holds it");
+    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    nta.check().unwrap();
+    // SAFETY: live blocks, each freed once.
+    unsafe {
+        nta.dealloc(p, lay);
+        for q in last {
+            nta.free(q).unwrap();
+        }
+    }
+    nta.check().unwrap();
+}

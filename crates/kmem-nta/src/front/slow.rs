@@ -39,7 +39,11 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             // SAFETY: the whole hand-back chain of class k, nta's chunks.
             unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
         }
+        // As a refill: the class counts as active (the idle scan leaves it)
+        // and may grow its bound at its next overflow.
         self.refilled |= 1 << (k - 1);
+        self.cycled |= 1 << (k - 1);
+        self.active[k] = self.refills;
         if self.link == 0 && nta.secret() != 0 {
             self.set_keys(nta.secret());
             self.set_lims();

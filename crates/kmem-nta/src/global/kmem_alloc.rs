@@ -180,9 +180,11 @@ fn front_class(layout: &Layout) -> Option<usize> {
 /// many chunks, so the cache may keep it when it is freed, and hand it out
 /// again to a request its address is aligned for (`crossbeam`'s
 /// `CachePadded` is aligned to 128 bytes).
+/// Only when nta serves the layout as a small allocation (`is_small`: a
+/// large one is a page run, which must not join a class).
 #[inline(always)]
 fn aligned_class(layout: &Layout) -> Option<usize> {
-    if layout.align() > GLOBAL_CHUNK && layout.align() <= 4096 {
+    if layout.align() > GLOBAL_CHUNK && NTA.is_small(layout.size(), layout.align()) {
         crate::front::front_class(layout.size())
     } else {
         None
@@ -204,8 +206,9 @@ fn pop(k: usize) -> *mut u8 {
 }
 
 /// `alloc` past an empty front cache: a refill of class `k` (if the layout
-/// has one), a block of the layout's medium class (when it has one), else
-/// the nta itself.
+/// has one), an aligned block on top of its class ([`aligned_class`]), a
+/// block of the layout's medium class (when it has one), else the nta
+/// itself.
 ///
 /// # Safety
 /// `layout` is non-zero, of the front cache's class `k` when `k` is some.
@@ -228,14 +231,16 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
         // The cache's top block of the class when it is aligned (the one
         // freed just before, in an allocate-free loop), else nta carves one.
         // A miss makes the class the thread's own, so that the blocks it
-        // frees stay in its cache (see `own_class`).
+        // frees stay in its cache (see `own_class`). (`alive` first: its
+        // first call registers the exit's destructor, which may allocate.)
+        let own = alive();
         let p = FRONT
             .try_with(|f| {
                 // SAFETY: as in `pop`; the front cache holds NTA's chunks.
                 unsafe {
                     let f = &mut (*f.get()).0;
                     let p = f.pop_aligned(k, layout.align());
-                    if p.is_null() && alive() {
+                    if p.is_null() && own {
                         f.own_class(&NTA, k);
                     }
                     p

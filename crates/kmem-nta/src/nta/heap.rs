@@ -84,7 +84,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Takes `k` chunks aligned to `a` chunks.
     ///
     /// A free run of `k + a - 1` chunks or more always holds an aligned
-    /// start, so the head of the first list of such runs serves; shorter
+    /// start, so the head of the first list of such runs serves (a whole
+    /// empty node's run does too, when `k + a - 1` is longer); shorter
     /// runs may, and only [`ALIGNED_LOOKS`] of them are looked at first (a
     /// front cache keeps the aligned blocks a program frees, so the
     /// leftovers around them pile up on the short lists: `posix_memalign`
@@ -126,14 +127,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     heap.find(j + 1)
                 };
             }
-            let j = if sure <= self.geo.max {
-                heap.find(sure)
-            } else {
-                0
-            };
+            // A run of `max` chunks is a whole empty node's, which holds an
+            // aligned start for any small request (`is_small`), however
+            // long k + a - 1 is.
+            let j = heap.find(sure.min(self.geo.max));
             if j != 0 {
                 // SAFETY: list j is non-empty; its head is a run of j >= k +
-                // a - 1 chunks, which holds an aligned start.
+                // a - 1 chunks, or a whole node's, which holds an aligned
+                // start (above).
                 if let Some(p) = unsafe { self.carve_aligned(heap, *heap.lists.add(j), j, k, a) } {
                     return Ok(p);
                 }
