@@ -179,9 +179,9 @@ fn front_class(layout: &Layout) -> Option<usize> {
 /// whose size the cache serves: nta carves such a block as exactly that
 /// many chunks, so the cache may keep it when it is freed, and hand it out
 /// again to a request its address is aligned for (`crossbeam`'s
-/// `CachePadded` is aligned to 128 bytes).
-/// Only when nta serves the layout as a small allocation (`is_small`: a
-/// large one is a page run, which must not join a class).
+/// `CachePadded` is aligned to 128 bytes). Only when nta serves the layout
+/// as a small allocation (`is_small`: a large one is a page run, which must
+/// not join a class).
 #[inline(always)]
 fn aligned_class(layout: &Layout) -> Option<usize> {
     if layout.align() > GLOBAL_CHUNK && NTA.is_small(layout.size(), layout.align()) {
