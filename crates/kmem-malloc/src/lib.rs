@@ -477,9 +477,9 @@ extern "C" fn thread_exit(b: *mut c_void) {
     settle_after_exit();
 }
 
-/// After an exiting thread gave its caches back: nta's maintenance now (the
-/// frees it queued on other heaps finished, the pool's empty nodes back to
-/// the page supply), then each source's return-policy limit applied at
+/// After an exiting thread gave its caches back: nta's maintenance now,
+/// waiting for the heaps' locks (the frees it queued on other heaps
+/// finished, the pool's empty nodes back to the page supply), then each source's return-policy limit applied at
 /// once ([`kmem_core::Decay::settle`]). The policy's clock ticks only on
 /// the allocator's calls, and a program whose workers have exited may make
 /// none for good (its main thread waits, or computes): what the workers
@@ -493,7 +493,7 @@ extern "C" fn thread_exit(b: *mut c_void) {
 /// the limit; that is the price of the bound.) Threads in every mode do
 /// it: a `nocache` or `engine=pow2` thread's frees leave the same memory.
 fn settle_after_exit() {
-    NTA.maintain();
+    NTA.maintain_waiting();
     if let Some(p) = NTA.source().0.built() {
         p.settle();
     }

@@ -50,7 +50,7 @@ impl Drop for Exit {
         // whose workers have exited may make none for good: the maintenance
         // now, then freed memory past the policy's limit back at once
         // (kmem-malloc's thread exit does the same, and says why).
-        NTA.maintain();
+        NTA.maintain_waiting();
         for pages in [NTA.source().built(), SLABS.source().built()]
             .into_iter()
             .flatten()
