@@ -3,7 +3,9 @@
  * each thread keeps a set of BLOCKS slots; every loop it frees OPS blocks
  * scattered over the set, then allocates OPS blocks into scattered slots
  * (freeing what a slot still holds), and every CROSS-th loop it allocates
- * OPS more blocks and hands them to the next thread, which frees them.
+ * OPS more blocks and hands them to the next thread, which frees them
+ * (unless the next thread has PENDING_MAX batches waiting: then it frees
+ * them itself). The threads start their loops together.
  * Sizes are random in [MIN, MAX]: evenly spread (DIST 0), falling off
  * linearly with size (1: most blocks small, about half of 8-16000 B above
  * 4 KiB), or exponentially (2). mimalloc-bench runs it with sizes of
@@ -31,11 +33,21 @@ typedef struct Batch {
   Blk b[];
 } Batch;
 
-/* Each thread's mailbox: the batches the previous thread handed it. */
+/* Each thread's mailbox: the batches the previous thread handed it, and
+ * how many. */
 typedef struct {
   pthread_mutex_t lock;
   Batch *head;
+  long pending;
 } Box;
+
+/* Batches a mailbox holds at most; a thread whose next one is full frees
+ * its batch itself. Without a bound the hand-off is unstable: the thread
+ * that falls behind has more to free each loop, so it falls further
+ * behind, and its mailbox grows until the other thread ends. On 2 shared
+ * CPUs that made the peak RSS of one library range over ten times between
+ * runs (23-270 MB), a measure of the scheduler rather than the allocator. */
+enum { PENDING_MAX = 8 };
 
 static Box *boxes;
 static uint64_t *sums;
@@ -74,6 +86,7 @@ static void drain(long i) {
   pthread_mutex_lock(&x->lock);
   Batch *h = x->head;
   x->head = NULL;
+  x->pending = 0;
   pthread_mutex_unlock(&x->lock);
   while (h) {
     Batch *n = h->next;
@@ -83,7 +96,7 @@ static void drain(long i) {
   }
 }
 
-static pthread_barrier_t done;
+static pthread_barrier_t start, done;
 
 static void *run(void *arg) {
   long id = (long)arg;
@@ -94,6 +107,10 @@ static void *run(void *arg) {
   /* A stride coprime with the set's size scatters each loop's slots. */
   long stride = 7919 % blocks ? 7919 : 7907;
   long at = 0;
+  /* Every thread starts its loops together, as rpmalloc's benchmark holds
+   * its workers until all exist: a thread that ran alone for its first
+   * loops would pile batches in the next one's mailbox. */
+  pthread_barrier_wait(&start);
   for (long l = 0; l < loops; l++) {
     for (long j = 0; j < ops; j++) {
       at = (at + stride) % blocks;
@@ -116,9 +133,17 @@ static void *run(void *arg) {
       }
       Box *x = &boxes[(id + 1) % nthreads];
       pthread_mutex_lock(&x->lock);
-      h->next = x->head;
-      x->head = h;
+      int full = x->pending >= PENDING_MAX;
+      if (!full) {
+        h->next = x->head;
+        x->head = h;
+        x->pending++;
+      }
       pthread_mutex_unlock(&x->lock);
+      if (full) {
+        for (long j = 0; j < ops; j++) put(h->b[j]);
+        free(h);
+      }
     }
     drain(id);
   }
@@ -149,6 +174,7 @@ int main(int argc, char **argv) {
   pthread_t *th = calloc((size_t)nthreads, sizeof *th);
   if (!boxes || !sums || !th) die("calloc");
   for (long i = 0; i < nthreads; i++) pthread_mutex_init(&boxes[i].lock, NULL);
+  pthread_barrier_init(&start, NULL, (unsigned)nthreads);
   pthread_barrier_init(&done, NULL, (unsigned)nthreads);
   for (long i = 0; i < nthreads; i++)
     if (pthread_create(&th[i], NULL, run, (void *)i)) die("pthread_create");
