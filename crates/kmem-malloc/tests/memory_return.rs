@@ -241,6 +241,20 @@ fn memory_of_exited_threads_goes_back_with_no_later_call() {
     assert!(after <= start + 48.0 * 1024.0, "{r:?}");
 }
 
+/// Small blocks freed, then large ones allocated at once: the page supply
+/// under the small blocks gives back what it keeps past its limit as the
+/// large arena grows, so the peak stays near the small blocks' RSS. It was
+/// both together (the small blocks' pages kept for reuse until the next
+/// tick of the return policy, which cannot use them for large blocks):
+/// 256 MiB above it, against glibc's none and mimalloc's few.
+#[test]
+fn small_blocks_freed_do_not_add_to_the_peak_of_large_ones() {
+    let r = run("memory_return", "switch", true, "");
+    let (start, small, peak) = (get(&r, "start"), get(&r, "small"), get(&r, "peak"));
+    assert!(small > start + 256.0 * 1024.0, "{r:?}");
+    assert!(peak <= small + 96.0 * 1024.0, "{r:?}");
+}
+
 /// Untouched `malloc(1 GiB)` as many times as glibc allows, up to 96 (the
 /// 65th failed: one 64 GiB reservation was all there was).
 #[test]

@@ -19,6 +19,11 @@
  *              them and exit; prints "start", "peak" (all 8 built) and
  *              "after" the joins, with no allocation after them (a program
  *              whose workers are done and whose main thread waits)
+ *   switch     256 MiB of 64-byte blocks allocated, written and freed,
+ *              then at once 256 MiB of 1 MiB blocks allocated and written
+ *              (each kind chained through its first words); prints
+ *              "start", "small" (RSS with the small blocks built) and
+ *              "peak" (the process's peak RSS, after the large ones)
  *   ceiling    untouched malloc(1 GiB) until one fails or 96 succeed;
  *              prints "gib N"
  */
@@ -30,6 +35,7 @@
 #include <time.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/resource.h>
 
 
 static void pin(int cpu) {
@@ -184,6 +190,38 @@ static void case_exited(void) {
   printf("peak %ld\nafter %ld\n", peak, after);
 }
 
+/* A chain of `total` bytes in blocks of `size`, each written whole. */
+static void *build(size_t total, size_t size) {
+  void *head = NULL;
+  for (size_t i = 0; i < total / size; i++) {
+    void **b = xmalloc(size);
+    memset(b, 5, size);
+    *b = head;
+    head = b;
+  }
+  return head;
+}
+
+static void drop(void *head) {
+  while (head) {
+    void *next = *(void **)head;
+    free(head);
+    head = next;
+  }
+}
+
+static void case_switch(void) {
+  printf("start %ld\n", rss_kib());
+  void *small = build(256u << 20, 64);
+  printf("small %ld\n", rss_kib());
+  drop(small);
+  void *large = build(256u << 20, 1u << 20);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("peak %ld\n", ru.ru_maxrss);
+  drop(large);
+}
+
 static void case_ceiling(void) {
   int n = 0;
   while (n < 96 && malloc(1ul << 30)) n++;
@@ -197,6 +235,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(c, "small")) case_small();
   else if (!strcmp(c, "remote")) case_remote();
   else if (!strcmp(c, "exited")) case_exited();
+  else if (!strcmp(c, "switch")) case_switch();
   else if (!strcmp(c, "ceiling")) case_ceiling();
   else die("unknown case");
   return 0;

@@ -62,7 +62,7 @@ fn best_fit_keeps_the_alignment() {
 #[test]
 fn a_batch_freed_keeps_its_pages_for_the_next() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes);
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
     // 20 blocks of 1.5 MiB: 30 MiB, within the policy's limit (eight
     // times `retain`), and far above eight times the largest block.
     let (size, blocks) = (3 << 19, 20);
@@ -91,7 +91,7 @@ fn a_batch_freed_keeps_its_pages_for_the_next() {
 #[test]
 fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes);
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
     let ps = large.page;
     let a = large.alloc(64 << 10, ps, false).unwrap().addr;
     let b = large.alloc(100 << 10, ps, false).unwrap().addr;
