@@ -25,9 +25,10 @@
 //!
 //! A program that frees and allocates large blocks in turn reuses backed
 //! pages instead of faulting fresh ones in, and never keeps more than the
-//! policy allows. Every 16 MiB of pages it faults in, the arena calls its
-//! growth hook, with which kmem-malloc has the other page sources give
-//! back what they keep past their limits (see [`Large::new`]). One lock guards the arenas; an arena knows every busy
+//! policy allows. Every 16 MiB of pages it hands out unbacked, the arena
+//! calls its growth hook, with which kmem-malloc has the other page
+//! sources give back what they keep past their limits (see
+//! [`Large::new`]). One lock guards the arenas; an arena knows every busy
 //! range by its start, so `free` of anything else, or a second `free`, is
 //! caught before anything changes. Segments are published with their
 //! bounds in atomics, so [`Large::owns`] takes no lock.
@@ -51,8 +52,9 @@ pub const MAX_SEGMENTS: usize = 64;
 /// Where each arena's tree nodes (48 bytes a range) come from: the
 /// process's page supply (kmem-pages), 16 KiB runs kept for the arena's life.
 type NodeSource = &'static dyn PageSource;
-/// Bytes of pages the arena faults in (fresh, or given back to the OS
-/// before) between two calls of its growth hook (see [`Large::new`]).
+/// Bytes of pages the arena hands out unbacked (fresh, or given back to
+/// the OS before) between two calls of its growth hook (see
+/// [`Large::new`]).
 const GROWTH_LOOK: usize = 16 << 20;
 /// Free blocks up to which a segment places by best fit (see [`place`]).
 const BEST_FIT_BLOCKS: u64 = 64;
@@ -271,8 +273,10 @@ struct State {
     /// Bytes of pages handed out that were not backed (the program's first
     /// touch faults them in), since the last call of the growth hook.
     grown: usize,
-    /// Set when `grown` passed [`GROWTH_LOOK`]: whoever drops the lock
-    /// calls the hook.
+    /// Set by [`grow_by`](Large::grow_by) when `grown` passed
+    /// [`GROWTH_LOOK`]; taken before the lock is dropped in the same
+    /// critical section (`alloc`, `resize`), whose caller then calls the
+    /// hook.
     look: bool,
 }
 
@@ -322,17 +326,20 @@ pub(crate) fn reserve_rw(mut bytes: usize, min: usize) -> Result<Region> {
 }
 
 impl Large {
-    /// No segment yet: the first large request reserves one. Allocates and
-    /// reserves nothing.
-    /// An arena with no segment yet. `on_growth` runs each time it has
-    /// faulted in another [`GROWTH_LOOK`] bytes (16 MiB), with no lock of
-    /// the arena's held: kmem-malloc has the other page sources give back
-    /// then what they keep past their limits, at once instead of at their
-    /// next tick, so that memory freed by one kind of allocation and kept
-    /// for reuse does not add to the peak of another kind that cannot use
-    /// it (512 MB of 64-byte blocks freed, then 512 MB of 1 MiB blocks
-    /// allocated: a peak of 1108 MB without the hook, as jemalloc's 1106;
-    /// glibc 705, mimalloc 608).
+    /// An arena with no segment yet: the first large request reserves one.
+    /// Allocates and reserves nothing.
+    ///
+    /// `on_growth` runs each time the arena has handed out another
+    /// [`GROWTH_LOOK`] bytes (16 MiB) of pages that were not backed (fresh,
+    /// or given back before: the program's first touch faults them in),
+    /// with no lock of the arena's held. kmem-malloc has the other page
+    /// sources give back then what they keep past their limits, at once
+    /// instead of at their next tick, so that memory freed by one kind of
+    /// allocation and kept for reuse does not add to the peak of another
+    /// kind that cannot use it (a separate program: 512 MB of 64-byte
+    /// blocks freed, then 512 MB of 1 MiB blocks allocated, peaked at
+    /// 1108 MB without the hook, as jemalloc's 1106; glibc 705, mimalloc
+    /// 608; 618 with it).
     pub(crate) fn new(policy: ReturnPolicy, nodes: NodeSource, on_growth: fn()) -> Large {
         Large {
             on_growth,

@@ -34,7 +34,9 @@
 //! read on slow paths and every 63 frees into a front cache (nta's
 //! maintenance, which also finishes frees stranded on idle heaps); there is
 //! no background thread. A thread's exit runs the maintenance and applies
-//! the limit at once (no call may come after it to tick the clock).
+//! the limit at once (no call may come after it to tick the clock); so does
+//! the large arena's growth, every 16 MiB of pages it hands out unbacked,
+//! for nta's and the slabs' supplies (whose pages it cannot reuse).
 //! `malloc_trim` gives everything back.
 //!
 //! **Initialisation** happens when the library is loaded (an `.init_array`
@@ -492,22 +494,6 @@ extern "C" fn thread_exit(b: *mut c_void) {
 /// with little in use between two phases, faults in again what went past
 /// the limit; that is the price of the bound.) Threads in every mode do
 /// it: a `nocache` or `engine=pow2` thread's frees leave the same memory.
-/// The large arena has faulted in another 16 MiB: what nta and the tiny
-/// slabs freed and their page supplies keep past the return policy's
-/// limit goes back now rather than at their next tick. Their pages cannot
-/// serve large blocks (the arena has its own address space), so kept for
-/// reuse they would only add to the peak of a program that frees its small
-/// blocks and then allocates large ones.
-fn large_grew() {
-    NTA.maintain();
-    if let Some(p) = NTA.source().0.built() {
-        p.settle();
-    }
-    if let Some(p) = SLABS.source().0.built() {
-        p.settle();
-    }
-}
-
 fn settle_after_exit() {
     NTA.maintain_waiting();
     if let Some(p) = NTA.source().0.built() {
@@ -518,6 +504,24 @@ fn settle_after_exit() {
     }
     if let Some(l) = LARGE.get() {
         l.settle_limit();
+    }
+}
+
+/// The large arena has handed out another 16 MiB of pages that were not
+/// backed (the program's first touch faults them in): nta's maintenance
+/// (trying the heaps' locks, as its periodic run does), then what nta's and
+/// the tiny slabs' page supplies keep past the return policy's limit goes
+/// back now rather than at their next tick. Their pages cannot serve large
+/// blocks (the arena has its own address space), so kept for reuse they
+/// would only add to the peak of a program that frees its small blocks
+/// and then allocates large ones.
+fn large_grew() {
+    NTA.maintain();
+    if let Some(p) = NTA.source().0.built() {
+        p.settle();
+    }
+    if let Some(p) = SLABS.source().0.built() {
+        p.settle();
     }
 }
 

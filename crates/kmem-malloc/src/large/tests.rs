@@ -183,3 +183,35 @@ fn many_free_blocks_place_by_first_fit() {
     assert_eq!(place(&mut a, P, P).unwrap(), BASE);
     a.check().unwrap();
 }
+
+/// Calls of [`the_growth_hook_runs_every_16_mib_of_unbacked_pages`]'s hook
+/// (its own static: tests run on several threads).
+static LOOKS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_look() {
+    LOOKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The arena calls its growth hook once for each 16 MiB of pages it hands
+/// out unbacked, by `alloc` and by an in-place `realloc` alike.
+#[test]
+fn the_growth_hook_runs_every_16_mib_of_unbacked_pages() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, count_look);
+    let looks = || LOOKS.load(Ordering::Relaxed);
+    let ps = large.page;
+    let a = large.alloc(10 << 20, ps, false).unwrap().addr;
+    assert_eq!(looks(), 0);
+    let b = large.alloc(8 << 20, ps, false).unwrap().addr;
+    assert_eq!(looks(), 1);
+    // The top of the arena is free: b grows in place, by 16 MiB of fresh
+    // pages.
+    assert_eq!(large.resize(b, 24 << 20, 0).unwrap(), Resize::InPlace);
+    assert_eq!(looks(), 2);
+    // A shrink hands nothing out.
+    assert_eq!(large.resize(b, 20 << 20, 0).unwrap(), Resize::InPlace);
+    assert_eq!(looks(), 2);
+    large.free(a).unwrap();
+    large.free(b).unwrap();
+    large.check().unwrap();
+}

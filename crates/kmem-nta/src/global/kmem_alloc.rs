@@ -18,25 +18,29 @@ static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CON
 /// Tiny layouts (see [`tiny_class`]): slabs of 16, 32 and 48 bytes.
 static SLABS: SlabArena<GlobalSource> = SlabArena::new(tiny_source());
 
-/// Bytes of large runs nta made (not a thread's cached ones) between two
-/// settles of the slabs' page supply (see [`large_made`]).
+/// Bytes of large runs nta made or grew (not a thread's cached ones)
+/// between two settles of the slabs' page supply (see [`large_made`]).
 const GROWTH_LOOK: usize = 16 << 20;
 /// Bytes of large runs made since the last settle.
 static LARGE_MADE: AtomicUsize = AtomicUsize::new(0);
 
-/// nta made a large run of `bytes`: every [`GROWTH_LOOK`] of them the tiny
-/// slabs' page supply gives back what it keeps past the return policy's
-/// limit at once, not at its next tick. Its pages cannot serve large runs
-/// (they are nta's supply's), so kept for reuse they only add to the peak
-/// of a program that frees its tiny blocks and then allocates large ones:
-/// 512 MiB of 16-byte blocks freed, then 512 MiB of 1 MiB blocks, peaked
-/// at 1.30 GB (the `mimalloc` crate 0.87). nta's own freed memory needs
-/// none: its large runs reuse it.
+/// nta made (or grew) a large run by `bytes`: every [`GROWTH_LOOK`] of them
+/// the tiny slabs' page supply gives back what it keeps past the return
+/// policy's limit at once, not at its next tick. Its pages cannot serve
+/// large runs (they are nta's supply's), so kept for reuse they only add
+/// to the peak of a program that frees its tiny blocks and then allocates
+/// large ones: 512 MiB of 16-byte blocks freed, then 512 MiB of 1 MiB
+/// blocks, peaked at 1.33 GB (the `mimalloc` crate 0.87), now 0.84. nta's
+/// own freed pages need no such look: its large runs reuse them (what its
+/// heaps and pool keep as empty nodes, at most 4 a heap and 32 MiB, goes
+/// at its next maintenance, every 100 ms).
 #[cold]
 fn large_made(bytes: usize) {
-    let n = LARGE_MADE.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    if n >= GROWTH_LOOK {
-        LARGE_MADE.store(0, Ordering::Relaxed);
+    let n = LARGE_MADE
+        .fetch_add(bytes, Ordering::Relaxed)
+        .wrapping_add(bytes);
+    // One of the threads that cross the look together settles.
+    if n >= GROWTH_LOOK && LARGE_MADE.swap(0, Ordering::Relaxed) >= GROWTH_LOOK {
         if let Some(pages) = SLABS.source().built() {
             pages.settle();
         }
@@ -307,11 +311,12 @@ unsafe fn alloc_slow(k: Option<usize>, layout: Layout) -> *mut u8 {
             return p;
         }
     }
-    if layout.size() > NTA.max_small() {
+    // SAFETY: forwarded contract.
+    let p = unsafe { GlobalAlloc::alloc(&NTA, layout) };
+    if !p.is_null() && layout.size() > NTA.max_small() {
         large_made(layout.size());
     }
-    // SAFETY: forwarded contract.
-    unsafe { GlobalAlloc::alloc(&NTA, layout) }
+    p
 }
 
 /// True when `layout` is a large one (over nta's largest small
@@ -599,7 +604,12 @@ unsafe impl GlobalAlloc for KmemNta {
         // SAFETY: GlobalAlloc's contract: ptr is ours, allocated with layout
         // from NTA (it is not in the slabs).
         match unsafe { NTA.realloc(NonNull::new_unchecked(ptr), layout, new_size) } {
-            Ok(p) => p.as_ptr(),
+            Ok(p) => {
+                if new_size > NTA.max_small() && new_size > layout.size() {
+                    large_made(new_size - layout.size());
+                }
+                p.as_ptr()
+            }
             Err(_) => ptr::null_mut(),
         }
     }

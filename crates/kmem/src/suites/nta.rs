@@ -678,11 +678,11 @@ impl Suite for NtaSuite {
         let heaps = heap_instance();
         let base = baseline_instance();
         let rounds = sc.pick(1, 9, 21);
-        // A sample of a fast case lasts 5-10 ms: at a tenth of that (2000
-        // repetitions of 200 calls, about a millisecond) each allocator's
-        // first calls after the others ran (cold lines, the branch
-        // predictors) weighed as much as the case, and one run's ratio to
-        // mimalloc on fixed 16 B moved between 0.79 and 1.21.
+        // At quick scale a sample of a fast case lasts 5-10 ms: at a tenth
+        // of that (2000 repetitions of 200 calls, about a millisecond) each
+        // allocator's first calls after the others ran (cold lines, the
+        // branch predictors) weighed as much as the case, and one run's
+        // ratio to mimalloc on fixed 16 B moved between 0.79 and 1.21.
         let reps = sc.pick(20, 20_000, 60_000);
         let plan = random_plan(16, 4096);
         let medium_plan = random_plan(4097, 65536);
