@@ -496,14 +496,20 @@ extern "C" fn thread_exit(b: *mut c_void) {
 /// it: a `nocache` or `engine=pow2` thread's frees leave the same memory.
 fn settle_after_exit() {
     NTA.maintain_waiting();
-    if let Some(p) = NTA.source().0.built() {
-        p.settle();
-    }
-    if let Some(p) = SLABS.source().0.built() {
-        p.settle();
-    }
+    settle_small_supplies();
     if let Some(l) = LARGE.get() {
         l.settle_limit();
+    }
+}
+
+/// The return policy's limit applied at once to nta's and the tiny slabs'
+/// page supplies (those built so far).
+fn settle_small_supplies() {
+    for p in [NTA.source().0.built(), SLABS.source().0.built()]
+        .into_iter()
+        .flatten()
+    {
+        p.settle();
     }
 }
 
@@ -517,12 +523,7 @@ fn settle_after_exit() {
 /// and then allocates large ones.
 fn large_grew() {
     NTA.maintain();
-    if let Some(p) = NTA.source().0.built() {
-        p.settle();
-    }
-    if let Some(p) = SLABS.source().0.built() {
-        p.settle();
-    }
+    settle_small_supplies();
 }
 
 extern "C" fn fork_prepare() {
