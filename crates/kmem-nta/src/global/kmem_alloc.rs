@@ -598,6 +598,30 @@ unsafe impl GlobalAlloc for KmemNta {
             // SAFETY: forwarded contract; not a slab block.
             return unsafe { realloc_medium(ptr, layout, new) };
         }
+        if let Some(k) = front_class(&layout) {
+            if front_class(&new) == Some(k) {
+                // As many chunks: the block already has the room.
+                return ptr;
+            }
+            if front_class(&new).is_some() {
+                // Another class: through the caches, a pop and a push. nta's
+                // realloc takes the heap's lock and looks at the chunks
+                // after the block, which a cached block rarely has free: a
+                // string grown by doubling from 8 to 256 bytes took 1.5
+                // times the `mimalloc` crate's time that way.
+                // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
+                let q = unsafe { GlobalAlloc::alloc(self, new) };
+                if !q.is_null() {
+                    // SAFETY: both hold at least the smaller size; q is
+                    // fresh; ptr was allocated with layout.
+                    unsafe {
+                        ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
+                        GlobalAlloc::dealloc(self, ptr, layout);
+                    }
+                }
+                return q;
+            }
+        }
         // In place when the size in chunks stays, shrinks, or the chunks after
         // it are free; else the nta moves it (past the front cache, which only
         // caches what it is handed).
