@@ -194,16 +194,26 @@ fn realloc_within_and_between_front_classes() {
     // has; the bytes read were written.
     unsafe {
         let p = A.alloc(l(70));
+        assert!(!p.is_null());
         p.write_bytes(0x5a, 70);
         // 70 -> 120 bytes: both two chunks.
         let q = A.realloc(p, l(70), 120);
         assert_eq!(q, p);
-        // 120 -> 200: three chunks, a move; the 120 bytes come along.
+        q.add(70).write_bytes(0x5b, 50);
+        // 120 -> 200: four chunks, a move; the 120 bytes come along.
         let r = A.realloc(q, l(120), 200);
-        assert!((0..70).all(|i| *r.add(i) == 0x5a));
-        // 200 -> 100: two chunks again, a move.
+        assert!(!r.is_null() && r != q);
+        assert!((0..120).all(|i| *r.add(i) == if i < 70 { 0x5a } else { 0x5b }));
+        // The old block went onto the cache's class of two chunks, on top:
+        // the next request of that class gets it back.
+        let t = A.alloc(l(120));
+        assert_eq!(t, q);
+        A.dealloc(t, l(120));
+        // 200 -> 100: two chunks again, a move (nta's realloc shrank in
+        // place).
         let s = A.realloc(r, l(200), 100);
-        assert!((0..70).all(|i| *s.add(i) == 0x5a));
+        assert!(!s.is_null() && s != r);
+        assert!((0..100).all(|i| *s.add(i) == if i < 70 { 0x5a } else { 0x5b }));
         A.dealloc(s, l(100));
     }
     let mut st = String::new();

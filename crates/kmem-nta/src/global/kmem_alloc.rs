@@ -613,7 +613,9 @@ unsafe impl GlobalAlloc for KmemNta {
                 let q = unsafe { GlobalAlloc::alloc(self, new) };
                 if !q.is_null() {
                     // SAFETY: both hold at least the smaller size; q is
-                    // fresh; ptr was allocated with layout.
+                    // fresh; ptr was allocated with layout (a front-class
+                    // layout's block is exactly its class's chunks, so the
+                    // dealloc's push onto class k is sound).
                     unsafe {
                         ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
                         GlobalAlloc::dealloc(self, ptr, layout);
