@@ -421,11 +421,23 @@ unsafe fn realloc_medium(ptr: *mut u8, layout: Layout, new: Layout) -> *mut u8 {
             return ptr;
         }
     }
-    // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
+    // SAFETY: forwarded contract.
+    unsafe { move_block(ptr, layout, new) }
+}
+
+/// `realloc` by a move: a block of `new` from `KmemNta` (its caches first),
+/// the bytes both hold copied, the old block given back to `KmemNta` (its
+/// caches first); null, and nothing changed, when out of memory.
+///
+/// # Safety
+/// As `realloc`: `ptr` is a live block of `KmemNta`'s allocated with
+/// `layout`, and `new` is a valid non-zero layout.
+unsafe fn move_block(ptr: *mut u8, layout: Layout, new: Layout) -> *mut u8 {
+    // SAFETY: a valid non-zero layout (the caller's contract).
     let q = unsafe { GlobalAlloc::alloc(&KmemNta, new) };
     if !q.is_null() {
         // SAFETY: both hold at least the smaller size; q is fresh; ptr was
-        // allocated with layout.
+        // allocated with layout (the caller's contract).
         unsafe {
             ptr::copy_nonoverlapping(ptr, q, layout.size().min(new.size()));
             GlobalAlloc::dealloc(&KmemNta, ptr, layout);
@@ -583,16 +595,8 @@ unsafe impl GlobalAlloc for KmemNta {
         if slab || tiny_class(&new).is_some() {
             // Out of a slab, or into one: the block moves, so that its
             // address keeps saying which allocator owns it.
-            // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
-            let q = unsafe { GlobalAlloc::alloc(self, new) };
-            if !q.is_null() {
-                // SAFETY: both hold at least the smaller size; q is fresh.
-                unsafe {
-                    ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
-                    GlobalAlloc::dealloc(self, ptr, layout);
-                }
-            }
-            return q;
+            // SAFETY: GlobalAlloc's contract (the new layout is valid).
+            return unsafe { move_block(ptr, layout, new) };
         }
         if medium(&layout).is_some() || medium(&new).is_some() {
             // SAFETY: forwarded contract; not a slab block.
@@ -609,19 +613,10 @@ unsafe impl GlobalAlloc for KmemNta {
                 // after the block, which a cached block rarely has free: a
                 // string grown by doubling from 8 to 256 bytes took 1.5
                 // times the `mimalloc` crate's time that way.
-                // SAFETY: a valid non-zero layout (GlobalAlloc's contract).
-                let q = unsafe { GlobalAlloc::alloc(self, new) };
-                if !q.is_null() {
-                    // SAFETY: both hold at least the smaller size; q is
-                    // fresh; ptr was allocated with layout (a front-class
-                    // layout's block is exactly its class's chunks, so the
-                    // dealloc's push onto class k is sound).
-                    unsafe {
-                        ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
-                        GlobalAlloc::dealloc(self, ptr, layout);
-                    }
-                }
-                return q;
+                // SAFETY: GlobalAlloc's contract (the new layout is valid);
+                // a front-class layout's block is exactly its class's
+                // chunks, so the old block's push onto class k is sound.
+                return unsafe { move_block(ptr, layout, new) };
             }
         }
         // In place when the size in chunks stays, shrinks, or the chunks after
