@@ -101,7 +101,8 @@ pub(crate) struct Large {
     nsegs: AtomicUsize,
     state: Lock<State>,
     /// Called, with no lock of the arena's held, each time the arena has
-    /// faulted in another [`GROWTH_LOOK`] bytes of pages.
+    /// handed out another [`GROWTH_LOOK`] bytes of unbacked pages (see
+    /// [`Large::new`]).
     on_growth: fn(),
 }
 
@@ -630,8 +631,8 @@ impl Large {
     }
 
     /// Counts `bytes` of pages handed out unbacked; past another
-    /// [`GROWTH_LOOK`] since the growth hook's last call, asks for the next
-    /// (`look`: whoever drops the lock calls it).
+    /// [`GROWTH_LOOK`] since the growth hook's last call, sets `look`, which
+    /// the caller takes before it drops the lock, and then calls the hook.
     fn grow_by(s: &mut State, bytes: usize) {
         s.grown += bytes;
         if s.grown >= GROWTH_LOOK {
