@@ -4,9 +4,10 @@
 //! ```text
 //!   classes        four a doubling: 16, 17-20, 21-24, 25-28, 29-32, 33-40,
 //!                  ..., 225-256 pages; a range keeps its exact size
-//!   alloc(n pages) a range of n's class at least n pages long, else one of
-//!                  the class above (at most about half again as long), from
-//!                  here; else the arena
+//!   alloc(n pages) a range of n's class at least n pages long (and, for
+//!                  an aligned request, starting on its alignment), else
+//!                  one of the class above (at most about half again as
+//!                  long), from here; else the arena
 //!   free           kept here whole, still busy in its arena, when its
 //!                  class has a slot and the cache room
 //!   the policy's tick,  every range back to its arena, freed there
@@ -85,13 +86,23 @@ impl Cache {
         }
     }
 
-    /// A range of class `c` at least `want` pages long (the latest freed
-    /// of those), taken out with its size in pages; `None` when the class
-    /// holds none. `ps` is the page size.
+    /// A range of class `c` at least `want` pages long that starts at a
+    /// multiple of `align` (a power of two; every range is page-aligned),
+    /// the latest freed of those, taken out with its size in pages; `None`
+    /// when the class holds none. `ps` is the page size.
     #[inline]
-    pub(super) fn take(&mut self, c: usize, want: usize, ps: usize) -> Option<(usize, usize)> {
+    pub(super) fn take(
+        &mut self,
+        c: usize,
+        want: usize,
+        align: usize,
+        ps: usize,
+    ) -> Option<(usize, usize)> {
+        debug_assert!(align.is_power_of_two());
         let n = self.n[c] as usize;
-        let i = (0..n).rev().find(|&i| self.pages[c][i] as usize >= want)?;
+        let i = (0..n)
+            .rev()
+            .find(|&i| self.pages[c][i] as usize >= want && self.addr[c][i] & (align - 1) == 0)?;
         let (a, pages) = (self.addr[c][i], self.pages[c][i] as usize);
         // The last one fills the hole.
         self.addr[c][i] = self.addr[c][n - 1];
@@ -234,8 +245,8 @@ mod tests {
         assert!(!k.put(0, 0x99_0000, 16, PS, bound), "no slot left");
         assert!(!k.put(1, 0x99_0000, 20, PS, bound), "past the bound");
         assert!(k.holds(0, 0x20_0000) && !k.holds(1, 0x20_0000));
-        assert_eq!(k.take(0, 16, PS), Some((0x10_0000 * SLOTS, 16)));
-        assert_eq!(k.take(1, 17, PS), None);
+        assert_eq!(k.take(0, 16, PS, PS), Some((0x10_0000 * SLOTS, 16)));
+        assert_eq!(k.take(1, 17, PS, PS), None);
         let mut seen = 0;
         k.drain(|_, pages| {
             assert_eq!(pages, 16);
@@ -248,13 +259,29 @@ mod tests {
         for (a, pages) in [(0x1_0000, 18), (0x2_0000, 20), (0x3_0000, 17)] {
             assert!(k.put(1, a, pages, PS, 1 << 30));
         }
-        assert_eq!(k.take(1, 19, PS), Some((0x2_0000, 20)));
+        assert_eq!(k.take(1, 19, PS, PS), Some((0x2_0000, 20)));
         assert_eq!(k.take_at(0x3_0000, PS), Some(17));
         assert_eq!(k.take_at(0x3_0000, PS), None);
         assert!(k.put(1, 0x3_0000, 17, PS, 1 << 30));
-        assert_eq!(k.take(1, 19, PS), None);
-        assert_eq!(k.take(1, 17, PS), Some((0x3_0000, 17)));
-        assert_eq!(k.take(1, 17, PS), Some((0x1_0000, 18)));
+        assert_eq!(k.take(1, 19, PS, PS), None);
+        assert_eq!(k.take(1, 17, PS, PS), Some((0x3_0000, 17)));
+        assert_eq!(k.take(1, 17, PS, PS), Some((0x1_0000, 18)));
+        assert_eq!((k.bytes, k.ranges), (0, 0));
+    }
+
+    #[test]
+    fn an_aligned_take_skips_ranges_that_start_off_the_alignment() {
+        const PS: usize = 4096;
+        let mut k = Cache::new();
+        // 0x31_0000 is 64 KiB-aligned, not 1 MiB-aligned; 0x40_0000 is both.
+        for a in [0x40_0000, 0x31_0000, 0x23_4000] {
+            assert!(k.put(0, a, 16, PS, 1 << 30));
+        }
+        assert_eq!(k.take(0, 16, 1 << 20, PS), Some((0x40_0000, 16)));
+        assert_eq!(k.take(0, 16, 1 << 20, PS), None, "no range left at 1 MiB");
+        assert_eq!(k.take(0, 16, 64 << 10, PS), Some((0x31_0000, 16)));
+        assert_eq!(k.take(0, 16, 64 << 10, PS), None);
+        assert_eq!(k.take(0, 16, PS, PS), Some((0x23_4000, 16)));
         assert_eq!((k.bytes, k.ranges), (0, 0));
     }
 }

@@ -11,15 +11,18 @@ fn arena() -> VmapArena<NodeSource> {
     VmapArena::with_lazy_max(src, BASE, BASE + (1 << 30), 0).unwrap()
 }
 
-/// Live blocks with holes of 5, 2 and 3 pages between them (in address
+/// The unit of [`holes`]: the smallest request placed by best fit.
+const U: u64 = BEST_FIT_MIN;
+
+/// Live blocks with holes of 5, 2 and 3 units between them (in address
 /// order), and the free rest above.
 fn holes(a: &mut VmapArena<NodeSource>) -> [u64; 3] {
     let mut at = [0; 3];
-    for (i, pages) in [5, 2, 3].into_iter().enumerate() {
-        a.alloc(P, P).unwrap();
-        at[i] = a.alloc(pages * P, P).unwrap();
+    for (i, units) in [5, 2, 3].into_iter().enumerate() {
+        a.alloc(U, P).unwrap();
+        at[i] = a.alloc(units * U, P).unwrap();
     }
-    a.alloc(P, P).unwrap();
+    a.alloc(U, P).unwrap();
     for x in at {
         a.free(x).unwrap();
     }
@@ -30,13 +33,13 @@ fn holes(a: &mut VmapArena<NodeSource>) -> [u64; 3] {
 fn few_free_blocks_place_by_best_fit() {
     let mut a = arena();
     let at = holes(&mut a);
-    // 2 pages: the 2-page hole, not the lower 5-page one.
-    assert_eq!(place(&mut a, 2 * P, P).unwrap(), at[1]);
-    // 3 pages: the 3-page hole; 4 pages: the 5-page hole (the only one).
-    assert_eq!(place(&mut a, 3 * P, P).unwrap(), at[2]);
-    assert_eq!(place(&mut a, 4 * P, P).unwrap(), at[0]);
-    // Nothing left that fits 6 pages below the top.
-    let top = place(&mut a, 6 * P, P).unwrap();
+    // 2 units: the 2-unit hole, not the lower 5-unit one.
+    assert_eq!(place(&mut a, 2 * U, P).unwrap(), at[1]);
+    // 3 units: the 3-unit hole; 4 units: the 5-unit hole (the only one).
+    assert_eq!(place(&mut a, 3 * U, P).unwrap(), at[2]);
+    assert_eq!(place(&mut a, 4 * U, P).unwrap(), at[0]);
+    // Nothing left that fits 6 units below the top.
+    let top = place(&mut a, 6 * U, P).unwrap();
     assert!(top > at[2]);
     a.check().unwrap();
 }
@@ -45,11 +48,26 @@ fn few_free_blocks_place_by_best_fit() {
 fn best_fit_keeps_the_alignment() {
     let mut a = arena();
     let at = holes(&mut a);
-    // 2 pages at 8 pages: none of the holes has an aligned start with
-    // room (they start at pages 1, 7 and 10), so the top serves it.
-    let x = place(&mut a, 2 * P, 8 * P).unwrap();
-    assert_eq!(x % (8 * P), 0);
+    // 2 units at 8 units: none of the holes has an aligned start with
+    // room (they start at units 1, 7 and 10), so the top serves it.
+    let x = place(&mut a, 2 * U, 8 * U).unwrap();
+    assert_eq!(x % (8 * U), 0);
     assert!(x > at[2]);
+    a.check().unwrap();
+}
+
+#[test]
+fn requests_below_the_best_fit_size_take_the_lowest_fit() {
+    let mut a = arena();
+    let at = holes(&mut a);
+    // Two pages (an aligned small block's range): the lowest hole that
+    // fits, the 5-unit one, without a look at the others.
+    assert_eq!(place(&mut a, 2 * P, P).unwrap(), at[0]);
+    // At 64 KiB alignment: the lowest aligned start with room (the
+    // 5-unit hole starts at unit 1, a multiple of 64 KiB).
+    let x = place(&mut a, 2 * P, U).unwrap();
+    assert_eq!(x % U, 0);
+    assert!(x > at[0] && x < at[0] + 5 * U, "{x:#x}");
     a.check().unwrap();
 }
 
@@ -162,6 +180,39 @@ fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
         assert_eq!(large.stats().cached_ranges, 0);
         large.check().unwrap();
     }
+}
+
+/// An aligned request of a cached class takes a cached range that starts
+/// on its alignment (a program that allocates and frees aligned buffers
+/// gets the one it freed back, without the arena), not one that is not.
+#[test]
+fn an_aligned_request_takes_only_an_aligned_cached_range() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let ps = large.page;
+    const AL: usize = 256 << 10;
+    let a = large.alloc(64 << 10, AL, false).unwrap().addr;
+    assert_eq!(a % AL, 0);
+    // A range of the same class right after it: 64 KiB-aligned only.
+    let b = large.alloc(64 << 10, ps, false).unwrap().addr;
+    assert_eq!(b, a + (64 << 10));
+    large.free(a).unwrap();
+    large.free(b).unwrap();
+    assert_eq!(large.stats().cached_ranges, 2);
+    // b is the latest freed, but not aligned: a comes back.
+    let c = large.alloc(64 << 10, AL, false).unwrap().addr;
+    assert_eq!(c, a);
+    assert_eq!(large.stats().cached_ranges, 1);
+    // None left at that alignment: the arena serves it (after giving b
+    // back to the arena, as the range it found was not backed).
+    let d = large.alloc(64 << 10, AL, false).unwrap().addr;
+    assert!(d % AL == 0 && d != b);
+    large.check().unwrap();
+    for x in [c, d] {
+        large.free(x).unwrap();
+    }
+    large.trim();
+    large.check().unwrap();
 }
 
 #[test]
