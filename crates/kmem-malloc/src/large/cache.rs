@@ -1,11 +1,9 @@
-//! The large arena's cache of freed ranges of up to 1 MiB (256 pages), by
-//! size class.
+//! The large arena's cache of freed ranges of 64 KiB to 1 MiB (16 to 256
+//! pages), by size class.
 //!
 //! ```text
-//!   classes        one a size for 1 to 15 pages (only small blocks aligned
-//!                  past a page come this short), then four a doubling: 16,
-//!                  17-20, 21-24, 25-28, 29-32, 33-40, ..., 225-256 pages;
-//!                  a range keeps its exact size
+//!   classes        four a doubling: 16, 17-20, 21-24, 25-28, 29-32, 33-40,
+//!                  ..., 225-256 pages; a range keeps its exact size
 //!   alloc(n pages) a range of n's class at least n pages long (and, for
 //!                  an aligned request, starting on its alignment), else
 //!                  one of the class above (at most about half again as
@@ -43,34 +41,27 @@
 
 use super::{Large, Map, State};
 
-/// Sizes below this many pages have a class each (1 to 15 pages: the only
-/// requests this short here are small blocks aligned past a page, which
-/// nta does not serve); from it up, four classes a doubling.
-pub(super) const EXACT_PAGES: usize = 16;
+/// Smallest class, in pages.
+pub(super) const MIN_PAGES: usize = 16;
 /// Largest class, in pages.
 pub(super) const MAX_PAGES: usize = 256;
-/// Classes: one a size below [`EXACT_PAGES`], then four a doubling up to
-/// [`MAX_PAGES`].
-pub(super) const CLASSES: usize = EXACT_PAGES - 1 + 17;
+/// Classes: four a doubling from [`MIN_PAGES`] to [`MAX_PAGES`].
+pub(super) const CLASSES: usize = 17;
 /// Ranges a class keeps at most.
 pub(super) const SLOTS: usize = 32;
 
 /// The class of a range of `pages` pages and the class's largest size in
-/// pages (below [`EXACT_PAGES`], `pages` itself; from there, `pages`
-/// rounded up to four steps a doubling: at most a quarter more); `None`
-/// outside 1..=[`MAX_PAGES`].
+/// pages (`pages` rounded up to four steps a doubling: at most a quarter
+/// more); `None` outside [`MIN_PAGES`]..=[`MAX_PAGES`].
 #[inline]
 pub(super) const fn class_of(pages: usize) -> Option<(usize, usize)> {
-    if pages == 0 || pages > MAX_PAGES {
+    if pages < MIN_PAGES || pages > MAX_PAGES {
         return None;
-    }
-    if pages < EXACT_PAGES {
-        return Some((pages - 1, pages));
     }
     let b = (usize::BITS - 1 - pages.leading_zeros()) as usize;
     let step = 1 << (b - 2);
     let q = pages.div_ceil(step);
-    Some(((b - 4) * 4 + q - 4 + EXACT_PAGES - 1, q * step))
+    Some(((b - 4) * 4 + q - 4, q * step))
 }
 
 /// The cached ranges: their addresses and sizes in pages, by class.
@@ -225,48 +216,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classes_are_one_a_size_then_four_a_doubling() {
-        assert_eq!(class_of(0), None);
-        assert_eq!(class_of(1), Some((0, 1)));
-        assert_eq!(class_of(15), Some((14, 15)));
-        assert_eq!(class_of(16), Some((15, 16)));
-        assert_eq!(class_of(17), Some((16, 20)));
-        assert_eq!(class_of(28), Some((18, 28)));
-        assert_eq!(class_of(29), Some((19, 32)));
-        assert_eq!(class_of(33), Some((20, 40)));
-        assert_eq!(class_of(255), Some((31, 256)));
-        assert_eq!(class_of(256), Some((31, 256)));
+    fn classes_are_four_a_doubling() {
+        assert_eq!(class_of(15), None);
+        assert_eq!(class_of(16), Some((0, 16)));
+        assert_eq!(class_of(17), Some((1, 20)));
+        assert_eq!(class_of(28), Some((3, 28)));
+        assert_eq!(class_of(29), Some((4, 32)));
+        assert_eq!(class_of(33), Some((5, 40)));
+        assert_eq!(class_of(255), Some((16, 256)));
+        assert_eq!(class_of(256), Some((16, 256)));
         assert_eq!(class_of(257), None);
-        let mut last = None;
-        for p in 1..=MAX_PAGES {
+        for p in MIN_PAGES..=MAX_PAGES {
             let (c, s) = class_of(p).unwrap();
             assert!(s >= p && s * 4 <= p * 5, "{p} -> {s}");
             assert!(c < CLASSES);
             assert_eq!(class_of(s), Some((c, s)), "a class's largest is its own");
-            // Classes rise with the size, none skipped.
-            assert!(
-                last.is_none_or(|l| c == l || c == l + 1),
-                "{p}: {c} after {last:?}"
-            );
-            last = Some(c);
         }
-        assert_eq!(last, Some(CLASSES - 1));
     }
 
     #[test]
     fn a_class_keeps_its_slots_within_the_bound() {
         const PS: usize = 4096;
-        let (c16, c20) = (class_of(16).unwrap().0, class_of(20).unwrap().0);
         let mut k = Cache::new();
         let bound = (SLOTS + 1) * 16 * PS;
         for i in 0..SLOTS {
-            assert!(k.put(c16, 0x10_0000 * (i + 1), 16, PS, bound));
+            assert!(k.put(0, 0x10_0000 * (i + 1), 16, PS, bound));
         }
-        assert!(!k.put(c16, 0x99_0000, 16, PS, bound), "no slot left");
-        assert!(!k.put(c20, 0x99_0000, 20, PS, bound), "past the bound");
-        assert!(k.holds(c16, 0x20_0000) && !k.holds(c20, 0x20_0000));
-        assert_eq!(k.take(c16, 16, PS, PS), Some((0x10_0000 * SLOTS, 16)));
-        assert_eq!(k.take(c20, 17, PS, PS), None);
+        assert!(!k.put(0, 0x99_0000, 16, PS, bound), "no slot left");
+        assert!(!k.put(1, 0x99_0000, 20, PS, bound), "past the bound");
+        assert!(k.holds(0, 0x20_0000) && !k.holds(1, 0x20_0000));
+        assert_eq!(k.take(0, 16, PS, PS), Some((0x10_0000 * SLOTS, 16)));
+        assert_eq!(k.take(1, 17, PS, PS), None);
         let mut seen = 0;
         k.drain(|_, pages| {
             assert_eq!(pages, 16);
@@ -277,32 +257,31 @@ mod tests {
         // freed of those; the rest stay.
         let mut k = Cache::new();
         for (a, pages) in [(0x1_0000, 18), (0x2_0000, 20), (0x3_0000, 17)] {
-            assert!(k.put(c20, a, pages, PS, 1 << 30));
+            assert!(k.put(1, a, pages, PS, 1 << 30));
         }
-        assert_eq!(k.take(c20, 19, PS, PS), Some((0x2_0000, 20)));
+        assert_eq!(k.take(1, 19, PS, PS), Some((0x2_0000, 20)));
         assert_eq!(k.take_at(0x3_0000, PS), Some(17));
         assert_eq!(k.take_at(0x3_0000, PS), None);
-        assert!(k.put(c20, 0x3_0000, 17, PS, 1 << 30));
-        assert_eq!(k.take(c20, 19, PS, PS), None);
-        assert_eq!(k.take(c20, 17, PS, PS), Some((0x3_0000, 17)));
-        assert_eq!(k.take(c20, 17, PS, PS), Some((0x1_0000, 18)));
+        assert!(k.put(1, 0x3_0000, 17, PS, 1 << 30));
+        assert_eq!(k.take(1, 19, PS, PS), None);
+        assert_eq!(k.take(1, 17, PS, PS), Some((0x3_0000, 17)));
+        assert_eq!(k.take(1, 17, PS, PS), Some((0x1_0000, 18)));
         assert_eq!((k.bytes, k.ranges), (0, 0));
     }
 
     #[test]
     fn an_aligned_take_skips_ranges_that_start_off_the_alignment() {
         const PS: usize = 4096;
-        let c = class_of(16).unwrap().0;
         let mut k = Cache::new();
         // 0x31_0000 is 64 KiB-aligned, not 1 MiB-aligned; 0x40_0000 is both.
         for a in [0x40_0000, 0x31_0000, 0x23_4000] {
-            assert!(k.put(c, a, 16, PS, 1 << 30));
+            assert!(k.put(0, a, 16, PS, 1 << 30));
         }
-        assert_eq!(k.take(c, 16, 1 << 20, PS), Some((0x40_0000, 16)));
-        assert_eq!(k.take(c, 16, 1 << 20, PS), None, "no range left at 1 MiB");
-        assert_eq!(k.take(c, 16, 64 << 10, PS), Some((0x31_0000, 16)));
-        assert_eq!(k.take(c, 16, 64 << 10, PS), None);
-        assert_eq!(k.take(c, 16, PS, PS), Some((0x23_4000, 16)));
+        assert_eq!(k.take(0, 16, 1 << 20, PS), Some((0x40_0000, 16)));
+        assert_eq!(k.take(0, 16, 1 << 20, PS), None, "no range left at 1 MiB");
+        assert_eq!(k.take(0, 16, 64 << 10, PS), Some((0x31_0000, 16)));
+        assert_eq!(k.take(0, 16, 64 << 10, PS), None);
+        assert_eq!(k.take(0, 16, PS, PS), Some((0x23_4000, 16)));
         assert_eq!((k.bytes, k.ranges), (0, 0));
     }
 }
