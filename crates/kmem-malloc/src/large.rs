@@ -49,6 +49,12 @@ use cache::{class_of, Cache};
 pub const SEGMENT: usize = 64 << 30;
 /// Most segments: with 64 GiB each, 4 TiB of large blocks.
 pub const MAX_SEGMENTS: usize = 64;
+/// Largest alignment the arena serves (a segment's size). A larger one
+/// would need a segment reserved for it alone, as long as the alignment
+/// (64 TiB of address space for `aligned_alloc(1 << 46, 16)`), kept after
+/// the block is freed: a program that asked once could exhaust the address
+/// space that every later large block needs. glibc refuses from 256 GiB.
+pub const MAX_ALIGN: usize = SEGMENT;
 /// Where each arena's tree nodes (48 bytes a range) come from: the
 /// process's page supply (kmem-pages), 16 KiB runs kept for the arena's life.
 type NodeSource = &'static dyn PageSource;
@@ -424,7 +430,16 @@ impl Large {
 
     /// A range of at least `size` bytes aligned to `align` (a power of two),
     /// zeroed when `zero` (clearing only pages that may hold data).
+    ///
+    /// An alignment past [`MAX_ALIGN`] is refused (`BadAlign`, nothing
+    /// changed): only a new segment of at least the alignment's size could
+    /// hold it, and segments stay reserved for the process's life.
     pub(crate) fn alloc(&self, size: usize, align: usize, zero: bool) -> Result<Got> {
+        if align > MAX_ALIGN {
+            return Err(Error::BadAlign {
+                align: align as u64,
+            });
+        }
         let need = size
             .checked_next_multiple_of(self.page)
             .filter(|&n| n <= isize::MAX as usize)

@@ -166,6 +166,11 @@ fn aligned_family() {
         assert_eq!(posix_memalign(&mut p, 24, 10), libc::EINVAL);
         assert_eq!(posix_memalign(&mut p, 4, 10), libc::EINVAL);
         assert!(std::hint::black_box(aligned_alloc(48, 10)).is_null());
+        // Past the large arena's largest alignment: refused, as glibc
+        // refuses one it cannot map.
+        assert_eq!(posix_memalign(&mut p, 1 << 40, 10), libc::ENOMEM);
+        assert!(std::hint::black_box(aligned_alloc(1 << 40, 1 << 40)).is_null());
+        assert_eq!(*libc::__errno_location(), libc::ENOMEM);
         let v = valloc(10);
         assert_eq!(v as usize % kmem_sys::page_size(), 0);
         free(v);

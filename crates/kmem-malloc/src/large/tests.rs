@@ -182,6 +182,29 @@ fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
     }
 }
 
+/// An alignment past a segment's size is refused with nothing changed:
+/// no segment is reserved for it (it would stay reserved after the free).
+#[test]
+fn an_alignment_past_a_segment_is_refused() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let a = large.alloc(16, MAX_ALIGN, false).unwrap().addr;
+    assert_eq!(a % MAX_ALIGN, 0);
+    let segs = large.stats().segments;
+    for align in [MAX_ALIGN << 1, 1 << 46, 1 << 62] {
+        assert_eq!(
+            large.alloc(16, align, false).map(|g| g.addr),
+            Err(Error::BadAlign {
+                align: align as u64
+            })
+        );
+    }
+    assert_eq!(large.stats().segments, segs);
+    large.check().unwrap();
+    large.free(a).unwrap();
+    large.check().unwrap();
+}
+
 /// An aligned request of a cached class takes a cached range that starts
 /// on its alignment (a program that allocates and frees aligned buffers
 /// gets the one it freed back, without the arena), not one that is not.
