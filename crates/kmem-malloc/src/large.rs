@@ -50,10 +50,12 @@ pub const SEGMENT: usize = 64 << 30;
 /// Most segments: with 64 GiB each, 4 TiB of large blocks.
 pub const MAX_SEGMENTS: usize = 64;
 /// Largest alignment the arena serves (a segment's size). A larger one
-/// would need a segment reserved for it alone, as long as the alignment
-/// (64 TiB of address space for `aligned_alloc(1 << 46, 16)`), kept after
-/// the block is freed: a program that asked once could exhaust the address
-/// space that every later large block needs. glibc refuses from 256 GiB.
+/// would take a segment reserved for it, at least as large as the
+/// alignment (64 TiB of address space for `aligned_alloc(1 << 46, 16)`),
+/// kept after the block is freed: a program that asked once could exhaust
+/// the address space that every later large block needs. (Up to this
+/// bound a request may still add a segment, of at most 64 GiB plus the
+/// size, among the [`MAX_SEGMENTS`].)
 pub const MAX_ALIGN: usize = SEGMENT;
 /// Where each arena's tree nodes (48 bytes a range) come from: the
 /// process's page supply (kmem-pages), 16 KiB runs kept for the arena's life.
@@ -431,11 +433,12 @@ impl Large {
     /// A range of at least `size` bytes aligned to `align` (a power of two),
     /// zeroed when `zero` (clearing only pages that may hold data).
     ///
-    /// An alignment past [`MAX_ALIGN`] is refused (`BadAlign`, nothing
-    /// changed): only a new segment of at least the alignment's size could
-    /// hold it, and segments stay reserved for the process's life.
+    /// An alignment past [`MAX_ALIGN`] (or not a power of two) is refused
+    /// (`BadAlign`, nothing changed): it would take a segment reserved for
+    /// it, at least as large as the alignment, and segments stay reserved
+    /// for the process's life.
     pub(crate) fn alloc(&self, size: usize, align: usize, zero: bool) -> Result<Got> {
-        if align > MAX_ALIGN {
+        if align > MAX_ALIGN || !align.is_power_of_two() {
             return Err(Error::BadAlign {
                 align: align as u64,
             });
