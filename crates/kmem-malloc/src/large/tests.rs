@@ -212,7 +212,14 @@ fn an_alignment_past_a_segment_is_refused() {
 #[test]
 fn an_aligned_request_takes_only_an_aligned_cached_range() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    // A minute between the policy's ticks: none empties the cache between
+    // a free and the request that should find the range there, however
+    // slowly a loaded machine runs the test.
+    let policy = ReturnPolicy {
+        delay_ms: 60_000,
+        ..ReturnPolicy::DEFAULT
+    };
+    let large = Large::new(policy, nodes, || {});
     let ps = large.page;
     const AL: usize = 256 << 10;
     let a = large.alloc(64 << 10, AL, false).unwrap().addr;
