@@ -116,7 +116,19 @@ mod tests {
         std::hint::black_box(x);
         assert!(now_ns() >= a);
         assert!(sw.elapsed_ns() < 60_000_000_000);
-        assert!(thread_cpu_ns() > 0);
+        // The thread's CPU clock moves. Where the kernel's scheduler clock
+        // counts ticks (a VM without a stable TSC) it moves only at a tick,
+        // a few milliseconds: this thread may have run less than that (CI
+        // once read 0 here), so it spins until the clock moves, for at most
+        // ten seconds.
+        let t0 = now_ns();
+        while thread_cpu_ns() == 0 {
+            assert!(
+                now_ns() - t0 < 10_000_000_000,
+                "the thread CPU clock stayed at 0"
+            );
+            std::hint::spin_loop();
+        }
         assert!(peak_rss_bytes() > 0);
         let _ = process_times();
         let _ = children_times();
