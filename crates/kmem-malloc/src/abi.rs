@@ -35,7 +35,7 @@ pub(crate) fn malloc_in(size: usize) -> *mut u8 {
         // (`Thread::slabs`), so any other pops null here and goes on below.
         // SAFETY: this thread's block (or a shared one, only read: the pop
         // takes `&self` and finds no slab); its slabs are SLABS', this
-        // thread's; the class is 1 to 3.
+        // thread's; the class is 1 to SLAB_CLASSES.
         let p = unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) };
         if !p.is_null() {
             return p;
@@ -118,7 +118,7 @@ fn pop_fast(t: &Thread, size: usize) -> *mut u8 {
     let m = size.wrapping_sub(1);
     if m < SLAB_MAX {
         // SAFETY: this thread's slabs, SLABS'; no other borrow is live; the
-        // class is 1 to 3.
+        // class is 1 to SLAB_CLASSES.
         unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) }
     } else if m < FRONT_MAX {
         // SAFETY: this thread's cache; no other borrow is live.

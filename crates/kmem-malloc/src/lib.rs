@@ -3,9 +3,9 @@
 //! ```text
 //!   LD_PRELOAD=target/release/libkmem_malloc.so  program ...
 //!
-//!   size <= 48          this thread's tiny slabs (kmem_nta::slab): 64 KiB
-//!                       slabs of one class each (16, 32, 48 bytes), the
-//!                       thread's own: pop / push, no atomic, no lock
+//!   size <= 256         this thread's tiny slabs (kmem_nta::slab): 64 KiB
+//!                       slabs of one class each (16, 32, ... 256 bytes),
+//!                       the thread's own: pop / push, no atomic, no lock
 //!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
 //!                       pop / push, no atomic, no lock; refilled and
 //!                       flushed in batches under one nta heap lock
@@ -130,7 +130,8 @@ pub fn large_min() -> usize {
 pub const POW2_MAX: usize = 256 << 10;
 /// Address space reserved for nta (small and medium requests).
 pub const NTA_RESERVE: usize = 64 << 30;
-/// Address space reserved for the tiny slabs (requests of at most 48 bytes).
+/// Address space reserved for the tiny slabs (requests of at most 256
+/// bytes).
 pub const TINY_RESERVE: usize = 16 << 30;
 /// Address space reserved for the power-of-two baseline (`engine=pow2`).
 pub const POW2_RESERVE: usize = 4 << 30;
@@ -147,8 +148,8 @@ static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
     Cpus::Real,
 );
 
-/// Requests of at most [`SLAB_MAX`] bytes (48) at their size: tiny slabs
-/// (kmem-nta's `slab`) of 16, 32 and 48 bytes in their own reservation, so
+/// Requests of at most [`SLAB_MAX`] bytes (256) at their size: tiny slabs
+/// (kmem-nta's `slab`) of 16, 32, ... 256 bytes in their own reservation, so
 /// that `free` tells their blocks by address. With the 64-byte chunks of
 /// [`NTA`] alone, a 16-byte list node or a 24-byte string cost a cache line
 /// (2.7 to 4 times its size; a JSON tree's peak RSS was 1.7 times glibc's);
@@ -786,7 +787,7 @@ fn alloc_tiny(t: &Thread, size: usize) -> *mut u8 {
     if t.mode.get() == T_FAST {
         if let Some(c) = slab_class(size) {
             // SAFETY: this thread's slabs, all SLABS'; no other borrow is
-            // live; c is 1 to 3.
+            // live; c is 1 to SLAB_CLASSES.
             unsafe {
                 let f = &mut *t.slabs.get();
                 let p = f.pop(&SLABS, c);
@@ -868,7 +869,7 @@ pub fn nta_stats() -> kmem_nta::Stats {
     NTA.stats()
 }
 
-/// The counters of the tiny slabs (requests of at most 48 bytes).
+/// The counters of the tiny slabs (requests of at most 256 bytes).
 pub fn slab_stats() -> SlabStats {
     SLABS.stats()
 }

@@ -1,6 +1,6 @@
-//! Tiny slabs: requests of 1 to 48 bytes at their size, in classes of 16,
-//! 32 and 48 bytes, from 64 KiB slabs that each hold one class and belong to
-//! one thread.
+//! Tiny slabs: requests of 1 to 256 bytes at their size, in classes of 16
+//! bytes (16, 32, ... 256), from 64 KiB slabs that each hold one class and
+//! belong to one thread.
 //!
 //! ```text
 //!   slab (64 KiB, aligned)   header (128 B) | block | block | ... | block
@@ -23,6 +23,15 @@
 //! of the gap to mimalloc (1.4-1.5x its time on a JSON build and
 //! teardown). In a slab the class is the slab's, found by masking the
 //! address; nothing coalesces.
+//!
+//! **Why up to 256 bytes.** With slabs up to 48 bytes and nta's chunks
+//! above, a program whose requests mix both (most of them tiny, one in
+//! twelve larger: glibc's thread benchmark) paid two mispredicted branches
+//! for each odd request, one in `malloc` (slab or chunk) and one in `free`
+//! (which reservation), and nta's longer hits for the rest: 185,000
+//! mispredictions in a million iterations against 45,000 with the slabs
+//! serving up to 256 bytes (docs/kmem-malloc.md, fourteenth session).
+//! Requests past 256 bytes are rarer, and nta's chunks pack them.
 //!
 //! **Ownership.** A slab's free list, counts and list links are its owner
 //! thread's alone; other threads push what they free on the slab's remote
@@ -66,8 +75,8 @@ use crate::nta::{bad_free, fatal_corruption};
 pub const SLAB_SIZE: usize = 64 << 10;
 /// The granule of the classes: class `c` holds blocks of `16 * c` bytes.
 pub const SLAB_GRANULE: usize = 16;
-/// Classes: 16, 32 and 48 bytes.
-pub const SLAB_CLASSES: usize = 3;
+/// Classes: 16, 32, ... 256 bytes.
+pub const SLAB_CLASSES: usize = 16;
 /// Largest request the slabs serve.
 pub const SLAB_MAX: usize = SLAB_CLASSES * SLAB_GRANULE;
 /// Bytes of a slab's header; its blocks start here.
@@ -117,7 +126,8 @@ fn hint_of(id: usize, c: usize) -> usize {
     id.wrapping_mul(SLAB_CLASSES).wrapping_add(c) % HINTS
 }
 
-/// The class of a request of `size` bytes (1 to 3; size 0 is class 1), if
+/// The class of a request of `size` bytes (1 to [`SLAB_CLASSES`]; size 0
+/// is class 1), if
 /// it is at most [`SLAB_MAX`].
 #[inline(always)]
 pub const fn slab_class(size: usize) -> Option<usize> {
@@ -155,11 +165,11 @@ struct Slab {
     inv: AtomicUsize,
     /// Blocks the slab holds.
     cap: u16,
-    /// The class in granules (1 to 3).
+    /// The class in granules (1 to [`SLAB_CLASSES`]).
     div: AtomicU16,
     /// One of the `S_` states.
     state: u8,
-    /// Class (1 to 3).
+    /// Class (1 to [`SLAB_CLASSES`]).
     class: u8,
     /// The block size's power of two (see `inv`).
     rot: AtomicU8,
@@ -366,7 +376,7 @@ pub struct SlabStats {
     pub released: usize,
 }
 
-/// The orphan slabs of each class (index 1 to 3), circular lists through
+/// The orphan slabs of each class (index 1 to [`SLAB_CLASSES`]), circular lists through
 /// `next` and `prev`.
 struct Orphans([*mut Slab; SLAB_CLASSES + 1]);
 
@@ -428,7 +438,42 @@ pub struct SlabCache {
     unscanned: u32,
     /// The arena's secret (`None` before [`bind`](SlabCache::bind)).
     secret: Option<NonZeroUsize>,
+    /// Blocks this thread freed into one other owner's slab, not yet on
+    /// its remote list (see [`Pending`]).
+    pend: Pending,
 }
+
+/// Blocks of one slab that its owner does not hold, freed by this cache's
+/// thread one after the other, chained (links encoded as on any list) and
+/// pushed on the slab's remote list together: with one compare-and-swap
+/// for up to [`PEND_MAX`] blocks instead of one each. A thread that frees
+/// what another allocates (a consumer of a producer's blocks) frees runs of
+/// blocks of the same slab; each compare-and-swap takes the remote list's
+/// line from the owner, which empties the list at its next slow
+/// allocation. The blocks count as used in their slab until pushed, so it
+/// stays live; they carry their key, so a second free of one aborts as
+/// before. At most [`PEND_MAX`] blocks wait: a free into another slab, the
+/// thread's next slow allocation, `trim` and thread exit push them.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Pending {
+    slab: *mut Slab,
+    head: *mut Block,
+    tail: *mut Block,
+    n: u32,
+}
+
+impl Pending {
+    const NONE: Pending = Pending {
+        slab: ptr::null_mut(),
+        head: ptr::null_mut(),
+        tail: ptr::null_mut(),
+        n: 0,
+    };
+}
+
+/// Most blocks a [`Pending`] chain holds before it is pushed.
+const PEND_MAX: u32 = 32;
 
 /// A class's slabs other than the current one: those with free blocks and
 /// the full ones (circular lists).

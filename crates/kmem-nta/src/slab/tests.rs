@@ -17,7 +17,7 @@ fn arena() -> SlabArena<RegionSource> {
 
 /// A block of class `c` from `cache`, through the slow path when needed.
 fn alloc(cache: &mut SlabCache, a: &SlabArena<RegionSource>, c: usize) -> *mut u8 {
-    // SAFETY: the cache's slabs are a's; c is 1 to 3.
+    // SAFETY: the cache's slabs are a's; c is 1 to SLAB_CLASSES.
     unsafe {
         let p = cache.pop(a, c);
         if p.is_null() {
@@ -36,7 +36,9 @@ fn classes() {
     assert_eq!(slab_class(17), Some(2));
     assert_eq!(slab_class(33), Some(3));
     assert_eq!(slab_class(48), Some(3));
-    assert_eq!(slab_class(49), None);
+    assert_eq!(slab_class(49), Some(4));
+    assert_eq!(slab_class(SLAB_MAX), Some(SLAB_CLASSES));
+    assert_eq!(slab_class(SLAB_MAX + 1), None);
 }
 
 #[test]
@@ -180,6 +182,67 @@ fn remote_frees_come_back_to_the_owner() {
     finish(&a, &mut owner, &mut other, &again);
 }
 
+/// Blocks another thread frees wait in its cache, chained, and reach
+/// their slab's remote list together: when a free goes to another slab,
+/// when the chain holds `PEND_MAX`, at the freeing cache's next slow
+/// allocation or trim. Meanwhile they count as used (the check passes), and
+/// a second free of one is refused.
+#[test]
+fn remote_frees_wait_in_a_chain_and_arrive_together() {
+    let a = arena();
+    let mut owner = SlabCache::new();
+    let mut other = SlabCache::new();
+    // Two slabs' worth of 16-byte blocks: the first slab is full.
+    let cap = (SLAB_SIZE - HDR) / 16;
+    let ps: Vec<*mut u8> = (0..cap + 100).map(|_| alloc(&mut owner, &a, 1)).collect();
+    let (first, second) = (slab_of(ps[0] as usize), slab_of(ps[cap + 1] as usize));
+    assert_ne!(first, second);
+    // The top of a slab's remote list.
+    // SAFETY: both are live slabs of a's.
+    let top = |s: *mut Slab| unsafe { (*s).remote.0.load(Ordering::Relaxed) as *mut u8 };
+    let n = PEND_MAX as usize;
+    for &p in &ps[..n - 1] {
+        // SAFETY: live blocks of a's, in the owner's slabs.
+        unsafe { other.free(&a, p) };
+    }
+    assert!(top(first).is_null(), "fewer than PEND_MAX wait");
+    // SAFETY: the caches' slabs are a's; ps[0] waits, ps[n - 1] is live.
+    unsafe {
+        owner.check(&a).unwrap();
+        other.check(&a).unwrap();
+        assert!(matches!(
+            other.try_free(&a, ps[0]),
+            Err(Error::DoubleFree { .. })
+        ));
+        other.free(&a, ps[n - 1]);
+    }
+    assert_eq!(
+        top(first),
+        ps[n - 1],
+        "the PEND_MAX-th free pushes the chain"
+    );
+    // SAFETY: live blocks of a's; the other cache's pending blocks are a's.
+    unsafe {
+        other.free(&a, ps[n]);
+        assert_eq!(top(first), ps[n - 1], "a new chain waits");
+        other.free(&a, ps[cap + 1]);
+        assert_eq!(
+            top(first),
+            ps[n],
+            "pushed when the next free went elsewhere"
+        );
+        other.free(&a, ps[cap + 2]);
+        assert!(top(second).is_null());
+        other.trim(&a);
+        assert_eq!(top(second), ps[cap + 2], "trim pushes what waits");
+        owner.check(&a).unwrap();
+        other.check(&a).unwrap();
+    }
+    let freed = [&ps[..=n], &ps[cap + 1..=cap + 2]].concat();
+    let live: Vec<*mut u8> = ps.iter().filter(|p| !freed.contains(p)).copied().collect();
+    finish(&a, &mut owner, &mut other, &live);
+}
+
 /// Frees `live` (the owner's blocks), checks both caches, gives their
 /// slabs up, and checks that none is left.
 fn finish(
@@ -211,8 +274,12 @@ fn a_remote_free_into_a_full_slab_raises_its_owners_flag() {
     let ps: Vec<*mut u8> = (0..10_000).map(|_| alloc(&mut owner, &a, 1)).collect();
     let id = owner.id;
     assert!(!a.take_hint(id, 1), "no free yet");
-    // SAFETY: a live block of a's, in a full slab of the owner's.
-    unsafe { other.free(&a, ps[0]) };
+    // SAFETY: a live block of a's, in a full slab of the owner's; the
+    // other cache's pending blocks are a's.
+    unsafe {
+        other.free(&a, ps[0]);
+        other.flush_remote(&a);
+    }
     assert!(
         a.take_hint(id, 1),
         "raised by the push that filled the list"
@@ -221,7 +288,10 @@ fn a_remote_free_into_a_full_slab_raises_its_owners_flag() {
     // A second free into the same (non-empty) list leaves it down; the
     // owner's look that finds the list takes both blocks.
     // SAFETY: as above.
-    unsafe { other.free(&a, ps[1]) };
+    unsafe {
+        other.free(&a, ps[1]);
+        other.flush_remote(&a);
+    }
     assert!(!a.take_hint(id, 1));
     a.raise_hint(id, 1);
     // Both come back before the owner takes a new slab.
@@ -344,6 +414,35 @@ fn empty_slabs_kept_follow_the_slabs_in_use() {
         t.abandon(&a);
     }
     assert_eq!(a.stats().slabs, 0);
+}
+
+/// Blocks waiting in another thread's chain when their slab's owner exits
+/// reach the orphan one by one; the last one gives it back.
+#[test]
+fn a_chain_that_waits_while_its_slab_is_orphaned_frees_into_the_orphan() {
+    let a = arena();
+    let mut owner = SlabCache::new();
+    let mut other = SlabCache::new();
+    let ps: Vec<*mut u8> = (0..20).map(|_| alloc(&mut owner, &a, 2)).collect();
+    // SAFETY: live blocks of a's, the owner's; the caches' slabs and
+    // pending blocks are a's.
+    unsafe {
+        for &p in &ps[..10] {
+            other.free(&a, p);
+        }
+        // The owner exits: its slab, 10 blocks out, becomes an orphan.
+        owner.abandon(&a);
+        assert_eq!(a.stats().orphans, 1);
+        // The other 10 go to the orphan at once (see `put`).
+        for &p in &ps[10..] {
+            other.free(&a, p);
+        }
+        assert_eq!(a.stats().orphans, 1, "10 blocks still wait");
+        a.check().unwrap();
+        other.flush_remote(&a);
+    }
+    assert_eq!((a.stats().slabs, a.stats().orphans), (0, 0));
+    a.check().unwrap();
 }
 
 #[test]
@@ -469,7 +568,8 @@ fn threads_exchange_blocks() {
     for h in hs {
         left.push(h.join().unwrap());
     }
-    // Everything still in flight, freed by the main thread.
+    // Everything still in flight, freed by the main thread, whose exit
+    // pushes the blocks still waiting to reach their slabs.
     let mut main = SlabCache::new();
     for (_, rx) in &left {
         while let Ok(b) = rx.try_recv() {
@@ -479,6 +579,8 @@ fn threads_exchange_blocks() {
             }
         }
     }
+    // SAFETY: main's pending blocks are a's; it owns no slab.
+    unsafe { main.abandon(a) };
     for (mut t, _) in left {
         // SAFETY: each cache's slabs are a's; its thread is done.
         unsafe { t.abandon(a) };
