@@ -4,7 +4,7 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use kmem_nta::slab::SLAB_MAX;
+use kmem_nta::slab::{slab_class_below, SLAB_MAX};
 use kmem_nta::{medium_class, FRONT_MAX};
 
 use crate::out::say;
@@ -36,7 +36,7 @@ pub(crate) fn malloc_in(size: usize) -> *mut u8 {
         // SAFETY: this thread's block (or a shared one, only read: the pop
         // takes `&self` and finds no slab); its slabs are SLABS', this
         // thread's; the class is 1 to SLAB_CLASSES.
-        let p = unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) };
+        let p = unsafe { (*t.slabs.get()).pop(&SLABS, slab_class_below(m)) };
         if !p.is_null() {
             return p;
         }
@@ -119,7 +119,7 @@ fn pop_fast(t: &Thread, size: usize) -> *mut u8 {
     if m < SLAB_MAX {
         // SAFETY: this thread's slabs, SLABS'; no other borrow is live; the
         // class is 1 to SLAB_CLASSES.
-        unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) }
+        unsafe { (*t.slabs.get()).pop(&SLABS, slab_class_below(m)) }
     } else if m < FRONT_MAX {
         // SAFETY: this thread's cache; no other borrow is live.
         unsafe { (*t.front.get()).pop((m >> 6) + 1) }

@@ -3,9 +3,10 @@
 //! ```text
 //!   LD_PRELOAD=target/release/libkmem_malloc.so  program ...
 //!
-//!   size <= 256         this thread's tiny slabs (kmem_nta::slab): 64 KiB
-//!                       slabs of one class each (16, 32, ... 256 bytes),
-//!                       the thread's own: pop / push, no atomic, no lock
+//!   size <= 1 KiB       this thread's tiny slabs (kmem_nta::slab): 64 KiB
+//!                       slabs of one class each (16, 32, ... 256, 320,
+//!                       ... 1024 bytes), the thread's own: pop / push, no
+//!                       atomic, no lock
 //!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
 //!                       pop / push, no atomic, no lock; refilled and
 //!                       flushed in batches under one nta heap lock
@@ -31,8 +32,10 @@
 //! bytes; what is freed beyond that and not reused goes back to the OS
 //! (`madvise(MADV_DONTNEED)`) within `decay` ms, at the next tick past a limit, and
 //! at once when it lies well above the highest block in use. The clock is
-//! read on slow paths and every 63 frees into a front cache (nta's
-//! maintenance, which also finishes frees stranded on idle heaps); there is
+//! read on slow paths, every 63 frees into a front cache and every 64
+//! frees into a thread's own slabs (nta's maintenance, which also finishes
+//! frees stranded on idle heaps, and applies the large arena's and the
+//! slabs' supply's policies); there is
 //! no background thread. A thread's exit runs the maintenance and applies
 //! the limit at once (no call may come after it to tick the clock); so does
 //! the large arena's growth, every 16 MiB of pages it hands out unbacked,
@@ -130,8 +133,7 @@ pub fn large_min() -> usize {
 pub const POW2_MAX: usize = 256 << 10;
 /// Address space reserved for nta (small and medium requests).
 pub const NTA_RESERVE: usize = 64 << 30;
-/// Address space reserved for the tiny slabs (requests of at most 256
-/// bytes).
+/// Address space reserved for the tiny slabs (requests of at most 1 KiB).
 pub const TINY_RESERVE: usize = 16 << 30;
 /// Address space reserved for the power-of-two baseline (`engine=pow2`).
 pub const POW2_RESERVE: usize = 4 << 30;
@@ -148,8 +150,8 @@ static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
     Cpus::Real,
 );
 
-/// Requests of at most [`SLAB_MAX`] bytes (256) at their size: tiny slabs
-/// (kmem-nta's `slab`) of 16, 32, ... 256 bytes in their own reservation, so
+/// Requests of at most [`SLAB_MAX`] bytes (1 KiB) at their size: tiny slabs
+/// (kmem-nta's `slab`) of 16, 32, ... 1024 bytes in their own reservation, so
 /// that `free` tells their blocks by address. With the 64-byte chunks of
 /// [`NTA`] alone, a 16-byte list node or a 24-byte string cost a cache line
 /// (2.7 to 4 times its size; a JSON tree's peak RSS was 1.7 times glibc's);
@@ -160,18 +162,26 @@ static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
 /// written for [`NTA`]'s chunks, and `engine=pow2` routes first. When the
 /// reservation is full, tiny requests go to [`NTA`].
 static SLABS: SlabArena<MallocSource> =
-    SlabArena::new(MallocSource(GlobalPages::new(TINY_RESERVE)));
+    SlabArena::with_tick(MallocSource(GlobalPages::new(TINY_RESERVE)), small_tick);
+
+/// The slabs' tick (once in 64 frees a thread makes into its own slabs):
+/// nta's clock, whose maintenance also applies the return policy of the
+/// large arena and of the slabs' own page supply (see [`MallocSource`]).
+fn small_tick() {
+    NTA.tick();
+}
 
 /// The process's page supply: kmem-pages' `GlobalPages` (a page-frame
 /// allocator over address space reserved on first use), under nta's nodes
 /// and the large arena's tree nodes. Its periodic maintenance (which nta
 /// runs from its slow paths, see `Nta::maintain`) also applies the large
-/// arena's return policy, so that large memory freed by a program that then
-/// makes only small requests still goes back within the delay.
+/// arena's return policy and the tiny slabs' supply's, so that memory
+/// freed by a program that then makes only requests of another kind still
+/// goes back within the delay.
 pub(crate) struct MallocSource(GlobalPages);
 
 // SAFETY: every call but `maintain` forwards to GlobalPages, which keeps
-// the promises; `maintain` only adds the large arena's.
+// the promises; `maintain` only adds the large arena's and the slabs'.
 unsafe impl PageSource for MallocSource {
     fn page_size(&self) -> usize {
         self.0.page_size()
@@ -210,6 +220,10 @@ unsafe impl PageSource for MallocSource {
         if let Some(l) = LARGE.get() {
             l.maintain();
         }
+        // The tiny slabs' supply (the inner one: no recursion), which
+        // nothing else ticks: slabs that went back stay backed no longer
+        // than the policy allows.
+        SLABS.source().0.maintain();
     }
     fn purge(&self) {
         self.0.purge();
@@ -869,7 +883,7 @@ pub fn nta_stats() -> kmem_nta::Stats {
     NTA.stats()
 }
 
-/// The counters of the tiny slabs (requests of at most 256 bytes).
+/// The counters of the tiny slabs (requests of at most 1 KiB).
 pub fn slab_stats() -> SlabStats {
     SLABS.stats()
 }

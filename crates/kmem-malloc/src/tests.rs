@@ -283,7 +283,10 @@ fn tiny_requests_take_16_byte_chunks() {
             let p = malloc(n) as *mut u8;
             assert!(in_tiny(p as usize), "malloc({n})");
             assert_eq!(p as usize % 16, 0);
-            assert_eq!(malloc_usable_size(p.cast()), n.max(1).div_ceil(16) * 16);
+            assert_eq!(
+                malloc_usable_size(p.cast()),
+                kmem_nta::slab::class_size(slab_class(n).unwrap())
+            );
             p.write_bytes(n as u8, n);
             v.push((p, n));
         }

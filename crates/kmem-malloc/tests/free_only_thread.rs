@@ -70,9 +70,11 @@ fn a_thread_that_only_frees_uses_its_cache() {
         taken < (N / 16) as u64,
         "{taken} heap locks for {N} frees by a thread that only frees"
     );
-    // The consumer's full batches went whole to the exchange of the heap
-    // that made them (this CPU's), for this thread's next malloc of the
-    // class: it gets one of its own blocks back, nta's bitmaps untouched.
+    // The consumer's full batches went back to the heap that made them
+    // (this CPU's) together (whole onto its exchange for classes of up to
+    // 960 bytes, which aligned requests reach; freed into nta's bitmaps
+    // above), and this thread's next malloc of the class gets one of its
+    // own blocks back.
     // SAFETY: a plain C call.
     let again = unsafe { kmem_malloc::malloc(SIZE) };
     assert!(

@@ -1,6 +1,7 @@
-//! Tiny slabs: requests of 1 to 256 bytes at their size, in classes of 16
-//! bytes (16, 32, ... 256), from 64 KiB slabs that each hold one class and
-//! belong to one thread.
+//! Tiny slabs: requests of 1 to 1024 bytes at their size, in classes of 16
+//! bytes up to 256 (16, 32, ... 256) and four a doubling above (320, 384,
+//! 448, 512, 640, ... 1024), from 64 KiB slabs that each hold one class
+//! and belong to one thread.
 //!
 //! ```text
 //!   slab (64 KiB, aligned)   header (128 B) | block | block | ... | block
@@ -24,14 +25,18 @@
 //! teardown). In a slab the class is the slab's, found by masking the
 //! address; nothing coalesces.
 //!
-//! **Why up to 256 bytes.** With slabs up to 48 bytes and nta's chunks
-//! above, a program whose requests mix both (most of them tiny, one in
-//! twelve larger: glibc's thread benchmark) paid two mispredicted branches
-//! for each odd request, one in `malloc` (slab or chunk) and one in `free`
+//! **Why up to 1 KiB.** With slabs up to 48 bytes and nta's chunks above,
+//! a program whose requests mix both (most of them tiny, one in twelve
+//! larger: glibc's thread benchmark) paid two mispredicted branches for
+//! each odd request, one in `malloc` (slab or chunk) and one in `free`
 //! (which reservation), and nta's longer hits for the rest: 185,000
-//! mispredictions in a million iterations against 45,000 with the slabs
-//! serving up to 256 bytes (docs/kmem-malloc.md, fourteenth session).
-//! Requests past 256 bytes are rarer, and nta's chunks pack them.
+//! mispredictions in a million iterations, 45,000 with the slabs serving
+//! up to 256 bytes and 21,000 up to 1 KiB. The boundary has to sit where
+//! few requests fall on its far side: at 256 bytes, a program with sizes
+//! spread evenly over 8-1000 bytes (larson) sent a quarter of its requests
+//! to the slabs and mispredicted 118,000 times where it had 34,000 (docs/
+//! kmem-malloc.md, fourteenth session). Past 1 KiB nta's chunks serve,
+//! coalescing.
 //!
 //! **Ownership.** A slab's free list, counts and list links are its owner
 //! thread's alone; other threads push what they free on the slab's remote
@@ -73,12 +78,34 @@ use crate::nta::{bad_free, fatal_corruption};
 
 /// Bytes of one slab (a power of two; slabs are aligned to it).
 pub const SLAB_SIZE: usize = 64 << 10;
-/// The granule of the classes: class `c` holds blocks of `16 * c` bytes.
+/// The granule of the classes: every block size is a multiple of it.
 pub const SLAB_GRANULE: usize = 16;
-/// Classes: 16, 32, ... 256 bytes.
-pub const SLAB_CLASSES: usize = 16;
+/// Classes: 16-byte steps to 256 bytes, then four a doubling to 1 KiB
+/// (at most a fifth of a block unused past 256 bytes).
+pub const SLAB_CLASSES: usize = 24;
 /// Largest request the slabs serve.
-pub const SLAB_MAX: usize = SLAB_CLASSES * SLAB_GRANULE;
+pub const SLAB_MAX: usize = 1024;
+/// The block size of each class (index 0 unused).
+const CLASS_SIZE: [u16; SLAB_CLASSES + 1] = [
+    0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 320, 384, 448,
+    512, 640, 768, 896, 1024,
+];
+/// The class of a request of `m + 1` bytes (`m < SLAB_MAX`), by `m`'s
+/// granule: `CLASS_OF[m >> 4]`, the smallest class that holds it.
+const CLASS_OF: [u8; SLAB_MAX / SLAB_GRANULE] = {
+    let mut t = [0u8; SLAB_MAX / SLAB_GRANULE];
+    let (mut i, mut c) = (0, 1);
+    while i < t.len() {
+        // Requests of up to (i + 1) granules.
+        while (CLASS_SIZE[c] as usize) < (i + 1) * SLAB_GRANULE {
+            c += 1;
+        }
+        t[i] = c as u8;
+        i += 1;
+    }
+    t
+};
+const _: () = assert!(CLASS_SIZE[SLAB_CLASSES] as usize == SLAB_MAX);
 /// Bytes of a slab's header; its blocks start here.
 const HDR: usize = 128;
 /// Full slabs a slow allocation looks at for remote frees before it takes
@@ -127,16 +154,30 @@ fn hint_of(id: usize, c: usize) -> usize {
 }
 
 /// The class of a request of `size` bytes (1 to [`SLAB_CLASSES`]; size 0
-/// is class 1), if
-/// it is at most [`SLAB_MAX`].
+/// is class 1), if it is at most [`SLAB_MAX`].
 #[inline(always)]
 pub const fn slab_class(size: usize) -> Option<usize> {
     if size <= SLAB_MAX {
-        let c = size.div_ceil(SLAB_GRANULE);
-        Some(if c == 0 { 1 } else { c })
+        Some(CLASS_OF[size.saturating_sub(1) / SLAB_GRANULE] as usize)
     } else {
         None
     }
+}
+
+/// The class of a request of `m + 1` bytes, for `m` below [`SLAB_MAX`]
+/// (`malloc`'s hit, which has `m = size - 1` at hand): one load from a
+/// table of 64 bytes.
+#[inline(always)]
+pub fn slab_class_below(m: usize) -> usize {
+    debug_assert!(m < SLAB_MAX);
+    // SAFETY: m < SLAB_MAX, so m >> 4 indexes the table.
+    unsafe { *CLASS_OF.get_unchecked(m / SLAB_GRANULE) as usize }
+}
+
+/// The block size of class `c` (1 to [`SLAB_CLASSES`]).
+#[inline(always)]
+pub const fn class_size(c: usize) -> usize {
+    CLASS_SIZE[c] as usize
 }
 
 /// A free block: its encoded link and, in its second word, its key.
@@ -165,7 +206,7 @@ struct Slab {
     inv: AtomicUsize,
     /// Blocks the slab holds.
     cap: u16,
-    /// The class in granules (1 to [`SLAB_CLASSES`]).
+    /// The class (1 to [`SLAB_CLASSES`]), for other threads' reads.
     div: AtomicU16,
     /// One of the `S_` states.
     state: u8,
@@ -249,12 +290,12 @@ unsafe fn set_state(s: *mut Slab, st: u8) {
     }
 }
 
-/// A slab's `inv` and `rot` for blocks of `c` granules: the block size is
+/// A slab's `inv` and `rot` for blocks of class `c`: the block size is
 /// `odd << rot` with `odd` odd, and `inv` is `odd`'s inverse modulo 2^64
 /// (Newton's iteration: `odd` is its own inverse to 3 bits, and each step
 /// doubles the bits).
 const fn index_key(c: usize) -> (usize, u8) {
-    let size = c * SLAB_GRANULE;
+    let size = class_size(c);
     let rot = size.trailing_zeros();
     let odd = size >> rot;
     let mut inv = odd;
@@ -343,7 +384,8 @@ fn slab_of(addr: usize) -> *mut Slab {
 /// build: the carve loop and those reads a fifth of the tiny path).
 ///
 /// # Safety
-/// `s` is the caller's slab of class `c` (its blocks `16 * c` bytes).
+/// `s` is the caller's slab of class `c` (its blocks `class_size(c)`
+/// bytes).
 #[inline(always)]
 unsafe fn fresh_block(s: *mut Slab, c: usize) -> *mut u8 {
     // SAFETY: the caller's slab; a block below `cap` lies in it. `bump` is
@@ -354,7 +396,9 @@ unsafe fn fresh_block(s: *mut Slab, c: usize) -> *mut u8 {
         if bump >= (*s).cap as u32 {
             return ptr::null_mut();
         }
-        let b = (s as usize + HDR + bump as usize * c * SLAB_GRANULE) as *mut Block;
+        // SAFETY: c is a class (the caller's contract).
+        let size = *CLASS_SIZE.get_unchecked(c) as usize;
+        let b = (s as usize + HDR + bump as usize * size) as *mut Block;
         (*s).bump.store(bump + 1, Ordering::Relaxed);
         (*s).used += 1;
         (*b).next = 0;
@@ -405,7 +449,13 @@ pub struct SlabArena<P: PageSource> {
     /// raised by a free that makes a slab's remote list non-empty, lowered
     /// by the owner before it looks at its full slabs.
     hints: [CachePadded<AtomicBool>; HINTS],
+    /// Called once in [`TICK_FREES`] local frees of each thread (see
+    /// [`SlabArena::with_tick`]).
+    tick: Option<fn()>,
 }
+
+/// Local frees of a thread between two calls of its arena's tick.
+const TICK_FREES: u32 = 64;
 
 /// One thread's slabs, by class: the one it allocates from, those with free
 /// blocks and the full ones; and empty slabs of any class (4, or half as
@@ -441,6 +491,9 @@ pub struct SlabCache {
     /// Blocks this thread freed into one other owner's slab, not yet on
     /// its remote list (see [`Pending`]).
     pend: Pending,
+    /// Local frees left before the arena's tick (see
+    /// [`SlabArena::with_tick`]).
+    round: u32,
 }
 
 /// Blocks of one slab that its owner does not hold, freed by this cache's

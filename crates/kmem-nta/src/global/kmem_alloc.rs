@@ -15,8 +15,17 @@ use crate::slab::{slab_class, SlabArena, SlabCache, SlabStats, SLAB_GRANULE};
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
 
-/// Tiny layouts (see [`tiny_class`]): slabs of 16, 32, ... 256 bytes.
-static SLABS: SlabArena<GlobalSource> = SlabArena::new(tiny_source());
+/// Tiny layouts (see [`tiny_class`]): slabs of 16, 32, ... 1024 bytes.
+static SLABS: SlabArena<GlobalSource> = SlabArena::with_tick(tiny_source(), tiny_tick);
+
+/// The slabs' tick: nta's clock (see [`SlabArena::with_tick`]), and when
+/// that ran nta's maintenance, the slabs' own page supply's return policy,
+/// which nothing else applies between two settles.
+fn tiny_tick() {
+    if NTA.tick() {
+        SLABS.source().maintain();
+    }
+}
 
 /// Bytes of large runs nta made or grew (not a thread's cached ones)
 /// between two settles of the slabs' page supply (see [`large_made`]).

@@ -378,9 +378,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Runs [`maintain`](Self::maintain) when [`MAINTAIN_MS`] have passed
     /// since it last ran (`os` builds; without a clock only explicit calls
     /// run it). Called from the slow paths (every 16th refill batch of a
-    /// heap, new and empty nodes) and by front caches every 63 pushes.
+    /// heap, new and empty nodes), by front caches every 63 pushes, and by
+    /// an allocator that serves other requests beside this nta (kmem's
+    /// tiny slabs, through [`SlabArena::with_tick`](crate::slab::SlabArena::with_tick)).
+    /// True when it ran the maintenance.
     #[inline]
-    pub(crate) fn tick(&self) {
+    pub fn tick(&self) -> bool {
         #[cfg(feature = "os")]
         {
             let now = (kmem_sys::clock::coarse_ns() / 1_000_000) as usize;
@@ -392,8 +395,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                     .is_ok()
             {
                 self.maintain();
+                return true;
             }
         }
+        false
     }
 
     /// Moves memory that the allocator holds and nobody uses towards the

@@ -16,7 +16,23 @@ impl<P: PageSource> SlabArena<P> {
     /// checks read slab headers before they know the pointer is one of
     /// theirs). Nothing is allocated until the first slab.
     pub const fn new(source: P) -> SlabArena<P> {
+        SlabArena::build(source, None)
+    }
+
+    /// As [`new`](Self::new), with `tick` called once in 64 frees a thread
+    /// makes into its own slabs. An allocator whose memory goes back to
+    /// the OS on a clock that its calls read (kmem-malloc's, `KmemNta`'s)
+    /// passes its clock's tick: a program whose calls after a phase of
+    /// larger blocks are all tiny allocate-free pairs (the slabs' hits,
+    /// which take no slow path) would otherwise never read the clock, and
+    /// what it freed stayed backed for good.
+    pub const fn with_tick(source: P, tick: fn()) -> SlabArena<P> {
+        SlabArena::build(source, Some(tick))
+    }
+
+    const fn build(source: P, tick: Option<fn()>) -> SlabArena<P> {
         SlabArena {
+            tick,
             source,
             secret: AtomicUsize::new(0),
             ids: AtomicUsize::new(0),
@@ -95,7 +111,7 @@ impl<P: PageSource> SlabArena<P> {
             if (*p.cast::<Block>()).key == block_key(p as usize, secret) {
                 return Err(error(p as usize, TWICE));
             }
-            Ok((*s).div.load(Ordering::Relaxed) as usize * SLAB_GRANULE)
+            Ok(class_size((*s).div.load(Ordering::Relaxed) as usize))
         }
     }
 
@@ -244,7 +260,7 @@ impl<P: PageSource> SlabArena<P> {
             (*s).class = c as u8;
             (*s).free = ptr::null_mut();
             (*s).bump.store(0, Ordering::Relaxed);
-            (*s).cap = ((SLAB_SIZE - HDR) / (c * SLAB_GRANULE)) as u16;
+            (*s).cap = ((SLAB_SIZE - HDR) / class_size(c)) as u16;
             (*s).div.store(c as u16, Ordering::Relaxed);
             let (inv, rot) = index_key(c);
             (*s).inv.store(inv, Ordering::Relaxed);
@@ -263,7 +279,7 @@ impl<P: PageSource> SlabArena<P> {
         };
         let s: *mut Slab = p.as_ptr().cast();
         let div = c as u16;
-        let size = c * SLAB_GRANULE;
+        let size = class_size(c);
         let (inv, rot) = index_key(c);
         // SAFETY: SLAB_SIZE fresh bytes of ours, aligned to SLAB_SIZE.
         unsafe {
@@ -705,7 +721,7 @@ impl<P: PageSource> SlabArena<P> {
             if bump > (*s).cap as u32 || (*s).used > bump {
                 return Err("slab: bad counts");
             }
-            let size = c * SLAB_GRANULE;
+            let size = class_size(c);
             let link = self.link();
             let mut b = (*s).free;
             let mut n = 0u32;

@@ -22,6 +22,7 @@ impl SlabCache {
             unscanned: 0,
             secret: None,
             pend: Pending::NONE,
+            round: 0,
             kbase: 0,
             link: 0,
             pass_key: 0,
@@ -424,6 +425,21 @@ impl SlabCache {
             if (*s).used == 0 || (FULL && (*s).state == S_FULL) {
                 self.freed_slow(arena, s);
             }
+        }
+        if self.round == 0 {
+            self.round_over(arena);
+        } else {
+            self.round -= 1;
+        }
+    }
+
+    /// [`TICK_FREES`] local frees since the last: the arena's tick.
+    #[cold]
+    #[inline(never)]
+    fn round_over<P: PageSource>(&mut self, arena: &SlabArena<P>) {
+        self.round = TICK_FREES - 1;
+        if let Some(tick) = arena.tick {
+            tick();
         }
     }
 

@@ -45,7 +45,7 @@ fn classes() {
 fn block_index_finds_block_starts_and_nothing_else() {
     for c in 1..=SLAB_CLASSES {
         let (inv, rot) = index_key(c);
-        let size = c * SLAB_GRANULE;
+        let size = class_size(c);
         let cap = (SLAB_SIZE - HDR) / size;
         // Every byte of the slab, the header's included (offsets below 0).
         for a in 0..SLAB_SIZE {
@@ -70,10 +70,10 @@ fn blocks_are_distinct_aligned_and_kept() {
         let p = alloc(&mut t, &a, c);
         assert!(!p.is_null());
         assert_eq!(p as usize % 16, 0);
-        // SAFETY: p is a live block of c * 16 bytes.
-        unsafe { core::ptr::write_bytes(p, i as u8, c * 16) };
+        // SAFETY: p is a live block of class_size(c) bytes.
+        unsafe { core::ptr::write_bytes(p, i as u8, class_size(c)) };
         // SAFETY: p lies in a's span.
-        assert_eq!(unsafe { a.usable_size(p) }, Ok(c * 16));
+        assert_eq!(unsafe { a.usable_size(p) }, Ok(class_size(c)));
         live.push((p, c, i as u8));
     }
     let mut seen: Vec<usize> = live.iter().map(|x| x.0 as usize).collect();
@@ -83,7 +83,7 @@ fn blocks_are_distinct_aligned_and_kept() {
     // SAFETY: the cache's slabs are a's.
     unsafe { t.check(&a) }.unwrap();
     for (p, c, v) in &live {
-        for j in 0..c * 16 {
+        for j in 0..class_size(*c) {
             // SAFETY: live blocks.
             assert_eq!(unsafe { *p.add(j) }, *v);
         }
@@ -540,7 +540,7 @@ fn threads_exchange_blocks() {
                             rng ^= rng << 17;
                             let c = 1 + (rng % 3) as usize;
                             let p = alloc(&mut t, a, c);
-                            // SAFETY: a live block of c * 16 bytes.
+                            // SAFETY: a live block of class_size(c) bytes.
                             unsafe { p.cast::<u64>().write(j as u64) };
                             p as usize
                         })
@@ -633,18 +633,18 @@ proptest! {
                     let p = alloc(&mut ts[t], &a, c) as usize;
                     prop_assert!(p != 0);
                     for (&q, &(cq, _)) in &live {
-                        prop_assert!(p + c * 16 <= q || q + cq * 16 <= p);
+                        prop_assert!(p + class_size(c) <= q || q + class_size(cq) <= p);
                     }
                     tag = tag.wrapping_add(1);
-                    // SAFETY: a live block of c * 16 bytes.
-                    unsafe { core::ptr::write_bytes(p as *mut u8, tag, c * 16) };
+                    // SAFETY: a live block of class_size(c) bytes.
+                    unsafe { core::ptr::write_bytes(p as *mut u8, tag, class_size(c)) };
                     live.insert(p, (c, tag));
                     order.push(p);
                 }
                 Op::Free(t, i) if !order.is_empty() => {
                     let p = order.swap_remove(i % order.len());
                     let (c, v) = live.remove(&p).unwrap();
-                    for j in 0..c * 16 {
+                    for j in 0..class_size(c) {
                         // SAFETY: a live block.
                         prop_assert_eq!(unsafe { *(p as *const u8).add(j) }, v);
                     }

@@ -194,7 +194,7 @@ fn tiny_kmem(chunk: usize, node: usize, seed: u64) -> f64 {
 }
 
 /// [`tiny_share`] under kmem-nta's tiny slabs (what kmem-malloc and
-/// `KmemNta` serve 1-256 bytes from), one thread's cache over the arena.
+/// `KmemNta` serve 1-1024 bytes from), one thread's cache over the arena.
 fn tiny_slabs(seed: u64) -> f64 {
     let mut arena = Arena::new();
     let src = FixedSource::new(arena.slice(), PAGE).expect("arena");
