@@ -4,7 +4,7 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use kmem_nta::slab::{slab_class_below, SLAB_MAX};
+use kmem_nta::slab::SLAB_MAX;
 use kmem_nta::{medium_class, FRONT_MAX};
 
 use crate::out::say;
@@ -35,8 +35,8 @@ pub(crate) fn malloc_in(size: usize) -> *mut u8 {
         // (`Thread::slabs`), so any other pops null here and goes on below.
         // SAFETY: this thread's block (or a shared one, only read: the pop
         // takes `&self` and finds no slab); its slabs are SLABS', this
-        // thread's; the class is 1 to SLAB_CLASSES.
-        let p = unsafe { (*t.slabs.get()).pop(&SLABS, slab_class_below(m)) };
+        // thread's; the class is 1 to 3.
+        let p = unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) };
         if !p.is_null() {
             return p;
         }
@@ -118,8 +118,8 @@ fn pop_fast(t: &Thread, size: usize) -> *mut u8 {
     let m = size.wrapping_sub(1);
     if m < SLAB_MAX {
         // SAFETY: this thread's slabs, SLABS'; no other borrow is live; the
-        // class is 1 to SLAB_CLASSES.
-        unsafe { (*t.slabs.get()).pop(&SLABS, slab_class_below(m)) }
+        // class is 1 to 3.
+        unsafe { (*t.slabs.get()).pop(&SLABS, (m >> 4) + 1) }
     } else if m < FRONT_MAX {
         // SAFETY: this thread's cache; no other borrow is live.
         unsafe { (*t.front.get()).pop((m >> 6) + 1) }

@@ -3,10 +3,9 @@
 //! ```text
 //!   LD_PRELOAD=target/release/libkmem_malloc.so  program ...
 //!
-//!   size <= 1 KiB       this thread's tiny slabs (kmem_nta::slab): 64 KiB
-//!                       slabs of one class each (16, 32, ... 256, 320,
-//!                       ... 1024 bytes), the thread's own: pop / push, no
-//!                       atomic, no lock
+//!   size <= 48          this thread's tiny slabs (kmem_nta::slab): 64 KiB
+//!                       slabs of one class each (16, 32, 48 bytes), the
+//!                       thread's own: pop / push, no atomic, no lock
 //!   size <= 4 KiB       this thread's front cache (kmem_nta::FrontCache):
 //!                       pop / push, no atomic, no lock; refilled and
 //!                       flushed in batches under one nta heap lock
@@ -133,7 +132,7 @@ pub fn large_min() -> usize {
 pub const POW2_MAX: usize = 256 << 10;
 /// Address space reserved for nta (small and medium requests).
 pub const NTA_RESERVE: usize = 64 << 30;
-/// Address space reserved for the tiny slabs (requests of at most 1 KiB).
+/// Address space reserved for the tiny slabs (requests of at most 48 bytes).
 pub const TINY_RESERVE: usize = 16 << 30;
 /// Address space reserved for the power-of-two baseline (`engine=pow2`).
 pub const POW2_RESERVE: usize = 4 << 30;
@@ -150,8 +149,8 @@ static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
     Cpus::Real,
 );
 
-/// Requests of at most [`SLAB_MAX`] bytes (1 KiB) at their size: tiny slabs
-/// (kmem-nta's `slab`) of 16, 32, ... 1024 bytes in their own reservation, so
+/// Requests of at most [`SLAB_MAX`] bytes (48) at their size: tiny slabs
+/// (kmem-nta's `slab`) of 16, 32 and 48 bytes in their own reservation, so
 /// that `free` tells their blocks by address. With the 64-byte chunks of
 /// [`NTA`] alone, a 16-byte list node or a 24-byte string cost a cache line
 /// (2.7 to 4 times its size; a JSON tree's peak RSS was 1.7 times glibc's);
@@ -801,7 +800,7 @@ fn alloc_tiny(t: &Thread, size: usize) -> *mut u8 {
     if t.mode.get() == T_FAST {
         if let Some(c) = slab_class(size) {
             // SAFETY: this thread's slabs, all SLABS'; no other borrow is
-            // live; c is 1 to SLAB_CLASSES.
+            // live; c is 1 to 3.
             unsafe {
                 let f = &mut *t.slabs.get();
                 let p = f.pop(&SLABS, c);
@@ -883,7 +882,7 @@ pub fn nta_stats() -> kmem_nta::Stats {
     NTA.stats()
 }
 
-/// The counters of the tiny slabs (requests of at most 1 KiB).
+/// The counters of the tiny slabs (requests of at most 48 bytes).
 pub fn slab_stats() -> SlabStats {
     SLABS.stats()
 }

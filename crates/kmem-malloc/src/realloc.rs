@@ -6,7 +6,7 @@
 use core::ptr;
 
 use kmem_nta::medium_class;
-use kmem_nta::slab::slab_class;
+use kmem_nta::slab::{slab_class, SLAB_GRANULE};
 
 use crate::free::{free_in, free_nta_block, free_slab_block};
 use crate::large::Resize;
@@ -63,7 +63,7 @@ pub(crate) fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
             Err(e) => die("realloc", p, &e),
         };
         // A block of its class stays (shrinking within the class included).
-        if slab_class(size) == slab_class(n) {
+        if slab_class(size) == Some(n / SLAB_GRANULE) {
             return p;
         }
         // SAFETY: a live block of the slabs' (just checked), given up.

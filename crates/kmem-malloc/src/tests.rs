@@ -269,8 +269,8 @@ fn each_thread_has_its_own_block() {
     assert_ne!(thread().mode.get(), T_NEW);
 }
 
-/// Requests of at most `SLAB_MAX` bytes (256) live in the tiny slabs at
-/// their size (classes of 16 bytes), and every call of the family treats them as blocks of
+/// Requests of at most 48 bytes live in the tiny slabs at their size (16,
+/// 32, 48 bytes), and every call of the family treats them as blocks of
 /// their own: usable size, realloc within and out of the tiny classes (the
 /// contents kept), a tiny block freed on another thread, a double free
 /// caught before anything changes.
@@ -279,19 +279,16 @@ fn tiny_requests_take_16_byte_chunks() {
     // SAFETY: C calls with valid arguments; every block is freed once.
     unsafe {
         let mut v = Vec::new();
-        for n in 0..=SLAB_MAX {
+        for n in 0..=48usize {
             let p = malloc(n) as *mut u8;
             assert!(in_tiny(p as usize), "malloc({n})");
             assert_eq!(p as usize % 16, 0);
-            assert_eq!(
-                malloc_usable_size(p.cast()),
-                kmem_nta::slab::class_size(slab_class(n).unwrap())
-            );
+            assert_eq!(malloc_usable_size(p.cast()), n.max(1).div_ceil(16) * 16);
             p.write_bytes(n as u8, n);
             v.push((p, n));
         }
-        let big = malloc(SLAB_MAX + 1) as *mut u8;
-        assert!(in_nta(big as usize) && malloc_usable_size(big.cast()) == SLAB_MAX + 64);
+        let big = malloc(49) as *mut u8;
+        assert!(in_nta(big as usize) && malloc_usable_size(big.cast()) == 64);
         free(big.cast());
         // An alignment above 16 is not tiny.
         let a = aligned_alloc(32, 32) as *mut u8;
@@ -304,7 +301,7 @@ fn tiny_requests_take_16_byte_chunks() {
         let q = realloc(q.cast(), 40) as *mut u8;
         assert!(in_tiny(q as usize) && (0..20).all(|i| *q.add(i) == n as u8));
         // Out of them: to the nta of 64-byte chunks.
-        let q = realloc(q.cast(), SLAB_MAX + 100) as *mut u8;
+        let q = realloc(q.cast(), 200) as *mut u8;
         assert!(in_nta(q as usize) && (0..20).all(|i| *q.add(i) == n as u8));
         free(q.cast());
         let c = calloc(3, 10) as *mut u8;
@@ -312,7 +309,7 @@ fn tiny_requests_take_16_byte_chunks() {
         free(c.cast());
         // Freed by another thread.
         let far: Vec<usize> = v
-            .drain(..SLAB_MAX / 2)
+            .drain(..24)
             .map(|(p, n)| {
                 assert!((0..n).all(|i| *p.add(i) == n as u8));
                 p as usize

@@ -31,7 +31,7 @@ pub(crate) const T_SECURE: u8 = 5;
 /// keys.
 #[repr(C)]
 pub(crate) struct Thread {
-    /// The thread's tiny slabs (16, 32, ... 1024 bytes); used in `T_FAST` only,
+    /// The thread's tiny slabs (16, 32, 48 bytes); used in `T_FAST` only,
     /// so that a cache with a current slab is a `T_FAST` thread's (the
     /// shared blocks' never has one; the exit points the thread at
     /// `DIRECT` before it gives the slabs up): `malloc` pops from it before

@@ -20,11 +20,6 @@ extern "C" fn consume(arg: *mut c_void) -> *mut c_void {
     ptr::null_mut()
 }
 
-/// A size that nta's chunks serve (past the tiny slabs), of a class that
-/// the consumer's thread start does not allocate from itself (with 320
-/// bytes it did, and the class was no longer one the consumer only frees).
-const SIZE: usize = kmem_nta::slab::SLAB_MAX + 192;
-
 #[test]
 fn a_thread_that_only_frees_uses_its_cache() {
     const N: usize = 8192;
@@ -44,12 +39,12 @@ fn a_thread_that_only_frees_uses_its_cache() {
     }
     let blocks: Vec<usize> = (0..N)
         // SAFETY: a plain C call; black_box keeps LLVM from dropping it.
-        .map(|_| std::hint::black_box(unsafe { kmem_malloc::malloc(SIZE) }) as usize)
+        .map(|_| std::hint::black_box(unsafe { kmem_malloc::malloc(64) }) as usize)
         .collect();
     assert!(blocks.iter().all(|&p| p != 0));
     kmem_malloc::flush_thread_cache();
     let held = kmem_malloc::nta_stats().bytes_held;
-    assert!(held >= N * SIZE, "this binary's malloc is kmem's");
+    assert!(held >= N * 64, "this binary's malloc is kmem's");
     let before = kmem_malloc::nta_stats().locks.acquisitions;
     let mut th: libc::pthread_t = 0;
     // SAFETY: `consume` has the start routine's signature; `blocks` outlives
@@ -70,13 +65,11 @@ fn a_thread_that_only_frees_uses_its_cache() {
         taken < (N / 16) as u64,
         "{taken} heap locks for {N} frees by a thread that only frees"
     );
-    // The consumer's full batches went back to the heap that made them
-    // (this CPU's) together (whole onto its exchange for classes of up to
-    // 960 bytes, which aligned requests reach; freed into nta's bitmaps
-    // above), and this thread's next malloc of the class gets one of its
-    // own blocks back.
+    // The consumer's full batches went whole to the exchange of the heap
+    // that made them (this CPU's), for this thread's next malloc of the
+    // class: it gets one of its own blocks back, nta's bitmaps untouched.
     // SAFETY: a plain C call.
-    let again = unsafe { kmem_malloc::malloc(SIZE) };
+    let again = unsafe { kmem_malloc::malloc(64) };
     assert!(
         blocks.contains(&(again as usize)),
         "the next malloc took a block the consumer handed back"
@@ -92,10 +85,10 @@ fn a_thread_that_only_frees_uses_its_cache() {
     // stays for the next thread; a few KiB).
     let after = kmem_malloc::nta_stats().bytes_held;
     assert!(
-        after <= held - N * SIZE + (16 << 10),
+        after <= held - N * 64 + (16 << 10),
         "{} KiB of {} still held after the consumer exited",
-        (after + N * SIZE - held) >> 10,
-        (N * SIZE) >> 10
+        (after + N * 64 - held) >> 10,
+        (N * 64) >> 10
     );
     kmem_malloc::check().unwrap();
 }

@@ -210,6 +210,23 @@ fn freed_small_and_medium_memory_goes_back() {
     );
 }
 
+/// As above, with only tiny requests after the frees (16-48 bytes, the
+/// slabs' hits): they read the return policy's clock too. (Before, none
+/// did, and the freed GiB stayed resident.)
+#[test]
+fn freed_memory_goes_back_when_only_tiny_calls_follow() {
+    let r = run("memory_return", "small-tiny", true, "");
+    let (start, peak, after) = (get(&r, "start"), get(&r, "peak"), get(&r, "after"));
+    assert!(
+        peak > start + 900.0 * 1024.0,
+        "the program used its GiB: {r:?}"
+    );
+    assert!(
+        after <= start + 64.0 * 1024.0,
+        "RSS {after} KiB after freeing, {start} KiB at the start"
+    );
+}
+
 /// 256 MiB allocated by a thread on CPU 0 and freed by one on CPU 1: the
 /// frees queued for CPU 0's heap are finished and the memory goes back,
 /// with the freeing thread's own small activity and with malloc_trim (it

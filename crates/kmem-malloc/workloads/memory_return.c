@@ -10,6 +10,8 @@
  *              "start", "peak", and "after" once RSS is back within
  *              64 MiB of the start (or at the end), with "ms" the time
  *              that took
+ *   small-tiny as small, the allocations after it of 16-48 bytes (an idle
+ *              program whose only calls are tiny)
  *   remote     256 MiB of 1 KiB blocks allocated by a thread on CPU 0 and
  *              freed by one on CPU 1, which then goes on with small
  *              allocations for up to 5 s; prints "start", "peak", "after"
@@ -45,21 +47,43 @@ static void pin(int cpu) {
   sched_setaffinity(0, sizeof s, &s); /* best effort */
 }
 
+/* The size of the trickle's i-th allocation: 32-231 bytes, or 16-48 with
+ * `tiny_trickle`. */
+static int tiny_trickle;
+static size_t trickle_size(int i) {
+  return tiny_trickle ? 16 + (size_t)(i * 37) % 33 : 32 + (size_t)(i * 37) % 200;
+}
+
+/* RSS in KiB, read without stdio (whose FILE is allocated): with
+ * `tiny_trickle`, the trickle's own requests are the only calls. */
+static long rss_quiet(void) {
+  if (!tiny_trickle) return rss_kib();
+  char b[128];
+  int fd = open("/proc/self/statm", O_RDONLY);
+  ssize_t n = fd < 0 ? -1 : read(fd, b, sizeof b - 1);
+  if (fd >= 0) close(fd);
+  long a = 0, r = 0;
+  if (n <= 0) die("statm");
+  b[n] = 0;
+  if (sscanf(b, "%ld %ld", &a, &r) != 2) die("statm");
+  return r * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
 /* Small allocations every 10 ms (an idle server's trickle) until RSS is
  * within 64 MiB of `start`, for at most 5 s. */
 static void settle(long start) {
   double t0 = now_ms();
   void *keep[16] = {0};
   int i = 0;
-  long r = rss_kib();
+  long r = rss_quiet();
   while (r > start + (64 << 10) && now_ms() - t0 < 5000) {
     for (int j = 0; j < 64; j++) {
       free(keep[i % 16]);
-      keep[i % 16] = malloc(32 + (i * 37) % 200);
+      keep[i % 16] = malloc(trickle_size(i));
       i++;
     }
     usleep(10000);
-    r = rss_kib();
+    r = rss_quiet();
   }
   printf("after %ld\nms %.0f\n", r, now_ms() - t0);
   for (int j = 0; j < 16; j++) free(keep[j]);
@@ -233,6 +257,7 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (!strcmp(c, "calloc")) case_calloc();
   else if (!strcmp(c, "small")) case_small();
+  else if (!strcmp(c, "small-tiny")) tiny_trickle = 1, case_small();
   else if (!strcmp(c, "remote")) case_remote();
   else if (!strcmp(c, "exited")) case_exited();
   else if (!strcmp(c, "switch")) case_switch();

@@ -46,9 +46,9 @@
 //! in with no lock (`exchange.rs`). An [`Nta`] used as an instance has no
 //! front cache: every call is the seed's algorithm.
 //!
-//! **Tiny requests** (at most [`slab::SLAB_MAX`], 1 KiB): [`KmemNta`]
+//! **Tiny requests** (at most [`slab::SLAB_MAX`], 48 bytes): [`KmemNta`]
 //! and kmem-malloc serve them from [`slab`]s, 64 KiB slabs of one class
-//! (16, 32, ... 256, 320, ... 1024 bytes) owned by a thread, so that a 16-byte node or a
+//! (16, 32 or 48 bytes) owned by a thread, so that a 16-byte node or a
 //! 24-byte string costs neither a cache line nor a bitmap lookup on free.
 //! (An nta of 16-byte chunks with a [`TinyCache`] served them before: at
 //! their size, but each free looked the block's length up in the node's
@@ -76,7 +76,7 @@
 //! **Units**: sizes in bytes at the API; `k` (chunks) inside; pages at the
 //! source. `chunk_size` is one cache line (`kmem_sys::cache_info`, 64 B on
 //! x86-64), so no two allocations share a line (the tiny instance trades
-//! that for size: its blocks of 16 to 1024 bytes share lines).
+//! that for size: its blocks of 16 to 48 bytes share lines).
 //!
 //! **Bad input** (a pointer not from this allocator, the middle of an
 //! allocation, a second free) is an [`Error`](kmem_core::Error) from

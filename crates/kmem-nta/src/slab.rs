@@ -1,7 +1,6 @@
-//! Tiny slabs: requests of 1 to 1024 bytes at their size, in classes of 16
-//! bytes up to 256 (16, 32, ... 256) and four a doubling above (320, 384,
-//! 448, 512, 640, ... 1024), from 64 KiB slabs that each hold one class
-//! and belong to one thread.
+//! Tiny slabs: requests of 1 to 48 bytes at their size, in classes of 16,
+//! 32 and 48 bytes, from 64 KiB slabs that each hold one class and belong to
+//! one thread.
 //!
 //! ```text
 //!   slab (64 KiB, aligned)   header (128 B) | block | block | ... | block
@@ -24,19 +23,6 @@
 //! of the gap to mimalloc (1.4-1.5x its time on a JSON build and
 //! teardown). In a slab the class is the slab's, found by masking the
 //! address; nothing coalesces.
-//!
-//! **Why up to 1 KiB.** With slabs up to 48 bytes and nta's chunks above,
-//! a program whose requests mix both (most of them tiny, one in twelve
-//! larger: glibc's thread benchmark) paid two mispredicted branches for
-//! each odd request, one in `malloc` (slab or chunk) and one in `free`
-//! (which reservation), and nta's longer hits for the rest: 185,000
-//! mispredictions in a million iterations, 45,000 with the slabs serving
-//! up to 256 bytes and 21,000 up to 1 KiB. The boundary has to sit where
-//! few requests fall on its far side: at 256 bytes, a program with sizes
-//! spread evenly over 8-1000 bytes (larson) sent a quarter of its requests
-//! to the slabs and mispredicted 118,000 times where it had 34,000 (docs/
-//! kmem-malloc.md, fourteenth session). Past 1 KiB nta's chunks serve,
-//! coalescing.
 //!
 //! **Ownership.** A slab's free list, counts and list links are its owner
 //! thread's alone; other threads push what they free on the slab's remote
@@ -78,34 +64,12 @@ use crate::nta::{bad_free, fatal_corruption};
 
 /// Bytes of one slab (a power of two; slabs are aligned to it).
 pub const SLAB_SIZE: usize = 64 << 10;
-/// The granule of the classes: every block size is a multiple of it.
+/// The granule of the classes: class `c` holds blocks of `16 * c` bytes.
 pub const SLAB_GRANULE: usize = 16;
-/// Classes: 16-byte steps to 256 bytes, then four a doubling to 1 KiB
-/// (at most a fifth of a block unused past 256 bytes).
-pub const SLAB_CLASSES: usize = 24;
+/// Classes: 16, 32 and 48 bytes.
+pub const SLAB_CLASSES: usize = 3;
 /// Largest request the slabs serve.
-pub const SLAB_MAX: usize = 1024;
-/// The block size of each class (index 0 unused).
-const CLASS_SIZE: [u16; SLAB_CLASSES + 1] = [
-    0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 320, 384, 448,
-    512, 640, 768, 896, 1024,
-];
-/// The class of a request of `m + 1` bytes (`m < SLAB_MAX`), by `m`'s
-/// granule: `CLASS_OF[m >> 4]`, the smallest class that holds it.
-const CLASS_OF: [u8; SLAB_MAX / SLAB_GRANULE] = {
-    let mut t = [0u8; SLAB_MAX / SLAB_GRANULE];
-    let (mut i, mut c) = (0, 1);
-    while i < t.len() {
-        // Requests of up to (i + 1) granules.
-        while (CLASS_SIZE[c] as usize) < (i + 1) * SLAB_GRANULE {
-            c += 1;
-        }
-        t[i] = c as u8;
-        i += 1;
-    }
-    t
-};
-const _: () = assert!(CLASS_SIZE[SLAB_CLASSES] as usize == SLAB_MAX);
+pub const SLAB_MAX: usize = SLAB_CLASSES * SLAB_GRANULE;
 /// Bytes of a slab's header; its blocks start here.
 const HDR: usize = 128;
 /// Full slabs a slow allocation looks at for remote frees before it takes
@@ -153,31 +117,16 @@ fn hint_of(id: usize, c: usize) -> usize {
     id.wrapping_mul(SLAB_CLASSES).wrapping_add(c) % HINTS
 }
 
-/// The class of a request of `size` bytes (1 to [`SLAB_CLASSES`]; size 0
-/// is class 1), if it is at most [`SLAB_MAX`].
+/// The class of a request of `size` bytes (1 to 3; size 0 is class 1), if
+/// it is at most [`SLAB_MAX`].
 #[inline(always)]
 pub const fn slab_class(size: usize) -> Option<usize> {
     if size <= SLAB_MAX {
-        Some(CLASS_OF[size.saturating_sub(1) / SLAB_GRANULE] as usize)
+        let c = size.div_ceil(SLAB_GRANULE);
+        Some(if c == 0 { 1 } else { c })
     } else {
         None
     }
-}
-
-/// The class of a request of `m + 1` bytes, for `m` below [`SLAB_MAX`]
-/// (`malloc`'s hit, which has `m = size - 1` at hand): one load from a
-/// table of 64 bytes.
-#[inline(always)]
-pub fn slab_class_below(m: usize) -> usize {
-    debug_assert!(m < SLAB_MAX);
-    // SAFETY: m < SLAB_MAX, so m >> 4 indexes the table.
-    unsafe { *CLASS_OF.get_unchecked(m / SLAB_GRANULE) as usize }
-}
-
-/// The block size of class `c` (1 to [`SLAB_CLASSES`]).
-#[inline(always)]
-pub const fn class_size(c: usize) -> usize {
-    CLASS_SIZE[c] as usize
 }
 
 /// A free block: its encoded link and, in its second word, its key.
@@ -206,11 +155,11 @@ struct Slab {
     inv: AtomicUsize,
     /// Blocks the slab holds.
     cap: u16,
-    /// The class (1 to [`SLAB_CLASSES`]), for other threads' reads.
+    /// The class in granules (1 to 3).
     div: AtomicU16,
     /// One of the `S_` states.
     state: u8,
-    /// Class (1 to [`SLAB_CLASSES`]).
+    /// Class (1 to 3).
     class: u8,
     /// The block size's power of two (see `inv`).
     rot: AtomicU8,
@@ -290,12 +239,12 @@ unsafe fn set_state(s: *mut Slab, st: u8) {
     }
 }
 
-/// A slab's `inv` and `rot` for blocks of class `c`: the block size is
+/// A slab's `inv` and `rot` for blocks of `c` granules: the block size is
 /// `odd << rot` with `odd` odd, and `inv` is `odd`'s inverse modulo 2^64
 /// (Newton's iteration: `odd` is its own inverse to 3 bits, and each step
 /// doubles the bits).
 const fn index_key(c: usize) -> (usize, u8) {
-    let size = class_size(c);
+    let size = c * SLAB_GRANULE;
     let rot = size.trailing_zeros();
     let odd = size >> rot;
     let mut inv = odd;
@@ -384,8 +333,7 @@ fn slab_of(addr: usize) -> *mut Slab {
 /// build: the carve loop and those reads a fifth of the tiny path).
 ///
 /// # Safety
-/// `s` is the caller's slab of class `c` (its blocks `class_size(c)`
-/// bytes).
+/// `s` is the caller's slab of class `c` (its blocks `16 * c` bytes).
 #[inline(always)]
 unsafe fn fresh_block(s: *mut Slab, c: usize) -> *mut u8 {
     // SAFETY: the caller's slab; a block below `cap` lies in it. `bump` is
@@ -396,9 +344,7 @@ unsafe fn fresh_block(s: *mut Slab, c: usize) -> *mut u8 {
         if bump >= (*s).cap as u32 {
             return ptr::null_mut();
         }
-        // SAFETY: c is a class (the caller's contract).
-        let size = *CLASS_SIZE.get_unchecked(c) as usize;
-        let b = (s as usize + HDR + bump as usize * size) as *mut Block;
+        let b = (s as usize + HDR + bump as usize * c * SLAB_GRANULE) as *mut Block;
         (*s).bump.store(bump + 1, Ordering::Relaxed);
         (*s).used += 1;
         (*b).next = 0;
@@ -420,7 +366,7 @@ pub struct SlabStats {
     pub released: usize,
 }
 
-/// The orphan slabs of each class (index 1 to [`SLAB_CLASSES`]), circular lists through
+/// The orphan slabs of each class (index 1 to 3), circular lists through
 /// `next` and `prev`.
 struct Orphans([*mut Slab; SLAB_CLASSES + 1]);
 
@@ -488,45 +434,10 @@ pub struct SlabCache {
     unscanned: u32,
     /// The arena's secret (`None` before [`bind`](SlabCache::bind)).
     secret: Option<NonZeroUsize>,
-    /// Blocks this thread freed into one other owner's slab, not yet on
-    /// its remote list (see [`Pending`]).
-    pend: Pending,
     /// Local frees left before the arena's tick (see
     /// [`SlabArena::with_tick`]).
     round: u32,
 }
-
-/// Blocks of one slab that its owner does not hold, freed by this cache's
-/// thread one after the other, chained (links encoded as on any list) and
-/// pushed on the slab's remote list together: with one compare-and-swap
-/// for up to [`PEND_MAX`] blocks instead of one each. A thread that frees
-/// what another allocates (a consumer of a producer's blocks) frees runs of
-/// blocks of the same slab; each compare-and-swap takes the remote list's
-/// line from the owner, which empties the list at its next slow
-/// allocation. The blocks count as used in their slab until pushed, so it
-/// stays live; they carry their key, so a second free of one aborts as
-/// before. At most [`PEND_MAX`] blocks wait: a free into another slab, the
-/// thread's next slow allocation, `trim` and thread exit push them.
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Pending {
-    slab: *mut Slab,
-    head: *mut Block,
-    tail: *mut Block,
-    n: u32,
-}
-
-impl Pending {
-    const NONE: Pending = Pending {
-        slab: ptr::null_mut(),
-        head: ptr::null_mut(),
-        tail: ptr::null_mut(),
-        n: 0,
-    };
-}
-
-/// Most blocks a [`Pending`] chain holds before it is pushed.
-const PEND_MAX: u32 = 32;
 
 /// A class's slabs other than the current one: those with free blocks and
 /// the full ones (circular lists).

@@ -185,8 +185,7 @@ fn aligned_blocks_are_cached_and_come_back_aligned() {
 /// `realloc` between the front cache's classes moves the block through the
 /// caches (a pop and a push), keeps its bytes, and stays put within one
 /// class (as many chunks); a string grown byte by byte from 1 to 300 bytes
-/// keeps every byte across every move. (The sizes are past the tiny slabs,
-/// 256 bytes, where the front cache's classes start.)
+/// keeps every byte across every move.
 #[test]
 fn realloc_within_and_between_front_classes() {
     use std::alloc::{GlobalAlloc, Layout};
@@ -194,28 +193,28 @@ fn realloc_within_and_between_front_classes() {
     // SAFETY: non-zero layouts; each block reallocated with the layout it
     // has; the bytes read were written.
     unsafe {
-        let p = A.alloc(l(270));
+        let p = A.alloc(l(70));
         assert!(!p.is_null());
-        p.write_bytes(0x5a, 270);
-        // 270 -> 310 bytes: both five chunks.
-        let q = A.realloc(p, l(270), 310);
+        p.write_bytes(0x5a, 70);
+        // 70 -> 120 bytes: both two chunks.
+        let q = A.realloc(p, l(70), 120);
         assert_eq!(q, p);
-        q.add(270).write_bytes(0x5b, 40);
-        // 310 -> 450: eight chunks, a move; the 310 bytes come along.
-        let r = A.realloc(q, l(310), 450);
+        q.add(70).write_bytes(0x5b, 50);
+        // 120 -> 200: four chunks, a move; the 120 bytes come along.
+        let r = A.realloc(q, l(120), 200);
         assert!(!r.is_null() && r != q);
-        assert!((0..310).all(|i| *r.add(i) == if i < 270 { 0x5a } else { 0x5b }));
-        // The old block went onto the cache's class of five chunks, on top:
+        assert!((0..120).all(|i| *r.add(i) == if i < 70 { 0x5a } else { 0x5b }));
+        // The old block went onto the cache's class of two chunks, on top:
         // the next request of that class gets it back.
-        let t = A.alloc(l(310));
+        let t = A.alloc(l(120));
         assert_eq!(t, q);
-        A.dealloc(t, l(310));
-        // 450 -> 300: five chunks again, a move (nta's realloc shrank in
+        A.dealloc(t, l(120));
+        // 200 -> 100: two chunks again, a move (nta's realloc shrank in
         // place).
-        let s = A.realloc(r, l(450), 300);
+        let s = A.realloc(r, l(200), 100);
         assert!(!s.is_null() && s != r);
-        assert!((0..300).all(|i| *s.add(i) == if i < 270 { 0x5a } else { 0x5b }));
-        A.dealloc(s, l(300));
+        assert!((0..100).all(|i| *s.add(i) == if i < 70 { 0x5a } else { 0x5b }));
+        A.dealloc(s, l(100));
     }
     let mut st = String::new();
     for i in 0..300u32 {

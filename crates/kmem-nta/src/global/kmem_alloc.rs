@@ -15,7 +15,7 @@ use crate::slab::{slab_class, SlabArena, SlabCache, SlabStats, SLAB_GRANULE};
 
 static NTA: Nta<GlobalSource, Cpus> = Nta::const_new(global_source(), GLOBAL_CONFIG, Cpus::Real);
 
-/// Tiny layouts (see [`tiny_class`]): slabs of 16, 32, ... 1024 bytes.
+/// Tiny layouts (see [`tiny_class`]): slabs of 16, 32 and 48 bytes.
 static SLABS: SlabArena<GlobalSource> = SlabArena::with_tick(tiny_source(), tiny_tick);
 
 /// The slabs' tick: nta's clock (see [`SlabArena::with_tick`]), and when
@@ -470,7 +470,7 @@ unsafe fn alloc_tiny_slow(c: usize, layout: Layout) -> *mut u8 {
     }
     let p = FRONT
         .try_with(|f| {
-            // SAFETY: as in `pop`; the slabs are SLABS'; c is 1 to SLAB_CLASSES.
+            // SAFETY: as in `pop`; the slabs are SLABS'; c is 1 to 3.
             unsafe { (*f.get()).1.alloc_slow(&SLABS, c) }
         })
         .unwrap_or(ptr::null_mut());
@@ -528,7 +528,7 @@ unsafe impl GlobalAlloc for KmemNta {
             let p = FRONT
                 .try_with(|f| {
                     // SAFETY: this thread's slabs, SLABS'; the only borrow;
-                    // c is 1 to SLAB_CLASSES.
+                    // c is 1 to 3.
                     unsafe { (*f.get()).1.pop(&SLABS, c) }
                 })
                 .unwrap_or(ptr::null_mut());
@@ -674,7 +674,6 @@ unsafe impl allocator_api2::alloc::Allocator for KmemNta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slab::SLAB_MAX;
     use kmem_core::PageSource;
 
     #[test]
@@ -717,7 +716,7 @@ mod tests {
     fn tiny_layouts_live_in_the_slabs_and_realloc_moves_across() {
         let a = KmemNta;
         let mut v = std::vec::Vec::new();
-        for s in 1usize..=SLAB_MAX {
+        for s in 1usize..=48 {
             let l = Layout::from_size_align(s, 8).unwrap();
             // SAFETY: non-zero layout.
             let p = unsafe { GlobalAlloc::alloc(&a, l) };
@@ -745,19 +744,17 @@ mod tests {
             GlobalAlloc::dealloc(&a, x, l16);
             GlobalAlloc::dealloc(&a, y, l16);
             GlobalAlloc::dealloc(&a, z, l32);
-            let (p, l) = v.remove(47);
-            let big = SLAB_MAX + 100;
-            let q = GlobalAlloc::realloc(&a, p, l, big);
+            let (p, l) = v.pop().unwrap();
+            let q = GlobalAlloc::realloc(&a, p, l, 100);
             assert!(within(&NTA, q));
-            let fill = l.size() as u8;
-            assert!((0..l.size()).all(|i| *q.add(i) == fill));
-            let l = Layout::from_size_align(big, 8).unwrap();
+            assert!((0..48).all(|i| *q.add(i) == 48));
+            let l = Layout::from_size_align(100, 8).unwrap();
             let r = GlobalAlloc::realloc(&a, q, l, 20);
             assert!(within_slabs(r));
-            assert!((0..20).all(|i| *r.add(i) == fill));
+            assert!((0..20).all(|i| *r.add(i) == 48));
             let l = Layout::from_size_align(20, 8).unwrap();
             let r = GlobalAlloc::realloc(&a, r, l, 40);
-            assert!(within_slabs(r) && (0..20).all(|i| *r.add(i) == fill));
+            assert!(within_slabs(r) && (0..20).all(|i| *r.add(i) == 48));
             GlobalAlloc::dealloc(&a, r, Layout::from_size_align(40, 8).unwrap());
             for (p, l) in v {
                 assert!((0..l.size()).all(|i| *p.add(i) == l.size() as u8));

@@ -111,7 +111,7 @@ impl<P: PageSource> SlabArena<P> {
             if (*p.cast::<Block>()).key == block_key(p as usize, secret) {
                 return Err(error(p as usize, TWICE));
             }
-            Ok(class_size((*s).div.load(Ordering::Relaxed) as usize))
+            Ok((*s).div.load(Ordering::Relaxed) as usize * SLAB_GRANULE)
         }
     }
 
@@ -260,7 +260,7 @@ impl<P: PageSource> SlabArena<P> {
             (*s).class = c as u8;
             (*s).free = ptr::null_mut();
             (*s).bump.store(0, Ordering::Relaxed);
-            (*s).cap = ((SLAB_SIZE - HDR) / class_size(c)) as u16;
+            (*s).cap = ((SLAB_SIZE - HDR) / (c * SLAB_GRANULE)) as u16;
             (*s).div.store(c as u16, Ordering::Relaxed);
             let (inv, rot) = index_key(c);
             (*s).inv.store(inv, Ordering::Relaxed);
@@ -279,7 +279,7 @@ impl<P: PageSource> SlabArena<P> {
         };
         let s: *mut Slab = p.as_ptr().cast();
         let div = c as u16;
-        let size = class_size(c);
+        let size = c * SLAB_GRANULE;
         let (inv, rot) = index_key(c);
         // SAFETY: SLAB_SIZE fresh bytes of ours, aligned to SLAB_SIZE.
         unsafe {
@@ -456,75 +456,18 @@ impl<P: PageSource> SlabArena<P> {
     /// As [`push_remote`](Self::push_remote).
     #[inline(always)]
     unsafe fn push_remote_list(&self, s: *mut Slab, b: *mut Block) -> bool {
-        // SAFETY: forwarded contract; b alone is a chain.
-        unsafe { self.push_remote_span(s, b, b) }
-    }
-
-    /// Pushes the chain `head` .. `tail` (linked under the link key, the
-    /// tail's link about to be written) on `s`'s remote list, with one
-    /// compare-and-swap; true when the list was empty before.
-    ///
-    /// # Safety
-    /// The chain's blocks are live blocks of `s`, keyed, that the caller
-    /// gives up.
-    #[inline(always)]
-    unsafe fn push_remote_span(&self, s: *mut Slab, head: *mut Block, tail: *mut Block) -> bool {
         let link = self.link();
         // SAFETY: as above.
         let r = unsafe { &(*s).remote.0 };
         let mut h = r.load(Ordering::Relaxed);
         loop {
-            // SAFETY: the chain is ours until the push succeeds; after it,
-            // neither it nor the slab is touched (its owner may release it).
-            unsafe { (*tail).next = encode(h, link) };
-            match r.compare_exchange_weak(h, head, Ordering::Release, Ordering::Relaxed) {
+            // SAFETY: b is ours until the push succeeds; after it, neither
+            // b nor the slab is touched (its owner may release it).
+            unsafe { (*b).next = encode(h, link) };
+            match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return h.is_null(),
                 Err(x) => h = x,
             }
-        }
-    }
-
-    /// Pushes the chain `head` .. `tail` of blocks of `s` (linked under the
-    /// link key, the tail's link not read) on `s`'s remote list at once,
-    /// as [`push_remote`](Self::push_remote) does one block; block by block
-    /// when `s` is an orphan.
-    ///
-    /// # Safety
-    /// The chain's blocks are live blocks of `s`, keyed, that the caller
-    /// gives up.
-    pub(super) unsafe fn push_remote_chain(
-        &self,
-        s: *mut Slab,
-        head: *mut Block,
-        tail: *mut Block,
-    ) {
-        // SAFETY: the slab lives while the chain's blocks are out.
-        let owner = unsafe { (*s).owner.load(Ordering::Relaxed) };
-        if owner == ORPHAN_ID {
-            let link = self.link();
-            let mut b = head;
-            loop {
-                // Read before the push: after it, b (and, after the last,
-                // the slab) may be gone.
-                let next = if b == tail {
-                    ptr::null_mut()
-                } else {
-                    // SAFETY: b is a chain block, ours until pushed.
-                    decode(b, unsafe { (*b).next }, link)
-                };
-                // SAFETY: forwarded contract, one block.
-                unsafe { self.push_remote_orphan(s, b) };
-                if next.is_null() {
-                    return;
-                }
-                b = next;
-            }
-        }
-        // SAFETY: as in push_remote: the class is read before the push.
-        let c = unsafe { (*s).div.load(Ordering::Relaxed) } as usize;
-        // SAFETY: forwarded contract.
-        if unsafe { self.push_remote_span(s, head, tail) } {
-            self.raise_hint(owner, c);
         }
     }
 
@@ -721,7 +664,7 @@ impl<P: PageSource> SlabArena<P> {
             if bump > (*s).cap as u32 || (*s).used > bump {
                 return Err("slab: bad counts");
             }
-            let size = class_size(c);
+            let size = c * SLAB_GRANULE;
             let link = self.link();
             let mut b = (*s).free;
             let mut n = 0u32;

@@ -21,7 +21,6 @@ impl SlabCache {
             nslabs: 0,
             unscanned: 0,
             secret: None,
-            pend: Pending::NONE,
             round: 0,
             kbase: 0,
             link: 0,
@@ -55,7 +54,7 @@ impl SlabCache {
         };
     }
 
-    /// A block of class `c` (1 to [`SLAB_CLASSES`]) from this thread's current slab: the
+    /// A block of class `c` (1 to 3) from this thread's current slab: the
     /// top of its list, else its next fresh block; null when it has none
     /// (the caller then takes [`alloc_slow`](Self::alloc_slow)). The
     /// block's first two words (its link and key) are zero, so `calloc`
@@ -67,7 +66,7 @@ impl SlabCache {
     ///
     /// # Safety
     /// The cache's slabs are `arena`'s, this thread's to change; `c` is 1
-    /// to [`SLAB_CLASSES`].
+    /// to 3.
     #[inline(always)]
     pub unsafe fn pop<P: PageSource>(&self, arena: &SlabArena<P>, c: usize) -> *mut u8 {
         debug_assert!((1..=SLAB_CLASSES).contains(&c));
@@ -111,8 +110,6 @@ impl SlabCache {
         if self.secret.is_none() {
             self.bind(arena);
         }
-        // SAFETY: the pending blocks are arena's (the caller's contract).
-        unsafe { self.flush_remote(arena) };
         loop {
             let s = self.cur[c];
             if !s.is_null() {
@@ -337,66 +334,11 @@ impl SlabCache {
         // SAFETY: the caller's contract; a slab whose owner is this cache is
         // this thread's alone.
         unsafe {
-            let owner = (*s).owner.load(Ordering::Relaxed);
-            if owner == self.id {
+            if (*s).owner.load(Ordering::Relaxed) == self.id {
                 self.push_own::<P, true>(arena, s, b, arena.link());
-            } else if owner == ORPHAN_ID {
-                // At once: the last free into an orphan gives it back.
-                arena.push_remote(s, b);
             } else {
-                self.defer_remote(arena, s, b);
+                arena.push_remote(s, b);
             }
-        }
-    }
-
-    /// Adds block `b` of `s`, another owner's slab, to the chain of blocks
-    /// waiting for `s`'s remote list (see [`Pending`]), after pushing the
-    /// chain of another slab; pushes it when it is full.
-    ///
-    /// # Safety
-    /// `b` is a live block of `s` (checked, keyed) that the caller gives up.
-    #[inline(always)]
-    unsafe fn defer_remote<P: PageSource>(
-        &mut self,
-        arena: &SlabArena<P>,
-        s: *mut Slab,
-        b: *mut Block,
-    ) {
-        let link = arena.link();
-        if self.pend.slab != s {
-            // SAFETY: the chain's blocks are live blocks of its slab.
-            unsafe { self.flush_remote(arena) };
-            // SAFETY: b is ours until pushed.
-            unsafe { (*b).next = encode(ptr::null_mut(), link) };
-            self.pend = Pending {
-                slab: s,
-                head: b,
-                tail: b,
-                n: 1,
-            };
-            return;
-        }
-        // SAFETY: as above.
-        unsafe { (*b).next = encode(self.pend.head, link) };
-        self.pend.head = b;
-        self.pend.n += 1;
-        if self.pend.n >= PEND_MAX {
-            // SAFETY: as above.
-            unsafe { self.flush_remote(arena) };
-        }
-    }
-
-    /// Pushes the blocks waiting for another owner's slab (see
-    /// [`Pending`]) on its remote list.
-    ///
-    /// # Safety
-    /// The cache's slabs and pending blocks are `arena`'s.
-    pub unsafe fn flush_remote<P: PageSource>(&mut self, arena: &SlabArena<P>) {
-        let p = core::mem::replace(&mut self.pend, Pending::NONE);
-        if !p.slab.is_null() {
-            // SAFETY: live blocks of p.slab, chained under the link key,
-            // that this thread gave up.
-            unsafe { arena.push_remote_chain(p.slab, p.head, p.tail) };
         }
     }
 
@@ -513,8 +455,6 @@ impl SlabCache {
     /// # Safety
     /// The cache's slabs are `arena`'s.
     pub unsafe fn trim<P: PageSource>(&mut self, arena: &SlabArena<P>) {
-        // SAFETY: the pending blocks are arena's.
-        unsafe { self.flush_remote(arena) };
         while !self.empty.is_null() {
             let s = self.empty;
             // SAFETY: an empty slab of ours.
@@ -546,8 +486,6 @@ impl SlabCache {
     /// # Safety
     /// The cache's slabs are `arena`'s.
     pub unsafe fn abandon<P: PageSource>(&mut self, arena: &SlabArena<P>) {
-        // SAFETY: the pending blocks are arena's.
-        unsafe { self.flush_remote(arena) };
         for c in 1..=SLAB_CLASSES {
             let cl = core::mem::replace(&mut self.cls[c], Class::EMPTY);
             let cur = core::mem::replace(&mut self.cur[c], ptr::null_mut());

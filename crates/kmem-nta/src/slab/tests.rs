@@ -17,7 +17,7 @@ fn arena() -> SlabArena<RegionSource> {
 
 /// A block of class `c` from `cache`, through the slow path when needed.
 fn alloc(cache: &mut SlabCache, a: &SlabArena<RegionSource>, c: usize) -> *mut u8 {
-    // SAFETY: the cache's slabs are a's; c is 1 to SLAB_CLASSES.
+    // SAFETY: the cache's slabs are a's; c is 1 to 3.
     unsafe {
         let p = cache.pop(a, c);
         if p.is_null() {
@@ -36,16 +36,14 @@ fn classes() {
     assert_eq!(slab_class(17), Some(2));
     assert_eq!(slab_class(33), Some(3));
     assert_eq!(slab_class(48), Some(3));
-    assert_eq!(slab_class(49), Some(4));
-    assert_eq!(slab_class(SLAB_MAX), Some(SLAB_CLASSES));
-    assert_eq!(slab_class(SLAB_MAX + 1), None);
+    assert_eq!(slab_class(49), None);
 }
 
 #[test]
 fn block_index_finds_block_starts_and_nothing_else() {
     for c in 1..=SLAB_CLASSES {
         let (inv, rot) = index_key(c);
-        let size = class_size(c);
+        let size = c * SLAB_GRANULE;
         let cap = (SLAB_SIZE - HDR) / size;
         // Every byte of the slab, the header's included (offsets below 0).
         for a in 0..SLAB_SIZE {
@@ -70,10 +68,10 @@ fn blocks_are_distinct_aligned_and_kept() {
         let p = alloc(&mut t, &a, c);
         assert!(!p.is_null());
         assert_eq!(p as usize % 16, 0);
-        // SAFETY: p is a live block of class_size(c) bytes.
-        unsafe { core::ptr::write_bytes(p, i as u8, class_size(c)) };
+        // SAFETY: p is a live block of c * 16 bytes.
+        unsafe { core::ptr::write_bytes(p, i as u8, c * 16) };
         // SAFETY: p lies in a's span.
-        assert_eq!(unsafe { a.usable_size(p) }, Ok(class_size(c)));
+        assert_eq!(unsafe { a.usable_size(p) }, Ok(c * 16));
         live.push((p, c, i as u8));
     }
     let mut seen: Vec<usize> = live.iter().map(|x| x.0 as usize).collect();
@@ -83,7 +81,7 @@ fn blocks_are_distinct_aligned_and_kept() {
     // SAFETY: the cache's slabs are a's.
     unsafe { t.check(&a) }.unwrap();
     for (p, c, v) in &live {
-        for j in 0..class_size(*c) {
+        for j in 0..c * 16 {
             // SAFETY: live blocks.
             assert_eq!(unsafe { *p.add(j) }, *v);
         }
@@ -182,67 +180,6 @@ fn remote_frees_come_back_to_the_owner() {
     finish(&a, &mut owner, &mut other, &again);
 }
 
-/// Blocks another thread frees wait in its cache, chained, and reach
-/// their slab's remote list together: when a free goes to another slab,
-/// when the chain holds `PEND_MAX`, at the freeing cache's next slow
-/// allocation or trim. Meanwhile they count as used (the check passes), and
-/// a second free of one is refused.
-#[test]
-fn remote_frees_wait_in_a_chain_and_arrive_together() {
-    let a = arena();
-    let mut owner = SlabCache::new();
-    let mut other = SlabCache::new();
-    // Two slabs' worth of 16-byte blocks: the first slab is full.
-    let cap = (SLAB_SIZE - HDR) / 16;
-    let ps: Vec<*mut u8> = (0..cap + 100).map(|_| alloc(&mut owner, &a, 1)).collect();
-    let (first, second) = (slab_of(ps[0] as usize), slab_of(ps[cap + 1] as usize));
-    assert_ne!(first, second);
-    // The top of a slab's remote list.
-    // SAFETY: both are live slabs of a's.
-    let top = |s: *mut Slab| unsafe { (*s).remote.0.load(Ordering::Relaxed) as *mut u8 };
-    let n = PEND_MAX as usize;
-    for &p in &ps[..n - 1] {
-        // SAFETY: live blocks of a's, in the owner's slabs.
-        unsafe { other.free(&a, p) };
-    }
-    assert!(top(first).is_null(), "fewer than PEND_MAX wait");
-    // SAFETY: the caches' slabs are a's; ps[0] waits, ps[n - 1] is live.
-    unsafe {
-        owner.check(&a).unwrap();
-        other.check(&a).unwrap();
-        assert!(matches!(
-            other.try_free(&a, ps[0]),
-            Err(Error::DoubleFree { .. })
-        ));
-        other.free(&a, ps[n - 1]);
-    }
-    assert_eq!(
-        top(first),
-        ps[n - 1],
-        "the PEND_MAX-th free pushes the chain"
-    );
-    // SAFETY: live blocks of a's; the other cache's pending blocks are a's.
-    unsafe {
-        other.free(&a, ps[n]);
-        assert_eq!(top(first), ps[n - 1], "a new chain waits");
-        other.free(&a, ps[cap + 1]);
-        assert_eq!(
-            top(first),
-            ps[n],
-            "pushed when the next free went elsewhere"
-        );
-        other.free(&a, ps[cap + 2]);
-        assert!(top(second).is_null());
-        other.trim(&a);
-        assert_eq!(top(second), ps[cap + 2], "trim pushes what waits");
-        owner.check(&a).unwrap();
-        other.check(&a).unwrap();
-    }
-    let freed = [&ps[..=n], &ps[cap + 1..=cap + 2]].concat();
-    let live: Vec<*mut u8> = ps.iter().filter(|p| !freed.contains(p)).copied().collect();
-    finish(&a, &mut owner, &mut other, &live);
-}
-
 /// Frees `live` (the owner's blocks), checks both caches, gives their
 /// slabs up, and checks that none is left.
 fn finish(
@@ -274,12 +211,8 @@ fn a_remote_free_into_a_full_slab_raises_its_owners_flag() {
     let ps: Vec<*mut u8> = (0..10_000).map(|_| alloc(&mut owner, &a, 1)).collect();
     let id = owner.id;
     assert!(!a.take_hint(id, 1), "no free yet");
-    // SAFETY: a live block of a's, in a full slab of the owner's; the
-    // other cache's pending blocks are a's.
-    unsafe {
-        other.free(&a, ps[0]);
-        other.flush_remote(&a);
-    }
+    // SAFETY: a live block of a's, in a full slab of the owner's.
+    unsafe { other.free(&a, ps[0]) };
     assert!(
         a.take_hint(id, 1),
         "raised by the push that filled the list"
@@ -288,10 +221,7 @@ fn a_remote_free_into_a_full_slab_raises_its_owners_flag() {
     // A second free into the same (non-empty) list leaves it down; the
     // owner's look that finds the list takes both blocks.
     // SAFETY: as above.
-    unsafe {
-        other.free(&a, ps[1]);
-        other.flush_remote(&a);
-    }
+    unsafe { other.free(&a, ps[1]) };
     assert!(!a.take_hint(id, 1));
     a.raise_hint(id, 1);
     // Both come back before the owner takes a new slab.
@@ -416,35 +346,6 @@ fn empty_slabs_kept_follow_the_slabs_in_use() {
     assert_eq!(a.stats().slabs, 0);
 }
 
-/// Blocks waiting in another thread's chain when their slab's owner exits
-/// reach the orphan one by one; the last one gives it back.
-#[test]
-fn a_chain_that_waits_while_its_slab_is_orphaned_frees_into_the_orphan() {
-    let a = arena();
-    let mut owner = SlabCache::new();
-    let mut other = SlabCache::new();
-    let ps: Vec<*mut u8> = (0..20).map(|_| alloc(&mut owner, &a, 2)).collect();
-    // SAFETY: live blocks of a's, the owner's; the caches' slabs and
-    // pending blocks are a's.
-    unsafe {
-        for &p in &ps[..10] {
-            other.free(&a, p);
-        }
-        // The owner exits: its slab, 10 blocks out, becomes an orphan.
-        owner.abandon(&a);
-        assert_eq!(a.stats().orphans, 1);
-        // The other 10 go to the orphan at once (see `put`).
-        for &p in &ps[10..] {
-            other.free(&a, p);
-        }
-        assert_eq!(a.stats().orphans, 1, "10 blocks still wait");
-        a.check().unwrap();
-        other.flush_remote(&a);
-    }
-    assert_eq!((a.stats().slabs, a.stats().orphans), (0, 0));
-    a.check().unwrap();
-}
-
 #[test]
 fn trim_moves_full_slabs_that_others_freed_into() {
     let a = arena();
@@ -540,7 +441,7 @@ fn threads_exchange_blocks() {
                             rng ^= rng << 17;
                             let c = 1 + (rng % 3) as usize;
                             let p = alloc(&mut t, a, c);
-                            // SAFETY: a live block of class_size(c) bytes.
+                            // SAFETY: a live block of c * 16 bytes.
                             unsafe { p.cast::<u64>().write(j as u64) };
                             p as usize
                         })
@@ -568,8 +469,7 @@ fn threads_exchange_blocks() {
     for h in hs {
         left.push(h.join().unwrap());
     }
-    // Everything still in flight, freed by the main thread, whose exit
-    // pushes the blocks still waiting to reach their slabs.
+    // Everything still in flight, freed by the main thread.
     let mut main = SlabCache::new();
     for (_, rx) in &left {
         while let Ok(b) = rx.try_recv() {
@@ -579,8 +479,6 @@ fn threads_exchange_blocks() {
             }
         }
     }
-    // SAFETY: main's pending blocks are a's; it owns no slab.
-    unsafe { main.abandon(a) };
     for (mut t, _) in left {
         // SAFETY: each cache's slabs are a's; its thread is done.
         unsafe { t.abandon(a) };
@@ -633,18 +531,18 @@ proptest! {
                     let p = alloc(&mut ts[t], &a, c) as usize;
                     prop_assert!(p != 0);
                     for (&q, &(cq, _)) in &live {
-                        prop_assert!(p + class_size(c) <= q || q + class_size(cq) <= p);
+                        prop_assert!(p + c * 16 <= q || q + cq * 16 <= p);
                     }
                     tag = tag.wrapping_add(1);
-                    // SAFETY: a live block of class_size(c) bytes.
-                    unsafe { core::ptr::write_bytes(p as *mut u8, tag, class_size(c)) };
+                    // SAFETY: a live block of c * 16 bytes.
+                    unsafe { core::ptr::write_bytes(p as *mut u8, tag, c * 16) };
                     live.insert(p, (c, tag));
                     order.push(p);
                 }
                 Op::Free(t, i) if !order.is_empty() => {
                     let p = order.swap_remove(i % order.len());
                     let (c, v) = live.remove(&p).unwrap();
-                    for j in 0..class_size(c) {
+                    for j in 0..c * 16 {
                         // SAFETY: a live block.
                         prop_assert_eq!(unsafe { *(p as *const u8).add(j) }, v);
                     }

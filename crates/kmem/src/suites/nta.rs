@@ -194,7 +194,7 @@ fn tiny_kmem(chunk: usize, node: usize, seed: u64) -> f64 {
 }
 
 /// [`tiny_share`] under kmem-nta's tiny slabs (what kmem-malloc and
-/// `KmemNta` serve 1-1024 bytes from), one thread's cache over the arena.
+/// `KmemNta` serve 1-48 bytes from), one thread's cache over the arena.
 fn tiny_slabs(seed: u64) -> f64 {
     let mut arena = Arena::new();
     let src = FixedSource::new(arena.slice(), PAGE).expect("arena");
@@ -202,7 +202,7 @@ fn tiny_slabs(seed: u64) -> f64 {
     let mut cache = SlabCache::new();
     let share = tiny_share(seed, |size| {
         let c = slab_class(size)?;
-        // SAFETY: the cache's slabs are this arena's; c is 1 to SLAB_CLASSES.
+        // SAFETY: the cache's slabs are this arena's; c is 1 to 3.
         let p = unsafe {
             let p = cache.pop(&slabs, c);
             if p.is_null() {
