@@ -400,8 +400,11 @@ pub struct SlabArena<P: PageSource> {
     tick: Option<fn()>,
 }
 
-/// Local frees of a thread between two calls of its arena's tick.
+/// Local frees of a thread between two calls of its arena's tick (a power
+/// of two, at most 256: a byte's count wraps).
 const TICK_FREES: u32 = 64;
+/// What each local free adds to the byte that counts them.
+const TICK_STEP: u8 = (256 / TICK_FREES) as u8;
 
 /// One thread's slabs, by class: the one it allocates from, those with free
 /// blocks and the full ones; and empty slabs of any class (4, or half as
@@ -434,9 +437,9 @@ pub struct SlabCache {
     unscanned: u32,
     /// The arena's secret (`None` before [`bind`](SlabCache::bind)).
     secret: Option<NonZeroUsize>,
-    /// Local frees left before the arena's tick (see
-    /// [`SlabArena::with_tick`]).
-    round: u32,
+    /// Local frees, in steps of [`TICK_STEP`]: the arena's tick comes each
+    /// time it wraps to 0 (see [`SlabArena::with_tick`]).
+    round: u8,
 }
 
 /// A class's slabs other than the current one: those with free blocks and

@@ -364,22 +364,30 @@ impl SlabCache {
             (*b).next = encode((*s).free, link);
             (*s).free = b;
             (*s).used -= 1;
+            // Each call last, so that it is a jump and `free` needs no
+            // stack frame (`freed_slow` counts the free itself).
             if (*s).used == 0 || (FULL && (*s).state == S_FULL) {
-                self.freed_slow(arena, s);
+                return self.freed_slow(arena, s);
             }
         }
+        self.count_free(arena);
+    }
+
+    /// Counts a local free; at each [`TICK_FREES`]th, the arena's tick. The
+    /// count goes up in steps that wrap to 0 once in `TICK_FREES` (one add
+    /// to memory and a jump on its flags, with no test of the count).
+    #[inline(always)]
+    fn count_free<P: PageSource>(&mut self, arena: &SlabArena<P>) {
+        self.round = self.round.wrapping_add(TICK_STEP);
         if self.round == 0 {
             self.round_over(arena);
-        } else {
-            self.round -= 1;
         }
     }
 
     /// [`TICK_FREES`] local frees since the last: the arena's tick.
     #[cold]
     #[inline(never)]
-    fn round_over<P: PageSource>(&mut self, arena: &SlabArena<P>) {
-        self.round = TICK_FREES - 1;
+    fn round_over<P: PageSource>(&self, arena: &SlabArena<P>) {
         if let Some(tick) = arena.tick {
             tick();
         }
@@ -392,6 +400,7 @@ impl SlabCache {
     #[cold]
     #[inline(never)]
     unsafe fn freed_slow<P: PageSource>(&mut self, arena: &SlabArena<P>, s: *mut Slab) {
+        self.count_free(arena);
         // SAFETY: our slab, on the list its state names.
         unsafe {
             let cl = &mut self.cls[(*s).class as usize];
