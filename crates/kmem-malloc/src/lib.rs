@@ -220,9 +220,12 @@ unsafe impl PageSource for MallocSource {
             l.maintain();
         }
         // The tiny slabs' supply (the inner one: no recursion), which
-        // nothing else ticks: slabs that went back stay backed no longer
-        // than the policy allows.
-        SLABS.source().0.maintain();
+        // otherwise runs its policy only when a slab goes back: after the
+        // last one, what it keeps stays backed no longer than the policy
+        // allows. Not when this is that supply (a slab's release).
+        if !core::ptr::eq(self, SLABS.source()) {
+            SLABS.source().0.maintain();
+        }
     }
     fn purge(&self) {
         self.0.purge();

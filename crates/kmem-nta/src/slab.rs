@@ -405,6 +405,7 @@ pub struct SlabArena<P: PageSource> {
 const TICK_FREES: u32 = 64;
 /// What each local free adds to the byte that counts them.
 const TICK_STEP: u8 = (256 / TICK_FREES) as u8;
+const _: () = assert!(TICK_FREES.is_power_of_two() && TICK_FREES <= 256);
 
 /// One thread's slabs, by class: the one it allocates from, those with free
 /// blocks and the full ones; and empty slabs of any class (4, or half as
@@ -425,6 +426,10 @@ pub struct SlabCache {
     /// (which no slab's `pass` matches); a full slab's, with [`FULL_BIT`]
     /// flipped, does not match either.
     pass_key: usize,
+    /// Local frees, in steps of [`TICK_STEP`]: the arena's tick comes each
+    /// time it wraps to 0 (see [`SlabArena::with_tick`]). On the first
+    /// line, which the inline free reads already.
+    round: u8,
     id: usize,
     cls: [Class; SLAB_CLASSES + 1],
     /// Empty slabs (a circular list), and how many.
@@ -437,9 +442,6 @@ pub struct SlabCache {
     unscanned: u32,
     /// The arena's secret (`None` before [`bind`](SlabCache::bind)).
     secret: Option<NonZeroUsize>,
-    /// Local frees, in steps of [`TICK_STEP`]: the arena's tick comes each
-    /// time it wraps to 0 (see [`SlabArena::with_tick`]).
-    round: u8,
 }
 
 /// A class's slabs other than the current one: those with free blocks and

@@ -20,7 +20,7 @@ static SLABS: SlabArena<GlobalSource> = SlabArena::with_tick(tiny_source(), tiny
 
 /// The slabs' tick: nta's clock (see [`SlabArena::with_tick`]), and when
 /// that ran nta's maintenance, the slabs' own page supply's return policy,
-/// which nothing else applies between two settles.
+/// which otherwise runs only when a slab goes back (and at settles).
 fn tiny_tick() {
     if NTA.tick() {
         SLABS.source().maintain();

@@ -381,7 +381,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// heap, new and empty nodes), by front caches every 63 pushes, and by
     /// an allocator that serves other requests beside this nta (kmem's
     /// tiny slabs, through [`SlabArena::with_tick`](crate::slab::SlabArena::with_tick)).
-    /// True when it ran the maintenance.
+    /// True when it ran the maintenance: a caller with page supplies of its
+    /// own (kmem's slabs') maintains them then.
     #[inline]
     pub fn tick(&self) -> bool {
         #[cfg(feature = "os")]

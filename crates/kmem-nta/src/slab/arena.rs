@@ -25,7 +25,9 @@ impl<P: PageSource> SlabArena<P> {
     /// passes its clock's tick: a program whose calls after a phase of
     /// larger blocks are all tiny allocate-free pairs (the slabs' hits,
     /// which take no slow path) would otherwise never read the clock, and
-    /// what it freed stayed backed for good.
+    /// what it freed stayed backed for good. Only local frees count: a
+    /// thread whose tiny frees are all into others' slabs, or that only
+    /// allocates, reads the clock on its slow paths alone.
     pub const fn with_tick(source: P, tick: fn()) -> SlabArena<P> {
         SlabArena::build(source, Some(tick))
     }
