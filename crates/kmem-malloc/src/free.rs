@@ -11,11 +11,9 @@ use kmem_nta::slab::SlabCache;
 use kmem_nta::{Nta, FRONT_CLASSES};
 
 use crate::out::die;
+use crate::source::{in_nta, in_tiny, large_of, pow2_of, MallocSource, NTA_SPAN, TINY_SPAN};
 use crate::thread::{thread, Thread, T_FAST, T_NEW, T_SECURE};
-use crate::{
-    harden, in_nta, in_tiny, large_of, pow2_of, thread_start, MallocSource, NTA, NTA_SPAN, SLABS,
-    TINY_SPAN,
-};
+use crate::{harden, thread_start, NTA, SLABS};
 
 /// [`NTA`]'s shape as constants, from the configuration it is built from
 /// (for `Nta::lookup_common_fixed`).

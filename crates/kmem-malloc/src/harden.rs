@@ -41,7 +41,8 @@ use core::ptr;
 use crate::large::Large;
 use crate::options::Options;
 use crate::out::die;
-use crate::{alloc_in, cached, large_of, set_errno, thread, usable_raw, Thread, NTA};
+use crate::source::large_of;
+use crate::{alloc_in, cached, set_errno, thread, usable_raw, Thread, NTA};
 use kmem_nta::FRONT_CLASSES;
 
 /// Debug mode is on.

@@ -11,7 +11,8 @@ use kmem_nta::slab::{slab_class, SLAB_GRANULE};
 use crate::free::{free_in, free_nta_block, free_slab_block};
 use crate::large::Resize;
 use crate::out::die;
-use crate::{abi, harden, in_nta, in_tiny, large_of, usable, NTA, SLABS};
+use crate::source::{in_nta, in_tiny, large_of};
+use crate::{abi, harden, usable, NTA, SLABS};
 
 /// `realloc` grows an nta block in place (when the chunks after it are
 /// free) from this size up; below, it moves the block.
