@@ -366,12 +366,14 @@ pub(crate) extern "C" fn print_stats() {
     if let Some(l) = LARGE.get() {
         let st = l.stats();
         say!(
-            "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
-            st.arena.busy_blocks as usize - st.cached_ranges,
-            (st.arena.busy_bytes as usize - st.cached_bytes) >> 10,
+            "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB) and {} on CPUs ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
+            st.arena.busy_blocks as usize - st.cached_ranges - st.cpu_ranges,
+            (st.arena.busy_bytes as usize - st.cached_bytes - st.cpu_bytes) >> 10,
             st.segments,
             st.cached_ranges,
             st.cached_bytes >> 10,
+            st.cpu_ranges,
+            st.cpu_bytes >> 10,
             st.dirty_bytes >> 10,
             st.purges,
             st.purged_bytes >> 10,

@@ -34,16 +34,18 @@
 //! bounds in atomics, so [`Large::owns`] takes no lock.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use kmem_core::{Bitmap, Decay, Error, Lock, LockStats, PageSource, Result, ReturnPolicy};
 use kmem_sys::Region;
 use kmem_vmap::{VmapArena, VmapStats};
 
 mod cache;
+mod percpu;
 mod policy;
 
 use cache::{class_of, Cache};
+use percpu::{CpuRanges, CPUS};
 
 /// Address space reserved per segment (less where the OS refuses as much).
 pub const SEGMENT: usize = 64 << 30;
@@ -113,6 +115,24 @@ pub(crate) struct Large {
     /// Published segments (Release after their bounds).
     nsegs: AtomicUsize,
     state: Lock<State>,
+    /// Each segment's length words, one a page (`u32`): the length in
+    /// pages of the live range that starts there, 0 for any other page
+    /// (free, inside a range, or a range kept freed by a cache). Written
+    /// when a range is handed out or resized, swapped to 0 by its free
+    /// (which claims the range: a second free finds 0), read without the
+    /// lock. Published with the segment, before `nsegs`.
+    lens: [AtomicPtr<AtomicU32>; MAX_SEGMENTS],
+    /// Each segment's end of its highest busy range (an address), as of
+    /// the last change under the lock that moved it (see
+    /// [`publish_top`](Self::publish_top)); read without the lock.
+    tops: [AtomicUsize; MAX_SEGMENTS],
+    /// The per-CPU caches of freed ranges (`large/percpu.rs`).
+    cpus: [CpuRanges; CPUS],
+    /// Bytes a CPU's cache may keep (from the policy; 0: none).
+    cpu_bound: AtomicUsize,
+    /// Set when a CPU keeps a range, cleared by the flush of them all:
+    /// while it is clear nothing looks at the 64 caches.
+    any_held: AtomicBool,
     /// Called, with no lock of the arena's held, each time the arena has
     /// handed out another [`GROWTH_LOOK`] bytes of unbacked pages (see
     /// [`Large::new`]).
@@ -307,9 +327,12 @@ pub(crate) struct LargeStats {
     pub dirty_bytes: usize,
     pub purges: u64,
     pub purged_bytes: u64,
-    /// Freed ranges held whole for reuse (counted busy in `arena`).
+    /// Freed ranges held whole for reuse (counted busy in `arena`): by the
+    /// class cache, and by the CPUs' caches (`cpu_*`).
     pub cached_ranges: usize,
     pub cached_bytes: usize,
+    pub cpu_ranges: usize,
+    pub cpu_bytes: usize,
     pub lock: LockStats,
 }
 
@@ -361,6 +384,11 @@ impl Large {
             nodes,
             bounds: [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_SEGMENTS],
             nsegs: AtomicUsize::new(0),
+            lens: [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_SEGMENTS],
+            tops: [const { AtomicUsize::new(0) }; MAX_SEGMENTS],
+            cpus: [const { CpuRanges::new() }; CPUS],
+            cpu_bound: AtomicUsize::new(Self::cpu_bound_for(policy)),
+            any_held: AtomicBool::new(false),
             state: Lock::new(State {
                 segs: [const { SegPtr(None) }; MAX_SEGMENTS],
                 n: 0,
@@ -401,7 +429,11 @@ impl Large {
         let pages = region.len() / self.page;
         let words = Bitmap::<&[u64]>::words_for(pages);
         let head = core::mem::size_of::<Segment>().next_multiple_of(64);
-        let meta = Region::reserve((head + 2 * words * 8).next_multiple_of(self.page))?;
+        // The record, the two bitmaps, then the length words (4 bytes a
+        // page: backed only where ranges start, a page of them for each
+        // 4 MiB of the segment that holds ranges).
+        let lens_at = head + 2 * words * 8;
+        let meta = Region::reserve((lens_at + pages * 4).next_multiple_of(self.page))?;
         meta.commit(0, meta.len())?;
         let base = region.base().as_ptr() as u64;
         let arena = VmapArena::with_lazy_max(self.nodes, base, base + region.len() as u64, 0)?;
@@ -425,6 +457,12 @@ impl Large {
             })
         };
         s.segs[i] = SegPtr(Some(rec));
+        // SAFETY: inside the same reservation (sized for them above),
+        // 8-byte aligned; zero pages read as zero words.
+        self.lens[i].store(
+            unsafe { at.as_ptr().add(lens_at).cast() },
+            Ordering::Relaxed,
+        );
         s.n += 1;
         self.nsegs.store(s.n, Ordering::Release);
         Ok(())
@@ -448,6 +486,20 @@ impl Large {
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or(Error::Overflow)?;
         let ps = self.page;
+        // The calling CPU's cache first (no alignment past a page: its
+        // ranges are not sorted by one).
+        if align <= ps && self.cpu_keeps(need / ps) {
+            if let Some(a) = self.cpu_take(need / ps) {
+                if zero {
+                    // SAFETY: the range holds `need` bytes, ours now.
+                    unsafe { core::ptr::write_bytes(a as *mut u8, 0, size) };
+                }
+                return Ok(Got {
+                    addr: a,
+                    zeroed: zero,
+                });
+            }
+        }
         let align = align.max(ps);
         let mut s = self.state.lock();
         // 16 to 256 pages: a range of its class from the cache when it
@@ -465,6 +517,7 @@ impl Large {
                 s.busy += pages * ps;
                 s.recent_busy = s.recent_busy.max(s.busy);
                 drop(s);
+                self.mark_live(a, pages);
                 if zero {
                     // SAFETY: the range holds `need` bytes, ours now.
                     unsafe { core::ptr::write_bytes(a as *mut u8, 0, size) };
@@ -475,7 +528,7 @@ impl Large {
                 });
             }
         }
-        let (si, a) = loop {
+        let (si, a, taken) = loop {
             let n = s.n;
             let found = s.segs[..n].iter_mut().enumerate().find_map(|(i, g)| {
                 let g = g.as_mut()?;
@@ -493,23 +546,28 @@ impl Large {
                 // the churn page band peaked 2.7 MB higher; with fresh pages
                 // only, 1.7 MB, and the large band 4-5 MB; counting pages
                 // given back too, about 1 MB less in the large band).
-                if s.cache.ranges > 0 {
+                // (Its pages that may hold data: counted once, kept for
+                // the books below.)
+                let taken = s.segs[i].as_ref().map_or(0, |g| {
+                    let (first, n) = ((a - g.base()) / ps, need / ps);
+                    g.view(Map::Dirty).count_range(first, n)
+                });
+                if taken < need / ps && (s.cache.ranges > 0 || self.cpus_hold()) {
                     if let Some(g) = s.segs[i].as_mut() {
-                        let (first, n) = ((a - g.base()) / ps, need / ps);
-                        if g.view(Map::Dirty).count_range(first, n) < n {
-                            let undone = g.arena.free(a as u64);
-                            debug_assert!(undone.is_ok());
-                            self.flush_cache(&mut s);
-                            continue;
-                        }
+                        let undone = g.arena.free(a as u64);
+                        debug_assert!(undone.is_ok());
                     }
+                    self.flush_cache(&mut s);
+                    self.flush_cpus(&mut s);
+                    continue;
                 }
-                break (i, a);
+                break (i, a, taken);
             }
             // No fit anywhere: the cached ranges first, before a new
             // segment (they may merge into one).
-            if s.cache.ranges > 0 {
+            if s.cache.ranges > 0 || self.cpus_hold() {
                 self.flush_cache(&mut s);
+                self.flush_cpus(&mut s);
                 continue;
             }
             if self.add_segment(&mut s, need, align).is_err() {
@@ -520,7 +578,6 @@ impl Large {
         let (first, n) = ((a - g.base()) / ps, need / ps);
         g.map(Map::Old).clear_range(first, n);
         let mut map = g.map(Map::Dirty);
-        let taken = map.count_range(first, n);
         // The span of pages that may hold data: what calloc must clear.
         let span = map.next_set_run(first, first + n).map(|(lo, _)| {
             let hi = map.find_prev_bit_from(first, first + n).unwrap_or(lo);
@@ -528,6 +585,7 @@ impl Large {
         });
         map.set_range(first, n);
         g.top = g.top.max(first + n);
+        self.raise_top(si, a + need);
         s.dirty_pages -= taken;
         s.busy += need;
         s.recent_busy = s.recent_busy.max(s.busy);
@@ -535,6 +593,7 @@ impl Large {
         self.settle(&mut s);
         let look = core::mem::take(&mut s.look);
         drop(s);
+        self.mark_live(a, n);
         if look {
             (self.on_growth)();
         }
@@ -562,11 +621,21 @@ impl Large {
     /// The usable size of the live range starting at `p`.
     pub(crate) fn usable_size(&self, p: usize) -> Result<usize> {
         let s = self.state.lock();
-        Self::live(&s, p).map(|(_, n)| n)
+        self.live(&s, p).map(|(_, n)| n)
     }
 
-    /// The segment and size of the live range starting at `p`.
-    fn live(s: &State, p: usize) -> Result<(usize, usize)> {
+    /// Records that the range at `a`, `pages` long, is live (its length
+    /// word; a range of 2^32 pages or more, 16 TiB, records the most the
+    /// word holds: its free then takes its length from the arena).
+    fn mark_live(&self, a: usize, pages: usize) {
+        if let Some(w) = self.len_word(a) {
+            w.store(pages.min(u32::MAX as usize) as u32, Ordering::Release);
+        }
+    }
+
+    /// The segment and size of the range starting at `p`, busy in its
+    /// arena (live, or kept freed by a cache).
+    fn busy_range(s: &State, p: usize) -> Result<(usize, usize)> {
         let bad = Error::NotAllocated { addr: p as u64 };
         let i = Self::seg_of(s, p).ok_or(bad)?;
         let area = s.segs[i]
@@ -576,19 +645,58 @@ impl Large {
         if area.start != p as u64 {
             return Err(bad);
         }
-        let n = area.size as usize;
-        if let Some((c, _)) = class_of(n / kmem_sys::page_size()) {
-            if s.cache.holds(c, p) {
-                return Err(Error::DoubleFree { addr: p as u64 });
-            }
+        Ok((i, area.size as usize))
+    }
+
+    /// The segment and size of the live range starting at `p`: busy in its
+    /// arena, and not kept freed by a cache (its length word is not 0).
+    fn live(&self, s: &State, p: usize) -> Result<(usize, usize)> {
+        let (i, n) = Self::busy_range(s, p)?;
+        if self
+            .len_word(p)
+            .is_none_or(|w| w.load(Ordering::Acquire) == 0)
+        {
+            return Err(Error::DoubleFree { addr: p as u64 });
         }
         Ok((i, n))
     }
 
     /// Frees the live range starting at `p` (an error changes nothing).
+    ///
+    /// The range is claimed first, without the lock: its length word
+    /// swapped to 0. A range the calling CPU may keep goes to its cache
+    /// (`large/percpu.rs`) with no other lock; the rest under the arena's.
+    /// A word already 0 (not a live range's start: freed before, kept by a
+    /// cache, or never handed out) goes to the locked look-up, which says
+    /// which error it is.
     pub(crate) fn free(&self, p: usize) -> Result<()> {
+        let (seg, claimed) = self
+            .seg_word(p)
+            .map_or((0, 0), |(i, w)| (i, w.swap(0, Ordering::AcqRel) as usize));
+        if claimed == 0 {
+            let s = self.state.lock();
+            return match Self::busy_range(&s, p) {
+                Err(e) => Err(e),
+                Ok(_) => Err(Error::DoubleFree { addr: p as u64 }),
+            };
+        }
+        if self.cpu_may_keep(seg, p, claimed) {
+            self.cpu_put(p, claimed);
+            return Ok(());
+        }
         let mut s = self.state.lock();
-        let (i, n) = Self::live(&s, p)?;
+        self.free_claimed(&mut s, p);
+        Ok(())
+    }
+
+    /// Frees the range at `p`, claimed (its length word swapped to 0),
+    /// under the lock: kept by its class in the class cache while that has
+    /// room, else into its arena.
+    fn free_claimed(&self, s: &mut State, p: usize) {
+        let Ok((_, n)) = Self::busy_range(s, p) else {
+            debug_assert!(false, "a claimed range not busy in its arena");
+            return;
+        };
         if let Some((c, _)) = class_of(n / self.page) {
             // What was freed since the recent peak (in use a moment ago:
             // keeping it raises no peak), up to the policy's limit; nothing
@@ -604,20 +712,34 @@ impl Large {
             if s.cache.put(c, p, n / self.page, self.page, bound) {
                 s.busy -= n;
                 // The clock, so that the tick that empties the cache comes.
-                self.settle(&mut s);
-                return Ok(());
+                self.settle(s);
+                return;
             }
         }
-        let g = s.segs[i].as_mut().ok_or(Error::NotAllocated { addr: 0 })?;
-        g.arena.free(p as u64)?;
+        self.release(s, p, n);
+        self.settle(s);
+    }
+
+    /// Frees the claimed range at `p`, `n` bytes, busy in its arena, into
+    /// the arena: its dirty pages count as freed and backed, the top trimmed.
+    fn release(&self, s: &mut State, p: usize, n: usize) {
+        let Some(i) = Self::seg_of(s, p) else {
+            debug_assert!(false, "a claimed range outside every segment");
+            return;
+        };
+        let Some(g) = s.segs[i].as_mut() else {
+            return;
+        };
+        if g.arena.free(p as u64).is_err() {
+            debug_assert!(false, "a claimed range not busy in its arena");
+            return;
+        }
         let first = (p - g.base()) / self.page;
         let d = g.view(Map::Dirty).count_range(first, n / self.page);
         s.dirty_pages += d;
         s.busy -= n;
         s.recent_max = s.recent_max.max(n);
-        self.trim_top(&mut s, i);
-        self.settle(&mut s);
-        Ok(())
+        self.trim_top(s, i);
     }
 
     /// `realloc` of the live range at `p` to `new` bytes, under one lock and
@@ -628,15 +750,18 @@ impl Large {
     /// size of `min` or less belongs to a smaller allocator).
     pub(crate) fn resize(&self, p: usize, new: usize, min: usize) -> Result<Resize> {
         let mut s = self.state.lock();
-        let (i, n) = Self::live(&s, p)?;
+        let (i, n) = self.live(&s, p)?;
         if new <= n {
             if new > min {
-                self.shrink_locked(&mut s, i, p, n, new);
+                let kept = self.shrink_locked(&mut s, i, p, n, new);
+                self.mark_live(p, kept / self.page);
                 return Ok(Resize::InPlace);
             }
             return Ok(Resize::Move(n));
         }
         let r = if self.grow_locked(&mut s, i, p, n, new) {
+            let grown = new.next_multiple_of(self.page).max(n);
+            self.mark_live(p, grown / self.page);
             Resize::InPlace
         } else {
             Resize::Move(n)
@@ -695,7 +820,30 @@ impl Large {
             return n;
         }
         s.busy -= n - keep;
+        self.publish_top(s, i);
         keep
+    }
+
+    /// Raises segment `i`'s published top to `end` (under the lock, the
+    /// only writer: no read-modify-write).
+    fn raise_top(&self, i: usize, end: usize) {
+        if self.tops[i].load(Ordering::Relaxed) < end {
+            self.tops[i].store(end, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes segment `i`'s highest busy range's end (see `tops`): the
+    /// start of the free block that reaches the segment's end, else the end.
+    fn publish_top(&self, s: &State, i: usize) {
+        let Some(g) = s.segs[i].as_ref() else {
+            return;
+        };
+        let end = g.base() + g.region.len();
+        let hi = match g.arena.free_blocks().next_back() {
+            Some(w) if w.end() as usize == end => w.start as usize,
+            _ => end,
+        };
+        self.tops[i].store(hi, Ordering::Relaxed);
     }
 
     /// Grows the live range at `p`, `n` bytes in segment `i`, to `new`
@@ -730,6 +878,7 @@ impl Large {
             let taken = map.count_range(first, more);
             map.set_range(first, more);
             g.top = g.top.max(first + more);
+            self.raise_top(i, p + need);
             s.dirty_pages -= taken;
             s.busy += need - n;
             s.recent_busy = s.recent_busy.max(s.busy);
@@ -746,6 +895,7 @@ impl Large {
     /// Takes the lock for `fork()`.
     pub(crate) fn fork_prepare(&self) {
         core::mem::forget(self.state.lock());
+        self.cpus_fork_prepare();
     }
 
     /// Releases what [`fork_prepare`](Self::fork_prepare) took.
@@ -753,8 +903,11 @@ impl Large {
     /// # Safety
     /// The calling thread took it with `fork_prepare`.
     pub(crate) unsafe fn fork_release(&self) {
-        // SAFETY: forwarded contract: we hold the lock and no guard exists.
-        unsafe { self.state.force_unlock() }
+        // SAFETY: forwarded contract: we hold the locks and no guard exists.
+        unsafe {
+            self.cpus_fork_release();
+            self.state.force_unlock();
+        }
     }
 
     /// Arena counters (summed over segments), freed bytes still backed,
@@ -781,11 +934,20 @@ impl Large {
             purged_bytes: s.purged_pages * self.page as u64,
             cached_ranges: s.cache.ranges,
             cached_bytes: s.cache.bytes,
+            cpu_ranges: 0,
+            cpu_bytes: 0,
             lock: LockStats::default(),
         };
         drop(s);
+        let (mut cpu_ranges, mut cpu_bytes) = (0, 0);
+        self.each_cpu_range(|_, pages| {
+            cpu_ranges += 1;
+            cpu_bytes += pages * self.page;
+        });
         LargeStats {
             lock: self.state.stats(),
+            cpu_ranges,
+            cpu_bytes,
             ..r
         }
     }
@@ -837,8 +999,17 @@ impl Large {
                 .and_then(|g| g.arena.find(a as u64));
             cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
         });
+        self.each_cpu_range(|a, pages| {
+            let area = Self::seg_of(&s, a)
+                .and_then(|i| s.segs[i].as_ref())
+                .and_then(|g| g.arena.find(a as u64));
+            cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
+            cached_ok &= self
+                .len_word(a)
+                .is_some_and(|w| w.load(Ordering::Acquire) == 0);
+        });
         if !cached_ok {
-            return Err("large: a cached range is not a busy range of its size");
+            return Err("large: a cached range is not a busy range of its size, or looks live");
         }
         if busy != s.busy + s.cache.bytes {
             return Err("large: busy byte count differs from the arenas");

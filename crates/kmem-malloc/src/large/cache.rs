@@ -36,8 +36,9 @@
 //! policy keeps for reuse. A cached range is
 //! busy in its arena and dirty in its map; the arena's books count it
 //! apart (`Large::check`). Its second free, and any use of it as a live
-//! block (its size asked, a realloc), is refused: the class's slots are
-//! looked at before a range is taken as live.
+//! block (its size asked, a realloc), is refused: its length word (see
+//! `Large::lens`) was claimed by its free and reads 0 until it is handed
+//! out again.
 
 use super::{Large, Map, State};
 
@@ -137,9 +138,10 @@ impl Cache {
         true
     }
 
-    /// Whether the range at `a` of class `c` is held.
-    #[inline]
-    pub(super) fn holds(&self, c: usize, a: usize) -> bool {
+    /// Whether the range at `a` of class `c` is held (tests: the arena
+    /// tells a held range by its length word).
+    #[cfg(test)]
+    fn holds(&self, c: usize, a: usize) -> bool {
         self.addr[c][..self.n[c] as usize].contains(&a)
     }
 

@@ -2,6 +2,8 @@
 //! top trim after a free, the policy's ticks (cache emptied, old pages
 //! given back, pages aged), the settle at a thread's exit, `malloc_trim`.
 
+use core::sync::atomic::Ordering;
+
 use kmem_core::{Due, ReturnPolicy};
 
 use super::{Large, Map, State};
@@ -30,13 +32,13 @@ impl Large {
         };
         let (base, end) = (g.base(), g.base() + g.region.len());
         // The free block that reaches the segment's end, if any: above the
-        // highest busy range.
-        let Some(w) = g.arena.free_blocks().next_back() else {
+        // highest busy range, whose end the CPUs' caches read (`tops`).
+        let w = g.arena.free_blocks().next_back();
+        let top = w.filter(|w| w.end() as usize == end);
+        self.tops[i].store(top.map_or(end, |w| w.start as usize), Ordering::Relaxed);
+        let Some(w) = top else {
             return;
         };
-        if w.end() as usize != end {
-            return;
-        }
         let lo = ((w.start as usize - base) / ps).saturating_add(pad);
         let mut at = lo;
         let mut done = 0;
@@ -69,6 +71,7 @@ impl Large {
             Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
             Due::Tick { keep, limit } => {
                 self.flush_cache(s);
+                self.flush_cpus(s);
                 s.recent_max = 0;
                 s.recent_busy = s.busy;
                 self.purge_down_to(s, limit / ps, Map::Dirty);
@@ -143,27 +146,39 @@ impl Large {
     pub(crate) fn trim(&self) {
         let mut s = self.state.lock();
         self.flush_cache(&mut s);
+        self.flush_cpus(&mut s);
         self.purge_down_to(&mut s, 0, Map::Dirty);
     }
 
     /// Changes the return policy (`mallopt(M_TRIM_THRESHOLD)`); it applies
     /// from the next free or tick.
     pub(crate) fn set_policy(&self, policy: ReturnPolicy) {
-        self.state.lock().decay.set_policy(policy);
+        let mut s = self.state.lock();
+        s.decay.set_policy(policy);
+        self.cpu_bound.store(
+            Self::cpu_bound_for(policy),
+            core::sync::atomic::Ordering::Relaxed,
+        );
+        // What the CPUs keep under the old bound goes to the arena.
+        self.flush_cpus(&mut s);
     }
 
     /// Gives back at once the freed memory past the policy's limit
     /// ([`Decay::settle`](kmem_core::Decay::settle)), the cached ranges
-    /// counted in (they join the arena first when the total passes it): for
-    /// a thread's exit, after which no call may come to tick the clock.
+    /// counted in, the CPUs' too (they join the arena first when the total
+    /// passes it): for a thread's exit, after which no call may come to
+    /// tick the clock.
     pub(crate) fn settle_limit(&self) {
         let mut s = self.state.lock();
         let ps = self.page;
-        let freed = s.dirty_pages * ps + s.cache.bytes;
-        if s.decay.settle(freed, s.busy) == Due::Nothing {
+        let mut cpu_bytes = 0;
+        self.each_cpu_range(|_, pages| cpu_bytes += pages * ps);
+        let freed = s.dirty_pages * ps + s.cache.bytes + cpu_bytes;
+        if s.decay.settle(freed, s.busy - cpu_bytes) == Due::Nothing {
             return;
         }
         self.flush_cache(&mut s);
+        self.flush_cpus(&mut s);
         if let Due::Now { keep } = s.decay.settle(s.dirty_pages * ps, s.busy) {
             self.purge_down_to(&mut s, keep / ps, Map::Dirty);
         }

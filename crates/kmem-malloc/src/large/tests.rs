@@ -1,5 +1,5 @@
-//! The large arena's tests: placement, the top pad, the cache of freed
-//! ranges.
+//! The large arena's tests: placement, the top pad, the caches of freed
+//! ranges (by class, by CPU).
 
 use super::*;
 
@@ -109,7 +109,7 @@ fn a_batch_freed_keeps_its_pages_for_the_next() {
 #[test]
 fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}).without_cpu_caches();
     let ps = large.page;
     let a = large.alloc(64 << 10, ps, false).unwrap().addr;
     let b = large.alloc(100 << 10, ps, false).unwrap().addr;
@@ -219,7 +219,7 @@ fn an_aligned_request_takes_only_an_aligned_cached_range() {
         delay_ms: 60_000,
         ..ReturnPolicy::DEFAULT
     };
-    let large = Large::new(policy, nodes, || {});
+    let large = Large::new(policy, nodes, || {}).without_cpu_caches();
     let ps = large.page;
     const AL: usize = 256 << 10;
     let a = large.alloc(64 << 10, AL, false).unwrap().addr;
@@ -297,4 +297,225 @@ fn the_growth_hook_runs_every_16_mib_of_unbacked_pages() {
     large.free(a).unwrap();
     large.free(b).unwrap();
     large.check().unwrap();
+}
+
+/// A freed range of 64 KiB up to the CPU's bound stays whole on the
+/// calling CPU's cache, refused as live while there (a second free, its
+/// size, a realloc), and comes back for the next request it fits within a
+/// quarter; the policy's bound, `malloc_trim` and a policy that keeps
+/// nothing give it to the arena.
+#[test]
+fn a_cpu_keeps_a_freed_range_and_refuses_it_while_kept() {
+    // One CPU's cache throughout: the thread stays on the CPU it is on.
+    pin_to_this_cpu();
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let ps = large.page;
+    let a = large.alloc(1 << 20, ps, false).unwrap().addr;
+    let b = large.alloc(3 << 20, ps, false).unwrap().addr;
+    let big = large.alloc(7 << 19, ps, false).unwrap().addr;
+    let e = large.alloc(1 << 20, ps, false).unwrap().addr;
+    // The highest busy range goes to the arena (its top trim), not a CPU.
+    let guard = large.alloc(64 << 10, ps, false).unwrap().addr;
+    large.free(a).unwrap();
+    large.free(b).unwrap();
+    let st = large.stats();
+    assert_eq!(
+        (st.cpu_ranges, st.cpu_bytes, st.cached_ranges),
+        (2, 4 << 20, 0)
+    );
+    assert_eq!(st.arena.busy_blocks, 5);
+    large.check().unwrap();
+    for x in [a, b] {
+        assert!(matches!(large.free(x), Err(Error::DoubleFree { .. })));
+        assert!(matches!(
+            large.usable_size(x),
+            Err(Error::DoubleFree { .. })
+        ));
+        assert!(large.resize(x, 8 << 20, 0).is_err());
+    }
+    // Not a range's start: refused as never handed out.
+    assert!(matches!(
+        large.free(a + ps),
+        Err(Error::NotAllocated { .. })
+    ));
+    large.check().unwrap();
+    // 1 MiB less a page fits the 1 MiB range; 2.5 MiB takes the 3 MiB one
+    // (within a quarter), zeroed for calloc.
+    let c = large.alloc((1 << 20) - ps, ps, false).unwrap().addr;
+    assert_eq!(c, a);
+    assert_eq!(large.usable_size(c).unwrap(), 1 << 20);
+    // SAFETY: the range holds 3 MiB, kept by the cache and ours here.
+    unsafe { core::ptr::write_bytes(b as *mut u8, 0xa5, 3 << 20) };
+    let d = large.alloc(5 << 19, ps, true).unwrap();
+    assert_eq!(d.addr, b);
+    // SAFETY: the range holds 3 MiB, ours now.
+    let bytes = unsafe { core::slice::from_raw_parts(d.addr as *const u8, 5 << 19) };
+    assert!(d.zeroed && bytes.iter().all(|&x| x == 0));
+    assert_eq!(large.stats().cpu_ranges, 0);
+    // `retain` (4 MiB) bounds the CPU: 1 + 3 MiB stay; 3.5 MiB more push
+    // the oldest out until it fits, as frees under the lock: c's to the
+    // class cache (1 MiB is its largest class), d's to the arena.
+    for x in [c, d.addr] {
+        large.free(x).unwrap();
+    }
+    assert_eq!(large.stats().cpu_bytes, 4 << 20);
+    large.free(big).unwrap();
+    let st = large.stats();
+    assert_eq!((st.cpu_ranges, st.cpu_bytes), (1, 7 << 19));
+    assert_eq!(st.cached_ranges, 1);
+    assert!(st.dirty_bytes >= 3 << 20);
+    // Freed again: refused (d's range has merged in the arena: it is no
+    // range's start there any more).
+    assert!(matches!(large.free(c), Err(Error::DoubleFree { .. })));
+    assert!(large.free(d.addr).is_err());
+    large.free(e).unwrap();
+    assert_eq!(large.stats().cpu_bytes, 1 << 20);
+    large.check().unwrap();
+    large.free(guard).unwrap();
+    assert_eq!(large.stats().cpu_bytes, 1 << 20);
+    large.trim();
+    let st = large.stats();
+    assert_eq!(
+        (st.cpu_ranges, st.arena.busy_blocks, st.dirty_bytes),
+        (0, 0, 0)
+    );
+    large.check().unwrap();
+    // A policy that keeps nothing: the CPUs keep nothing either.
+    large.set_policy(ReturnPolicy::EAGER);
+    let f = large.alloc(1 << 20, ps, false).unwrap().addr;
+    let g = large.alloc(1 << 20, ps, false).unwrap().addr;
+    large.free(f).unwrap();
+    assert_eq!(large.stats().cpu_ranges, 0);
+    large.free(g).unwrap();
+    large.check().unwrap();
+}
+
+/// Threads that allocate, write, hand over and free ranges of 64 KiB to
+/// 4 MiB, with frees on other threads than the allocating one: no range
+/// is handed out twice (each keeps its tag), and at the end the books
+/// agree and everything goes back.
+#[test]
+fn threads_share_ranges_through_the_cpu_caches() {
+    use std::sync::Mutex;
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large: &'static Large =
+        Box::leak(Box::new(Large::new(ReturnPolicy::DEFAULT, nodes, || {})));
+    let ps = large.page;
+    let handed: &'static Mutex<Vec<(usize, usize)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut r = t * 7919 + 1;
+                let mut mine: Vec<(usize, usize)> = Vec::new();
+                for i in 0..3000usize {
+                    r ^= r << 13;
+                    r ^= r >> 7;
+                    r ^= r << 17;
+                    let size = (16 + (r >> 20) as usize % 1009) * ps;
+                    let a = large.alloc(size, ps, false).unwrap().addr;
+                    let tag = a ^ 0x5a5a;
+                    // SAFETY: the range holds `size` bytes, ours.
+                    unsafe {
+                        (a as *mut usize).write(tag);
+                        ((a + size - 8) as *mut usize).write(tag);
+                    }
+                    mine.push((a, size));
+                    if mine.len() > 6 {
+                        let (x, n) = mine.swap_remove((r >> 40) as usize % mine.len());
+                        if i % 3 == 0 {
+                            handed.lock().unwrap().push((x, n));
+                        } else {
+                            check_and_free(large, x, n);
+                        }
+                    }
+                    if i % 5 == 0 {
+                        let got = handed.lock().unwrap().pop();
+                        if let Some((x, n)) = got {
+                            check_and_free(large, x, n);
+                        }
+                    }
+                }
+                for (x, n) in mine {
+                    check_and_free(large, x, n);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for (x, n) in handed.lock().unwrap().drain(..) {
+        check_and_free(large, x, n);
+    }
+    large.check().unwrap();
+    large.trim();
+    let st = large.stats();
+    assert_eq!(
+        (st.arena.busy_blocks, st.cpu_ranges, st.dirty_bytes),
+        (0, 0, 0)
+    );
+    large.check().unwrap();
+}
+
+/// Checks the two tags [`threads_share_ranges_through_the_cpu_caches`]
+/// wrote in the range at `a`, `n` bytes, then frees it.
+fn check_and_free(large: &Large, a: usize, n: usize) {
+    // SAFETY: a live range of n bytes, ours.
+    unsafe {
+        assert_eq!((a as *const usize).read(), a ^ 0x5a5a);
+        assert_eq!(((a + n - 8) as *const usize).read(), a ^ 0x5a5a);
+    }
+    assert!(large.usable_size(a).unwrap() >= n);
+    large.free(a).unwrap();
+}
+
+/// Two threads that free the same range at once: one free wins, the other
+/// is refused as a double free, and the range is kept once.
+#[test]
+fn a_range_freed_twice_at_once_is_freed_once() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large: &'static Large =
+        Box::leak(Box::new(Large::new(ReturnPolicy::DEFAULT, nodes, || {})));
+    let ps = large.page;
+    for _ in 0..200 {
+        let a = large.alloc(1 << 20, ps, false).unwrap().addr;
+        let go: &'static std::sync::Barrier = Box::leak(Box::new(std::sync::Barrier::new(2)));
+        let ts: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    go.wait();
+                    large.free(a)
+                })
+            })
+            .collect();
+        let r: Vec<_> = ts.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(r.iter().filter(|x| x.is_ok()).count(), 1, "{r:?}");
+        assert!(r.iter().any(|x| matches!(x, Err(Error::DoubleFree { .. }))));
+        large.check().unwrap();
+        // The one range comes back once.
+        let b = large.alloc(1 << 20, ps, false).unwrap().addr;
+        let c = large.alloc(1 << 20, ps, false).unwrap().addr;
+        assert_ne!(b, c);
+        large.free(b).unwrap();
+        large.free(c).unwrap();
+    }
+    large.trim();
+    large.check().unwrap();
+}
+
+/// Keeps the calling thread on the CPU it runs on, so that its frees and
+/// allocations meet one CPU's cache.
+fn pin_to_this_cpu() {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t of our own.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(cpu >= 0);
+        let mut set: libc::cpu_set_t = core::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
 }
