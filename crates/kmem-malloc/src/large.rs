@@ -14,6 +14,11 @@
 //!   alloc    the lowest fit in the lowest segment that has one; its dirty
 //!            pages stop counting as freed-and-backed; calloc clears just
 //!            the span of them (never an estimate: the bits are exact)
+//!   claim    free swaps the range's length word (one a page) to 0, no
+//!            lock: a word already 0 is no live range's start (refused)
+//!   per CPU  16 pages up to the policy's retain: kept whole on the
+//!            calling CPU's cache, taken back by the next request it fits
+//!            (`large/percpu.rs`; no arena lock either way)
 //!   free     16-256 pages: kept whole in the cache of freed ranges while
 //!            it has room (`large/cache.rs`; emptied at each policy tick);
 //!            else the range merges with its free neighbours; its pages count as
@@ -29,8 +34,8 @@
 //! calls its growth hook, with which kmem-malloc has the other page
 //! sources give back what they keep past their limits (see
 //! [`Large::new`]). One lock guards the arenas; an arena knows every busy
-//! range by its start, so `free` of anything else, or a second `free`, is
-//! caught before anything changes. Segments are published with their
+//! range by its start and the length words say which are live, so `free`
+//! of anything else, or a second `free`, is caught before anything changes. Segments are published with their
 //! bounds in atomics, so [`Large::owns`] takes no lock.
 
 use core::ptr::NonNull;
@@ -488,20 +493,29 @@ impl Large {
         let ps = self.page;
         // The calling CPU's cache first (no alignment past a page: its
         // ranges are not sorted by one).
+        let mut given_up = None;
         if align <= ps && self.cpu_keeps(need / ps) {
-            if let Some(a) = self.cpu_take(need / ps) {
-                if zero {
-                    // SAFETY: the range holds `need` bytes, ours now.
-                    unsafe { core::ptr::write_bytes(a as *mut u8, 0, size) };
+            match self.cpu_take(need / ps) {
+                Ok(a) => {
+                    if zero {
+                        // SAFETY: the range holds `need` bytes, ours now.
+                        unsafe { core::ptr::write_bytes(a as *mut u8, 0, size) };
+                    }
+                    return Ok(Got {
+                        addr: a,
+                        zeroed: zero,
+                    });
                 }
-                return Ok(Got {
-                    addr: a,
-                    zeroed: zero,
-                });
+                Err(old) => given_up = old,
             }
         }
         let align = align.max(ps);
         let mut s = self.state.lock();
+        // A range the CPU's cache gave up on its miss: freed first (it may
+        // merge into what this request takes).
+        if let Some(old) = given_up {
+            self.free_claimed(&mut s, old);
+        }
         // 16 to 256 pages: a range of its class from the cache when it
         // holds one long enough and aligned (a program that allocates and
         // frees aligned blocks gets the one it freed back).
@@ -703,7 +717,7 @@ impl Large {
             // when the policy keeps nothing or has no clock (no tick would
             // empty the cache).
             let policy = s.decay.policy();
-            let busy = s.busy - n;
+            let busy = self.live_busy(s).saturating_sub(n);
             let bound = if policy.retain == 0 || policy.delay_ms == 0 {
                 0
             } else {
@@ -856,10 +870,15 @@ impl Large {
         if need <= n {
             return true;
         }
-        // A cached range right after it is free to the program: back to
-        // the arena, where this range can grow into it.
+        // A cached range right after it (the class cache's, or a CPU's) is
+        // free to the program: back to the arena, where this range can grow
+        // into it.
         if let Some(pages) = s.cache.take_at(p + n, self.page) {
             Self::uncache(s, p + n, pages, self.page);
+        } else if let Some(pages) = self.cpu_take_at(p + n) {
+            // Counted busy while a CPU kept it.
+            Self::uncache(s, p + n, pages, self.page);
+            s.busy -= pages * self.page;
         }
         let (a, ps) = (p as u64, self.page as u64);
         let Some(g) = s.segs[i].as_mut() else {

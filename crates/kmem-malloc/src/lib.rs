@@ -17,7 +17,10 @@
 //!      cache misses)      the owner's semi-free list
 //!   larger              the large arena: kmem-vmap over 64 GiB segments of
 //!     or align > 4 KiB  reserved space (more as needed), lowest-address
-//!                       first fit, an exact map of pages that may hold data
+//!                       first fit, an exact map of pages that may hold
+//!                       data; in front of its lock, each CPU's cache of
+//!                       freed ranges up to `retain` (4 MiB), and a cache
+//!                       of freed ranges to 1 MiB by class
 //! ```
 //!
 //! `free(p)` needs no size: the address says which part owns `p` (each has

@@ -10,7 +10,8 @@
 //!                  arena's lock (the class cache, else the arena)
 //!   alloc(n pages) page-aligned requests: the CPU's range that fits best,
 //!                  at least n pages and at most a quarter more, its length
-//!                  word written again; else the arena (its lock)
+//!                  word written again; else the arena (its lock), and the
+//!                  CPU's oldest range, if any, goes there first
 //!   the policy's tick, malloc_trim, a thread's exit settle, and any
 //!                  allocation that needs pages not backed: every CPU's
 //!                  ranges back to the arena, under the policy from there
@@ -62,9 +63,10 @@ pub(super) struct Ranges {
 #[repr(align(128))]
 pub(super) struct CpuRanges {
     ranges: Lock<Ranges>,
-    /// Ranges held (written under the lock; read without it to skip an
-    /// empty cache).
+    /// Ranges held, and their bytes (written under the lock; read without
+    /// it to skip an empty cache, and for the policy's books).
     held: AtomicUsize,
+    bytes: AtomicUsize,
 }
 
 impl CpuRanges {
@@ -77,7 +79,14 @@ impl CpuRanges {
                 bytes: 0,
             }),
             held: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
         }
+    }
+
+    /// Publishes what `r` (this cache's, locked) holds.
+    fn publish(&self, r: &Ranges) {
+        self.held.store(r.n, Ordering::Relaxed);
+        self.bytes.store(r.bytes, Ordering::Relaxed);
     }
 }
 
@@ -203,21 +212,34 @@ impl Large {
     }
 
     /// A range of `pages` pages (page-aligned) from the calling CPU's
-    /// cache, its length word written; `None` when it holds none that fits.
+    /// cache, its length word written: `Ok` with its address. A miss on a
+    /// cache that holds ranges gives up its oldest (`Err(Some(addr))`, for
+    /// the caller to free under the arena's lock it takes next): a cache
+    /// whose ranges the requests do not fit (sizes that vary) empties
+    /// itself into the arena, where its pages merge and serve them, instead
+    /// of holding them until the tick. `Err(None)`: an empty cache.
     #[inline]
-    pub(super) fn cpu_take(&self, pages: usize) -> Option<usize> {
+    pub(super) fn cpu_take(&self, pages: usize) -> Result<usize, Option<usize>> {
         let c = &self.cpus[this_cpu()];
         if c.held.load(Ordering::Relaxed) == 0 {
-            return None;
+            return Err(None);
         }
         let mut r = c.ranges.lock();
-        let (a, got) = r.take(pages, self.page)?;
-        c.held.store(r.n, Ordering::Relaxed);
+        let Some((a, got)) = r.take(pages, self.page) else {
+            if r.n == 0 {
+                return Err(None);
+            }
+            let old = r.addr[0];
+            r.remove(0, self.page);
+            c.publish(&r);
+            return Err(Some(old));
+        };
+        c.publish(&r);
         drop(r);
         if let Some(w) = self.len_word(a) {
             w.store(got as u32, Ordering::Release);
         }
-        Some(a)
+        Ok(a)
     }
 
     /// Keeps the range at `a`, `pages` long, whose length word the caller
@@ -228,7 +250,7 @@ impl Large {
         let c = &self.cpus[this_cpu()];
         let mut r = c.ranges.lock();
         let gone = r.put(a, pages, self.page, self.cpu_bound(), &mut out);
-        c.held.store(r.n, Ordering::Relaxed);
+        c.publish(&r);
         drop(r);
         if !self.any_held.load(Ordering::Relaxed) {
             self.any_held.store(true, Ordering::Relaxed);
@@ -252,13 +274,33 @@ impl Large {
             let mut r = c.ranges.lock();
             let n = core::mem::take(&mut r.n);
             r.bytes = 0;
-            c.held.store(0, Ordering::Relaxed);
+            c.publish(&r);
             let got: [(usize, usize); RANGES] = core::array::from_fn(|i| (r.addr[i], r.pages[i]));
             drop(r);
             for &(a, pages) in &got[..n] {
                 self.release(s, a, pages * self.page);
             }
         }
+    }
+
+    /// Takes the range at `a` out of whichever CPU keeps it, with its
+    /// length in pages (a `realloc` that grows the range before it in
+    /// place; called under the arena's lock).
+    pub(super) fn cpu_take_at(&self, a: usize) -> Option<usize> {
+        if !self.any_held.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.cpus.iter().find_map(|c| {
+            if c.held.load(Ordering::Relaxed) == 0 {
+                return None;
+            }
+            let mut r = c.ranges.lock();
+            let i = (0..r.n).find(|&i| r.addr[i] == a)?;
+            let pages = r.pages[i];
+            r.remove(i, self.page);
+            c.publish(&r);
+            Some(pages)
+        })
     }
 
     /// Whether some CPU may keep a range: false at once when none has kept
@@ -269,6 +311,24 @@ impl Large {
                 .cpus
                 .iter()
                 .any(|c| c.held.load(Ordering::Relaxed) != 0)
+    }
+
+    /// Bytes the CPUs keep, as last published (no lock): freed memory,
+    /// counted busy in `State::busy` as in the arena; the policy's books
+    /// take them out ([`live_busy`](Self::live_busy)).
+    pub(super) fn cpu_parked(&self) -> usize {
+        if !self.any_held.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.cpus
+            .iter()
+            .map(|c| c.bytes.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The bytes in live ranges: `busy` less what the CPUs keep.
+    pub(super) fn live_busy(&self, s: &State) -> usize {
+        s.busy.saturating_sub(self.cpu_parked())
     }
 
     /// Calls `f(addr, pages)` for each range the CPUs keep (stats, check).

@@ -14,19 +14,21 @@ impl Large {
     pub(super) fn trim_top(&self, s: &mut State, i: usize) {
         let ps = self.page;
         let policy = s.decay.policy();
+        // What the CPUs keep is freed memory, not in use.
+        let busy = self.live_busy(s);
         // Without a clock no tick resets `recent_busy`: its term would be
         // the all-time peak.
         let since_peak = if policy.delay_ms == 0 {
             0
         } else {
-            s.recent_busy.saturating_sub(s.busy)
+            s.recent_busy.saturating_sub(busy)
         };
         let recent = s
             .recent_max
             .saturating_mul(8)
             .max(since_peak)
-            .min(policy.limit(s.busy));
-        let pad = policy.top_pad(s.busy).max(recent) / ps;
+            .min(policy.limit(busy));
+        let pad = policy.top_pad(busy).max(recent) / ps;
         let Some(g) = s.segs[i].as_mut() else {
             return;
         };
@@ -66,7 +68,7 @@ impl Large {
     pub(super) fn settle(&self, s: &mut State) {
         let ps = self.page;
         let now = kmem_sys::clock::coarse_ns();
-        match s.decay.check(s.dirty_pages * ps, s.busy, now) {
+        match s.decay.check(s.dirty_pages * ps, self.live_busy(s), now) {
             Due::Nothing => {}
             Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
             Due::Tick { keep, limit } => {
