@@ -717,7 +717,7 @@ impl Large {
             // when the policy keeps nothing or has no clock (no tick would
             // empty the cache).
             let policy = s.decay.policy();
-            let busy = self.live_busy(s).saturating_sub(n);
+            let busy = s.busy - n;
             let bound = if policy.retain == 0 || policy.delay_ms == 0 {
                 0
             } else {

@@ -63,10 +63,9 @@ pub(super) struct Ranges {
 #[repr(align(128))]
 pub(super) struct CpuRanges {
     ranges: Lock<Ranges>,
-    /// Ranges held, and their bytes (written under the lock; read without
-    /// it to skip an empty cache, and for the policy's books).
+    /// Ranges held (written under the lock; read without it to skip an
+    /// empty cache).
     held: AtomicUsize,
-    bytes: AtomicUsize,
 }
 
 impl CpuRanges {
@@ -79,14 +78,12 @@ impl CpuRanges {
                 bytes: 0,
             }),
             held: AtomicUsize::new(0),
-            bytes: AtomicUsize::new(0),
         }
     }
 
     /// Publishes what `r` (this cache's, locked) holds.
     fn publish(&self, r: &Ranges) {
         self.held.store(r.n, Ordering::Relaxed);
-        self.bytes.store(r.bytes, Ordering::Relaxed);
     }
 }
 
@@ -311,24 +308,6 @@ impl Large {
                 .cpus
                 .iter()
                 .any(|c| c.held.load(Ordering::Relaxed) != 0)
-    }
-
-    /// Bytes the CPUs keep, as last published (no lock): freed memory,
-    /// counted busy in `State::busy` as in the arena; the policy's books
-    /// take them out ([`live_busy`](Self::live_busy)).
-    pub(super) fn cpu_parked(&self) -> usize {
-        if !self.any_held.load(Ordering::Relaxed) {
-            return 0;
-        }
-        self.cpus
-            .iter()
-            .map(|c| c.bytes.load(Ordering::Relaxed))
-            .sum()
-    }
-
-    /// The bytes in live ranges: `busy` less what the CPUs keep.
-    pub(super) fn live_busy(&self, s: &State) -> usize {
-        s.busy.saturating_sub(self.cpu_parked())
     }
 
     /// Calls `f(addr, pages)` for each range the CPUs keep (stats, check).
