@@ -100,8 +100,8 @@ pub fn info() -> Mallinfo2 {
     };
     if let Some(l) = LARGE.get() {
         let st = l.stats();
-        m.hblks += st.arena.busy_blocks as usize - st.cached_ranges - st.cpu_ranges;
-        m.hblkhd += st.arena.busy_bytes as usize - st.cached_bytes - st.cpu_bytes;
+        m.hblks += (st.arena.busy_blocks as usize).saturating_sub(st.cached_ranges + st.cpu_ranges);
+        m.hblkhd += (st.arena.busy_bytes as usize).saturating_sub(st.cached_bytes + st.cpu_bytes);
         m.keepcost += st.dirty_bytes + st.cached_bytes + st.cpu_bytes;
     }
     m

@@ -18,7 +18,8 @@
 //!            lock: a word already 0 is no live range's start (refused)
 //!   per CPU  16 pages up to the policy's retain: kept whole on the
 //!            calling CPU's cache, taken back by the next request it fits
-//!            (`large/percpu.rs`; no arena lock either way)
+//!            (`large/percpu.rs`; no arena lock on a hit, nor on a
+//!            free that pushes nothing out)
 //!   free     16-256 pages: kept whole in the cache of freed ranges while
 //!            it has room (`large/cache.rs`; emptied at each policy tick);
 //!            else the range merges with its free neighbours; its pages count as
@@ -39,7 +40,7 @@
 //! bounds in atomics, so [`Large::owns`] takes no lock.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use kmem_core::{Bitmap, Decay, Error, Lock, LockStats, PageSource, Result, ReturnPolicy};
 use kmem_sys::Region;
@@ -135,6 +136,9 @@ pub(crate) struct Large {
     cpus: [CpuRanges; CPUS],
     /// Bytes a CPU's cache may keep (from the policy; 0: none).
     cpu_bound: AtomicUsize,
+    /// When the policy's next tick is due (ns of the coarse clock),
+    /// published by `settle`: the CPUs' hits read it.
+    next_tick: AtomicU64,
     /// Set when a CPU keeps a range, cleared by the flush of them all:
     /// while it is clear nothing looks at the 64 caches.
     any_held: AtomicBool,
@@ -394,6 +398,7 @@ impl Large {
             cpus: [const { CpuRanges::new() }; CPUS],
             cpu_bound: AtomicUsize::new(Self::cpu_bound_for(policy)),
             any_held: AtomicBool::new(false),
+            next_tick: AtomicU64::new(0),
             state: Lock::new(State {
                 segs: [const { SegPtr(None) }; MAX_SEGMENTS],
                 n: 0,
@@ -641,7 +646,7 @@ impl Large {
     /// Records that the range at `a`, `pages` long, is live (its length
     /// word; a range of 2^32 pages or more, 16 TiB, records the most the
     /// word holds: its free then takes its length from the arena).
-    fn mark_live(&self, a: usize, pages: usize) {
+    pub(super) fn mark_live(&self, a: usize, pages: usize) {
         if let Some(w) = self.len_word(a) {
             w.store(pages.min(u32::MAX as usize) as u32, Ordering::Release);
         }
@@ -879,6 +884,7 @@ impl Large {
             // Counted busy while a CPU kept it.
             Self::uncache(s, p + n, pages, self.page);
             s.busy -= pages * self.page;
+            self.publish_top(s, i);
         }
         let (a, ps) = (p as u64, self.page as u64);
         let Some(g) = s.segs[i].as_mut() else {
@@ -957,12 +963,15 @@ impl Large {
             cpu_bytes: 0,
             lock: LockStats::default(),
         };
-        drop(s);
+        // The CPUs' ranges under the arena's lock (the allowed order), so
+        // that none moves between the arena and a CPU while they are
+        // counted: they stay a part of the arena's busy ranges.
         let (mut cpu_ranges, mut cpu_bytes) = (0, 0);
         self.each_cpu_range(|_, pages| {
             cpu_ranges += 1;
             cpu_bytes += pages * self.page;
         });
+        drop(s);
         LargeStats {
             lock: self.state.stats(),
             cpu_ranges,

@@ -191,9 +191,16 @@ impl Large {
     /// Frees every cached range in its arena (then freed memory under the
     /// policy like any other).
     pub(super) fn flush_cache(&self, s: &mut State) {
+        if s.cache.ranges == 0 {
+            return;
+        }
         let ps = self.page;
         let mut cache = core::mem::replace(&mut s.cache, Cache::new());
         cache.drain(|a, pages| Self::uncache(s, a, pages, ps));
+        // A range that went back may have been the highest busy one.
+        for i in 0..s.n {
+            self.publish_top(s, i);
+        }
     }
 
     /// Frees the range at `a`, `pages` long, just taken out of the cache,

@@ -4,8 +4,10 @@
 //!   free(p)        claim p's length word (one atomic swap: a second free
 //!                  of p finds 0 and goes to the locked path, which refuses
 //!                  it); a range of 16 pages up to the CPU's bound is kept
-//!                  whole on the calling CPU's cache (its own lock, only
-//!                  the threads on that CPU take it); when the cache is
+//!                  whole on the calling CPU's cache (its own lock: the
+//!                  threads on that CPU take it, and the flushes, stats
+//!                  and fork below; the CPU's id is rseq's modulo 64, or
+//!                  without rseq the thread's stack hashed); when the cache is
 //!                  full, its oldest range goes on as a free under the
 //!                  arena's lock (the class cache, else the arena)
 //!   alloc(n pages) page-aligned requests: the CPU's range that fits best,
@@ -81,9 +83,12 @@ impl CpuRanges {
         }
     }
 
-    /// Publishes what `r` (this cache's, locked) holds.
+    /// Publishes what `r` (this cache's, locked) holds. SeqCst, with the
+    /// flag's store after it (`cpu_put`) and the flush's clear before its
+    /// reads: a flush that reads 0 here is ordered before the store, so the
+    /// flag the put sets after it stays set.
     fn publish(&self, r: &Ranges) {
-        self.held.store(r.n, Ordering::Relaxed);
+        self.held.store(r.n, Ordering::SeqCst);
     }
 }
 
@@ -111,7 +116,9 @@ impl Ranges {
 
     /// Keeps `a`, `pages` long; while that passes `RANGES` or `bound`
     /// bytes, the oldest ranges leave first, into `out` (at most `RANGES`
-    /// of them); returns how many left.
+    /// of them); returns how many left. A range longer than `bound` (the
+    /// policy changed since the caller looked) is not kept: it alone
+    /// leaves.
     fn put(
         &mut self,
         a: usize,
@@ -120,6 +127,10 @@ impl Ranges {
         bound: usize,
         out: &mut [(usize, usize); RANGES],
     ) -> usize {
+        if pages * ps > bound {
+            out[0] = (a, pages);
+            return 1;
+        }
         let mut gone = 0;
         while self.n > 0 && (self.n == RANGES || self.bytes + pages * ps > bound) {
             out[gone] = (self.addr[0], self.pages[0]);
@@ -233,9 +244,8 @@ impl Large {
         };
         c.publish(&r);
         drop(r);
-        if let Some(w) = self.len_word(a) {
-            w.store(got as u32, Ordering::Release);
-        }
+        self.mark_live(a, got);
+        self.cpu_clock();
         Ok(a)
     }
 
@@ -249,23 +259,37 @@ impl Large {
         let gone = r.put(a, pages, self.page, self.cpu_bound(), &mut out);
         c.publish(&r);
         drop(r);
-        if !self.any_held.load(Ordering::Relaxed) {
-            self.any_held.store(true, Ordering::Relaxed);
+        if !self.any_held.load(Ordering::SeqCst) {
+            self.any_held.store(true, Ordering::SeqCst);
         }
         if gone > 0 {
             let mut s = self.state.lock();
             for &(x, _) in &out[..gone] {
                 self.free_claimed(&mut s, x);
             }
+        } else {
+            self.cpu_clock();
+        }
+    }
+
+    /// The policy's clock, from a CPU's hit or keep (which take no arena
+    /// lock and so reach no `settle`): past the next tick, the arena's
+    /// maintenance, if its lock is free. A program whose large requests
+    /// all hit the CPUs' caches still has its freed memory go back.
+    #[inline]
+    fn cpu_clock(&self) {
+        if kmem_sys::clock::coarse_ns() >= self.next_tick.load(Ordering::Relaxed) {
+            self.maintain();
         }
     }
 
     /// Every CPU's ranges back to the arena (its lock held).
     pub(super) fn flush_cpus(&self, s: &mut State) {
-        // Cleared first: a range kept meanwhile sets it again.
-        self.any_held.store(false, Ordering::Relaxed);
+        // Cleared first: a range kept meanwhile sets it again (see
+        // `CpuRanges::publish`).
+        self.any_held.store(false, Ordering::SeqCst);
         for c in &self.cpus {
-            if c.held.load(Ordering::Relaxed) == 0 {
+            if c.held.load(Ordering::SeqCst) == 0 {
                 continue;
             }
             let mut r = c.ranges.lock();
@@ -303,7 +327,7 @@ impl Large {
     /// Whether some CPU may keep a range: false at once when none has kept
     /// one since the last flush (`any_held`), else each CPU's count.
     pub(super) fn cpus_hold(&self) -> bool {
-        self.any_held.load(Ordering::Relaxed)
+        self.any_held.load(Ordering::SeqCst)
             && self
                 .cpus
                 .iter()

@@ -70,6 +70,9 @@ impl Large {
     pub(super) fn settle(&self, s: &mut State) {
         let ps = self.page;
         let now = kmem_sys::clock::coarse_ns();
+        let period = s.decay.policy().period_ns();
+        self.next_tick
+            .store(now.saturating_add(period), Ordering::Relaxed);
         match s.decay.check(s.dirty_pages * ps, s.busy, now) {
             Due::Nothing => {}
             Due::Now { keep } => self.purge_down_to(s, keep / ps, Map::Dirty),
@@ -178,7 +181,7 @@ impl Large {
         let mut cpu_bytes = 0;
         self.each_cpu_range(|_, pages| cpu_bytes += pages * ps);
         let freed = s.dirty_pages * ps + s.cache.bytes + cpu_bytes;
-        if s.decay.settle(freed, s.busy - cpu_bytes) == Due::Nothing {
+        if s.decay.settle(freed, s.busy.saturating_sub(cpu_bytes)) == Due::Nothing {
             return;
         }
         self.flush_cache(&mut s);

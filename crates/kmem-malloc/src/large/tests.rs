@@ -309,7 +309,13 @@ fn a_cpu_keeps_a_freed_range_and_refuses_it_while_kept() {
     // One CPU's cache throughout: the thread stays on the CPU it is on.
     pin_to_this_cpu();
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    // No tick during the test (it would empty the CPUs' caches): a minute's
+    // delay, the default `retain`.
+    let policy = ReturnPolicy {
+        delay_ms: 60_000,
+        ..ReturnPolicy::DEFAULT
+    };
+    let large = Large::new(policy, nodes, || {});
     let ps = large.page;
     let a = large.alloc(1 << 20, ps, false).unwrap().addr;
     let b = large.alloc(3 << 20, ps, false).unwrap().addr;
@@ -518,4 +524,47 @@ fn pin_to_this_cpu() {
             0
         );
     }
+}
+
+/// A program whose large requests all hit a CPU's cache (no arena lock,
+/// no `settle` on the way) still has what it freed before go back within
+/// the policy's delay: the hits read the policy's clock.
+#[test]
+fn hits_on_a_cpu_cache_keep_the_policy_clock_going() {
+    pin_to_this_cpu();
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let policy = ReturnPolicy {
+        retain: 1 << 20,
+        delay_ms: 20,
+    };
+    let large = Large::new(policy, nodes, || {});
+    let ps = large.page;
+    // 10 MiB of 256 KiB ranges, touched, then freed: far past `retain`.
+    let v: Vec<usize> = (0..40)
+        .map(|_| large.alloc(256 << 10, ps, true).unwrap().addr)
+        .collect();
+    let keep = large.alloc(256 << 10, ps, false).unwrap().addr;
+    for &a in &v {
+        // SAFETY: a live range of 256 KiB, ours.
+        unsafe { core::ptr::write_bytes(a as *mut u8, 1, 256 << 10) };
+    }
+    for &a in v.iter().rev() {
+        large.free(a).unwrap();
+    }
+    // Then only hits: one range freed and taken back, for 300 ms.
+    let mut x = large.alloc(256 << 10, ps, false).unwrap().addr;
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(300) {
+        large.free(x).unwrap();
+        x = large.alloc(256 << 10, ps, false).unwrap().addr;
+    }
+    let st = large.stats();
+    let kept = st.dirty_bytes + st.cached_bytes + st.cpu_bytes;
+    assert!(
+        kept <= 2 << 20,
+        "{kept} bytes freed still kept after 300 ms"
+    );
+    large.free(x).unwrap();
+    large.free(keep).unwrap();
+    large.check().unwrap();
 }
