@@ -36,22 +36,30 @@
 //! sources give back what they keep past their limits (see
 //! [`Large::new`]). One lock guards the arenas; an arena knows every busy
 //! range by its start and the length words say which are live, so `free`
-//! of anything else, or a second `free`, is caught before anything changes. Segments are published with their
-//! bounds in atomics, so [`Large::owns`] takes no lock.
+//! of anything else, or a second `free`, is caught before anything
+//! changes. Segments are published with their bounds in atomics, so
+//! [`Large::owns`] takes no lock.
+//!
+//! Files: this one the arena's requests and frees; `large/segment.rs` the
+//! segments and their maps; `large/percpu.rs` and `large/cache.rs` the
+//! caches of freed ranges; `large/policy.rs` the return policy's side;
+//! `large/stats.rs` the statistics and `check`.
 
-use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use kmem_core::{Bitmap, Decay, Error, Lock, LockStats, PageSource, Result, ReturnPolicy};
-use kmem_sys::Region;
-use kmem_vmap::{VmapArena, VmapStats};
+use kmem_core::{Decay, Error, Lock, PageSource, Result, ReturnPolicy};
+use kmem_vmap::VmapArena;
 
 mod cache;
 mod percpu;
 mod policy;
+mod segment;
+mod stats;
 
 use cache::{class_of, Cache};
 use percpu::{CpuRanges, CPUS};
+pub(crate) use segment::reserve_rw;
+use segment::{Map, SegPtr};
 
 /// Address space reserved per segment (less where the OS refuses as much).
 pub const SEGMENT: usize = 64 << 30;
@@ -109,9 +117,6 @@ fn place(arena: &mut VmapArena<NodeSource>, need: u64, align: u64) -> Result<u64
     arena.alloc(need, align)
 }
 
-/// Smallest segment tried before giving up.
-const MIN_SEGMENT: usize = 256 << 20;
-
 /// The large allocator: its segments and their arenas.
 pub(crate) struct Large {
     page: usize,
@@ -146,137 +151,6 @@ pub(crate) struct Large {
     /// handed out another [`GROWTH_LOOK`] bytes of unbacked pages (see
     /// [`Large::new`]).
     on_growth: fn(),
-}
-
-/// A segment's record lives at the start of its own metadata reservation
-/// (so that the static holds a pointer per segment, not the records: the
-/// library's `.bss` stays small and untouched until a large request).
-struct Segment {
-    region: Region,
-    /// Two bitmaps of one bit per page of `region`, one after the other:
-    /// `dirty`, the page may hold data; `old`, the page is free, dirty, and
-    /// was freed before the return policy's last tick. In the metadata
-    /// reservation, after this record.
-    maps: *mut u64,
-    pages: usize,
-    /// No page at or above this one is busy or dirty.
-    top: usize,
-    arena: VmapArena<NodeSource>,
-}
-
-/// A segment's record, once reserved; used under the state's lock.
-struct SegPtr(Option<NonNull<Segment>>);
-
-// SAFETY: the record is reached only through the state, under its lock.
-unsafe impl Send for SegPtr {}
-
-impl SegPtr {
-    fn as_ref(&self) -> Option<&Segment> {
-        // SAFETY: a record written by add_segment, never freed; shared
-        // access through `&self` under the lock.
-        self.0.map(|p| unsafe { &*p.as_ptr() })
-    }
-
-    fn as_mut(&mut self) -> Option<&mut Segment> {
-        // SAFETY: as above; `&mut self` (the lock held) makes it exclusive.
-        self.0.map(|p| unsafe { &mut *p.as_ptr() })
-    }
-}
-
-impl<'a> IntoIterator for &'a SegPtr {
-    type Item = &'a Segment;
-    type IntoIter = core::option::IntoIter<&'a Segment>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.as_ref().into_iter()
-    }
-}
-
-impl<'a> IntoIterator for &'a mut SegPtr {
-    type Item = &'a mut Segment;
-    type IntoIter = core::option::IntoIter<&'a mut Segment>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.as_mut().into_iter()
-    }
-}
-
-/// Which of a segment's bitmaps.
-#[derive(Clone, Copy)]
-enum Map {
-    Dirty = 0,
-    Old = 1,
-}
-
-impl Segment {
-    fn base(&self) -> usize {
-        self.region.base().as_ptr() as usize
-    }
-
-    fn words(&self) -> usize {
-        Bitmap::<&[u64]>::words_for(self.pages)
-    }
-
-    fn view(&self, m: Map) -> Bitmap<&[u64]> {
-        let words = self.words();
-        // SAFETY: `maps` holds two arrays of `words` u64s, committed and
-        // owned by this segment; writes need `&mut self`, so none happens
-        // meanwhile.
-        let w = unsafe { core::slice::from_raw_parts(self.maps.add(m as usize * words), words) };
-        Bitmap::new(w, self.pages)
-    }
-
-    fn map(&mut self, m: Map) -> Bitmap<&mut [u64]> {
-        let words = self.words();
-        // SAFETY: as `view`; `&mut self` makes this view exclusive.
-        let w =
-            unsafe { core::slice::from_raw_parts_mut(self.maps.add(m as usize * words), words) };
-        Bitmap::new(w, self.pages)
-    }
-
-    /// Calls `f(self, first, len)` for each free block as a page range cut
-    /// at `top`, highest first, until it returns false. The blocks are
-    /// gathered a few at a time: `f` may write the maps while the arena is
-    /// borrowed for reading only between gatherings.
-    fn each_free_block_down(
-        &mut self,
-        ps: usize,
-        mut f: impl FnMut(&mut Segment, usize, usize) -> bool,
-    ) {
-        let mut below = u64::MAX;
-        let mut blocks = [(0usize, 0usize); 16];
-        loop {
-            let nb = self.blocks_below(below, ps, &mut blocks);
-            if nb == 0 {
-                return;
-            }
-            below = (blocks[nb - 1].0 * ps + self.base()) as u64;
-            for &(first, len) in &blocks[..nb] {
-                if !f(self, first, len) {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// The free blocks as page ranges cut at `top` (nothing above is
-    /// dirty: the untouched rest of the segment is never scanned), highest
-    /// first, starting below `below` (an address), at most `out.len()` of
-    /// them; returns how many.
-    fn blocks_below(&self, below: u64, ps: usize, out: &mut [(usize, usize)]) -> usize {
-        let base = self.base();
-        let mut n = 0;
-        for b in self.arena.free_blocks().rev() {
-            if n == out.len() {
-                break;
-            }
-            let first = (b.start as usize - base) / ps;
-            let end = (first + b.size as usize / ps).min(self.top);
-            if b.start < below && first < end {
-                out[n] = (first, end - first);
-                n += 1;
-            }
-        }
-        n
-    }
 }
 
 struct State {
@@ -329,22 +203,6 @@ pub(crate) struct Got {
     pub zeroed: bool,
 }
 
-/// What [`Large::stats`] reports.
-pub(crate) struct LargeStats {
-    pub arena: VmapStats,
-    pub segments: usize,
-    pub dirty_bytes: usize,
-    pub purges: u64,
-    pub purged_bytes: u64,
-    /// Freed ranges held whole for reuse (counted busy in `arena`): by the
-    /// class cache, and by the CPUs' caches (`cpu_*`).
-    pub cached_ranges: usize,
-    pub cached_bytes: usize,
-    pub cpu_ranges: usize,
-    pub cpu_bytes: usize,
-    pub lock: LockStats,
-}
-
 /// What [`Large::resize`] did with a range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Resize {
@@ -352,23 +210,6 @@ pub(crate) enum Resize {
     InPlace,
     /// It must move; it holds this many bytes.
     Move(usize),
-}
-
-/// Reserves `bytes` of address space (halving down to `min` while the OS
-/// refuses), 2 MiB aligned, readable and writable at once: `MAP_NORESERVE`,
-/// so the kernel backs a page only when it is first touched.
-pub(crate) fn reserve_rw(mut bytes: usize, min: usize) -> Result<Region> {
-    loop {
-        let r = Region::reserve_aligned(bytes, 2 << 20).and_then(|r| {
-            r.commit(0, r.len())?;
-            Ok(r)
-        });
-        match r {
-            Ok(r) => return Ok(r),
-            Err(_) if bytes / 2 >= min.max(MIN_SEGMENT) => bytes /= 2,
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 impl Large {
@@ -423,59 +264,6 @@ impl Large {
         self.bounds[..n]
             .iter()
             .any(|(b, l)| p.wrapping_sub(b.load(Ordering::Relaxed)) < l.load(Ordering::Relaxed))
-    }
-
-    /// Reserves a new segment that can hold `need` bytes at `align`.
-    #[cold]
-    fn add_segment(&self, s: &mut State, need: usize, align: usize) -> Result<()> {
-        if s.n == MAX_SEGMENTS {
-            return Err(Error::OutOfMemory { size: need as u64 });
-        }
-        let min = need
-            .checked_add(align)
-            .and_then(|m| m.checked_next_multiple_of(2 << 20))
-            .ok_or(Error::Overflow)?;
-        let region = reserve_rw(SEGMENT.max(min), min)?;
-        let pages = region.len() / self.page;
-        let words = Bitmap::<&[u64]>::words_for(pages);
-        let head = core::mem::size_of::<Segment>().next_multiple_of(64);
-        // The record, the two bitmaps, then the length words (4 bytes a
-        // page: backed only where ranges start, a page of them for each
-        // 4 MiB of the segment that holds ranges).
-        let lens_at = head + 2 * words * 8;
-        let meta = Region::reserve((lens_at + pages * 4).next_multiple_of(self.page))?;
-        meta.commit(0, meta.len())?;
-        let base = region.base().as_ptr() as u64;
-        let arena = VmapArena::with_lazy_max(self.nodes, base, base + region.len() as u64, 0)?;
-        let i = s.n;
-        self.bounds[i].0.store(base as usize, Ordering::Relaxed);
-        self.bounds[i].1.store(region.len(), Ordering::Relaxed);
-        // The reservation holds the record and its maps for the life of the
-        // process (segments are never released).
-        let (at, _) = meta.leak();
-        let rec = at.cast::<Segment>();
-        // SAFETY: `at` starts a committed, page-aligned reservation of ours
-        // of head + 2 * words * 8 bytes at least; the record fits in `head`.
-        unsafe {
-            rec.as_ptr().write(Segment {
-                region,
-                // SAFETY: inside the same reservation, 64-byte aligned.
-                maps: at.as_ptr().add(head).cast(),
-                pages,
-                top: 0,
-                arena,
-            })
-        };
-        s.segs[i] = SegPtr(Some(rec));
-        // SAFETY: inside the same reservation (sized for them above),
-        // 8-byte aligned; zero pages read as zero words.
-        self.lens[i].store(
-            unsafe { at.as_ptr().add(lens_at).cast() },
-            Ordering::Relaxed,
-        );
-        s.n += 1;
-        self.nsegs.store(s.n, Ordering::Release);
-        Ok(())
     }
 
     /// A range of at least `size` bytes aligned to `align` (a power of two),
@@ -933,116 +721,6 @@ impl Large {
             self.cpus_fork_release();
             self.state.force_unlock();
         }
-    }
-
-    /// Arena counters (summed over segments), freed bytes still backed,
-    /// purges, the lock.
-    pub(crate) fn stats(&self) -> LargeStats {
-        let s = self.state.lock();
-        let mut a = VmapStats::default();
-        for g in s.segs[..s.n].iter().flatten() {
-            let t = g.arena.stats();
-            a.size += t.size;
-            a.free_bytes += t.free_bytes;
-            a.largest_free = a.largest_free.max(t.largest_free);
-            a.free_blocks += t.free_blocks;
-            a.busy_blocks += t.busy_blocks;
-            a.busy_bytes += t.busy_bytes;
-            a.nodes += t.nodes;
-            a.node_pages += t.node_pages;
-        }
-        let r = LargeStats {
-            arena: a,
-            segments: s.n,
-            dirty_bytes: s.dirty_pages * self.page,
-            purges: s.purges,
-            purged_bytes: s.purged_pages * self.page as u64,
-            cached_ranges: s.cache.ranges,
-            cached_bytes: s.cache.bytes,
-            cpu_ranges: 0,
-            cpu_bytes: 0,
-            lock: LockStats::default(),
-        };
-        // The CPUs' ranges under the arena's lock (the allowed order), so
-        // that none moves between the arena and a CPU while they are
-        // counted: they stay a part of the arena's busy ranges.
-        let (mut cpu_ranges, mut cpu_bytes) = (0, 0);
-        self.each_cpu_range(|_, pages| {
-            cpu_ranges += 1;
-            cpu_bytes += pages * self.page;
-        });
-        drop(s);
-        LargeStats {
-            lock: self.state.stats(),
-            cpu_ranges,
-            cpu_bytes,
-            ..r
-        }
-    }
-
-    /// The arenas' invariants, and the exact count of freed backed pages.
-    pub(crate) fn check(&self) -> core::result::Result<(), &'static str> {
-        let s = self.state.lock();
-        let ps = self.page;
-        let mut dirty = 0;
-        let mut busy = 0;
-        let n = s.n;
-        for g in s.segs[..n].iter().flatten() {
-            g.arena.check()?;
-            let (base, map, old) = (g.base(), g.view(Map::Dirty), g.view(Map::Old));
-            if map.find_next_bit(g.top).is_some() || old.find_next_bit(g.top).is_some() {
-                return Err("large: a page at or above the top is marked");
-            }
-            let top = g.top;
-            let range = |b: kmem_vmap::Area| {
-                let first = (b.start as usize - base) / ps;
-                let end = (first + b.size as usize / ps).min(top);
-                (first, end.saturating_sub(first))
-            };
-            dirty += g
-                .arena
-                .free_blocks()
-                .map(|b| map.count_range(range(b).0, range(b).1))
-                .sum::<usize>();
-            let old_free: usize = g
-                .arena
-                .free_blocks()
-                .map(|b| old.count_range(range(b).0, range(b).1))
-                .sum();
-            if old_free != old.count_range(0, top) {
-                return Err("large: a page marked old is not free");
-            }
-            if (0..top.div_ceil(64)).any(|w| old.words()[w] & !map.words()[w] != 0) {
-                return Err("large: a page marked old is not dirty");
-            }
-            busy += g.arena.stats().busy_bytes as usize;
-        }
-        if dirty != s.dirty_pages {
-            return Err("large: freed backed page count differs from the dirty map");
-        }
-        let mut cached_ok = true;
-        s.cache.each(|a, pages| {
-            let area = Self::seg_of(&s, a)
-                .and_then(|i| s.segs[i].as_ref())
-                .and_then(|g| g.arena.find(a as u64));
-            cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
-        });
-        self.each_cpu_range(|a, pages| {
-            let area = Self::seg_of(&s, a)
-                .and_then(|i| s.segs[i].as_ref())
-                .and_then(|g| g.arena.find(a as u64));
-            cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
-            cached_ok &= self
-                .len_word(a)
-                .is_some_and(|w| w.load(Ordering::Acquire) == 0);
-        });
-        if !cached_ok {
-            return Err("large: a cached range is not a busy range of its size, or looks live");
-        }
-        if busy != s.busy + s.cache.bytes {
-            return Err("large: busy byte count differs from the arenas");
-        }
-        Ok(())
     }
 
     /// Bytes reserved, over all segments.

@@ -1,0 +1,136 @@
+//! The large arena's statistics and invariants.
+
+use core::sync::atomic::Ordering;
+
+use kmem_core::LockStats;
+use kmem_vmap::VmapStats;
+
+use super::{Large, Map};
+
+/// What [`Large::stats`] reports.
+pub(crate) struct LargeStats {
+    pub arena: VmapStats,
+    pub segments: usize,
+    pub dirty_bytes: usize,
+    pub purges: u64,
+    pub purged_bytes: u64,
+    /// Freed ranges held whole for reuse (counted busy in `arena`): by the
+    /// class cache, and by the CPUs' caches (`cpu_*`).
+    pub cached_ranges: usize,
+    pub cached_bytes: usize,
+    pub cpu_ranges: usize,
+    pub cpu_bytes: usize,
+    pub lock: LockStats,
+}
+
+impl Large {
+    /// Arena counters (summed over segments), freed bytes still backed,
+    /// purges, the lock.
+    pub(crate) fn stats(&self) -> LargeStats {
+        let s = self.state.lock();
+        let mut a = VmapStats::default();
+        for g in s.segs[..s.n].iter().flatten() {
+            let t = g.arena.stats();
+            a.size += t.size;
+            a.free_bytes += t.free_bytes;
+            a.largest_free = a.largest_free.max(t.largest_free);
+            a.free_blocks += t.free_blocks;
+            a.busy_blocks += t.busy_blocks;
+            a.busy_bytes += t.busy_bytes;
+            a.nodes += t.nodes;
+            a.node_pages += t.node_pages;
+        }
+        let r = LargeStats {
+            arena: a,
+            segments: s.n,
+            dirty_bytes: s.dirty_pages * self.page,
+            purges: s.purges,
+            purged_bytes: s.purged_pages * self.page as u64,
+            cached_ranges: s.cache.ranges,
+            cached_bytes: s.cache.bytes,
+            cpu_ranges: 0,
+            cpu_bytes: 0,
+            lock: LockStats::default(),
+        };
+        // The CPUs' ranges under the arena's lock (the allowed order), so
+        // that none moves between the arena and a CPU while they are
+        // counted: they stay a part of the arena's busy ranges.
+        let (mut cpu_ranges, mut cpu_bytes) = (0, 0);
+        self.each_cpu_range(|_, pages| {
+            cpu_ranges += 1;
+            cpu_bytes += pages * self.page;
+        });
+        drop(s);
+        LargeStats {
+            lock: self.state.stats(),
+            cpu_ranges,
+            cpu_bytes,
+            ..r
+        }
+    }
+
+    /// The arenas' invariants, and the exact count of freed backed pages.
+    pub(crate) fn check(&self) -> core::result::Result<(), &'static str> {
+        let s = self.state.lock();
+        let ps = self.page;
+        let mut dirty = 0;
+        let mut busy = 0;
+        let n = s.n;
+        for g in s.segs[..n].iter().flatten() {
+            g.arena.check()?;
+            let (base, map, old) = (g.base(), g.view(Map::Dirty), g.view(Map::Old));
+            if map.find_next_bit(g.top).is_some() || old.find_next_bit(g.top).is_some() {
+                return Err("large: a page at or above the top is marked");
+            }
+            let top = g.top;
+            let range = |b: kmem_vmap::Area| {
+                let first = (b.start as usize - base) / ps;
+                let end = (first + b.size as usize / ps).min(top);
+                (first, end.saturating_sub(first))
+            };
+            dirty += g
+                .arena
+                .free_blocks()
+                .map(|b| map.count_range(range(b).0, range(b).1))
+                .sum::<usize>();
+            let old_free: usize = g
+                .arena
+                .free_blocks()
+                .map(|b| old.count_range(range(b).0, range(b).1))
+                .sum();
+            if old_free != old.count_range(0, top) {
+                return Err("large: a page marked old is not free");
+            }
+            if (0..top.div_ceil(64)).any(|w| old.words()[w] & !map.words()[w] != 0) {
+                return Err("large: a page marked old is not dirty");
+            }
+            busy += g.arena.stats().busy_bytes as usize;
+        }
+        if dirty != s.dirty_pages {
+            return Err("large: freed backed page count differs from the dirty map");
+        }
+        let mut cached_ok = true;
+        s.cache.each(|a, pages| {
+            let area = Self::seg_of(&s, a)
+                .and_then(|i| s.segs[i].as_ref())
+                .and_then(|g| g.arena.find(a as u64));
+            cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
+        });
+        self.each_cpu_range(|a, pages| {
+            let area = Self::seg_of(&s, a)
+                .and_then(|i| s.segs[i].as_ref())
+                .and_then(|g| g.arena.find(a as u64));
+            cached_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
+            cached_ok &= self
+                .len_word(a)
+                .is_some_and(|w| w.load(Ordering::Acquire) == 0);
+        });
+        if !cached_ok {
+            return Err("large: a cached range is not a busy range of its size, or looks live");
+        }
+        if busy != s.busy + s.cache.bytes {
+            return Err("large: busy byte count differs from the arenas");
+        }
+        Ok(())
+    }
+}
