@@ -59,7 +59,14 @@ pub(super) struct Ranges {
     pages: [usize; RANGES],
     n: usize,
     bytes: usize,
+    /// Hits and keeps, wrapping: the clock is read once in [`CLOCK_EVERY`].
+    ops: u32,
 }
+
+/// A CPU's hits and keeps between two reads of the policy's clock: read
+/// on each, it cost about 15 ns a hit (two threads replacing 1 MiB blocks:
+/// 0.059 -> 0.075 s).
+const CLOCK_EVERY: u32 = 16;
 
 /// A CPU's cache on a line of its own.
 #[repr(align(128))]
@@ -78,6 +85,7 @@ impl CpuRanges {
                 pages: [0; RANGES],
                 n: 0,
                 bytes: 0,
+                ops: 0,
             }),
             held: AtomicUsize::new(0),
         }
@@ -90,9 +98,21 @@ impl CpuRanges {
     fn publish(&self, r: &Ranges) {
         self.held.store(r.n, Ordering::SeqCst);
     }
+
+    /// Publishes what `r` holds after taking ranges out (a count that only
+    /// falls: no flush can miss a range by it, so no fence).
+    fn publish_fewer(&self, r: &Ranges) {
+        self.held.store(r.n, Ordering::Relaxed);
+    }
 }
 
 impl Ranges {
+    /// Counts a hit or keep; true once in [`CLOCK_EVERY`].
+    fn tick(&mut self) -> bool {
+        self.ops = self.ops.wrapping_add(1);
+        self.ops % CLOCK_EVERY == 0
+    }
+
     /// The range that fits `want` pages best (at least `want`, at most a
     /// quarter more; the latest of equals), taken out with its length.
     fn take(&mut self, want: usize, ps: usize) -> Option<(usize, usize)> {
@@ -239,13 +259,16 @@ impl Large {
             }
             let old = r.addr[0];
             r.remove(0, self.page);
-            c.publish(&r);
+            c.publish_fewer(&r);
             return Err(Some(old));
         };
-        c.publish(&r);
+        c.publish_fewer(&r);
+        let tick = r.tick();
         drop(r);
         self.mark_live(a, got);
-        self.cpu_clock();
+        if tick {
+            self.cpu_clock();
+        }
         Ok(a)
     }
 
@@ -258,6 +281,7 @@ impl Large {
         let mut r = c.ranges.lock();
         let gone = r.put(a, pages, self.page, self.cpu_bound(), &mut out);
         c.publish(&r);
+        let tick = r.tick();
         drop(r);
         if !self.any_held.load(Ordering::SeqCst) {
             self.any_held.store(true, Ordering::SeqCst);
@@ -267,13 +291,13 @@ impl Large {
             for &(x, _) in &out[..gone] {
                 self.free_claimed(&mut s, x);
             }
-        } else {
+        } else if tick {
             self.cpu_clock();
         }
     }
 
-    /// The policy's clock, from a CPU's hit or keep (which take no arena
-    /// lock and so reach no `settle`): past the next tick, the arena's
+    /// The policy's clock, from a CPU's hits and keeps (which take no arena
+    /// lock and so reach no `settle`; one in [`CLOCK_EVERY`]): past the next tick, the arena's
     /// maintenance, if its lock is free. A program whose large requests
     /// all hit the CPUs' caches still has its freed memory go back.
     #[inline]
@@ -319,7 +343,7 @@ impl Large {
             let i = (0..r.n).find(|&i| r.addr[i] == a)?;
             let pages = r.pages[i];
             r.remove(i, self.page);
-            c.publish(&r);
+            c.publish_fewer(&r);
             Some(pages)
         })
     }
@@ -382,6 +406,7 @@ mod tests {
             pages: [0; RANGES],
             n: 0,
             bytes: 0,
+            ops: 0,
         };
         let mut out = [(0, 0); RANGES];
         assert_eq!(r.put(0x10_0000, 256, ps, 8 << 20, &mut out), 0);
