@@ -3,7 +3,7 @@
 //! ```text
 //!   kmem                          same as `kmem report`
 //!   kmem report [--smoke|--full] [--out DIR] [--only a,b]
-//!   kmem bench SUITE [--full|--smoke] [--json] [--threads N] [--cpus N]
+//!   kmem bench SUITE [--full|--smoke] [--json] [--threads N] [--cpus N] [--case a,b]
 //!   kmem bench --list
 //!   kmem kernel [--timeout SECS] [--quiet] [--json]
 //! ```
@@ -106,6 +106,12 @@ struct BenchArgs {
     /// CPUs, for suites that take a CPU count (at least 1; refused by the others).
     #[arg(long, value_parser = at_least_one)]
     cpus: Option<usize>,
+    /// Only these cases, for suites that name theirs (malloc): names as in the
+    /// JSON's `case`, comma-separated or repeated; `*` at either end matches a
+    /// prefix or suffix (`--case 'larson*,*@16t'`). An unknown name is refused
+    /// with the list.
+    #[arg(long = "case", value_delimiter = ',')]
+    cases: Vec<String>,
 }
 
 /// A count of threads or CPUs: 0 is refused with a message, not clamped.
@@ -115,6 +121,37 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Refuses `--case` for a suite that runs whole, and a pattern that names
+/// none of the suite's cases, saying which exist.
+fn check_cases(suite: &dyn Suite, sc: Scale, patterns: &[String]) -> Result<(), String> {
+    if patterns.is_empty() {
+        return Ok(());
+    }
+    let cases = suite.cases(sc);
+    if cases.is_empty() {
+        let which: Vec<&str> = suites::all()
+            .iter()
+            .filter(|s| !s.cases(sc).is_empty())
+            .map(|s| s.name())
+            .collect();
+        return Err(format!(
+            "suite {} runs whole and does not take --case (the suites that do: {})",
+            suite.name(),
+            which.join(", ")
+        ));
+    }
+    for p in patterns {
+        if !cases.iter().any(|c| suites::case_matches(p, c)) {
+            return Err(format!(
+                "suite {} has no case {p:?} at this scale on this machine; its cases: {}",
+                suite.name(),
+                cases.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn scale(smoke: bool, full: bool) -> Scale {
@@ -222,7 +259,11 @@ fn main() -> ExitCode {
                 }
             }
             let sc = scale(b.smoke, b.full);
-            let ran = report::run_suite(suite, sc, b.threads, b.cpus);
+            if let Err(why) = check_cases(suite, sc, &b.cases) {
+                eprintln!("kmem: {why}");
+                return ExitCode::from(2);
+            }
+            let ran = report::run_suite(suite, sc, b.threads, b.cpus, &b.cases);
             if b.json {
                 println!("{}", report::suite_json(&ran, sc, &MachineJson::current()));
             } else {

@@ -35,6 +35,7 @@ pub fn run_suite(
     scale: Scale,
     threads: Option<usize>,
     cpus: Option<usize>,
+    only: &[String],
 ) -> Ran {
     let progress = Progress::new(suite.name());
     let t0 = std::time::Instant::now();
@@ -43,6 +44,7 @@ pub fn run_suite(
         threads,
         cpus,
         progress: &progress,
+        only,
     });
     progress.finish();
     Ran {
@@ -532,7 +534,7 @@ pub fn run_report(scale: Scale, out_dir: &Path, only: &[String]) -> std::io::Res
     std::fs::create_dir_all(out_dir)?;
     let mut runs = Vec::new();
     for suite in chosen {
-        let ran = run_suite(suite, scale, None, None);
+        let ran = run_suite(suite, scale, None, None, &[]);
         let missed = not_measured(&ran).len();
         eprintln!(
             "kmem: {} done in {:.1} s{}",
@@ -596,6 +598,7 @@ mod tests {
                 threads: None,
                 cpus: None,
                 progress: &Progress::hidden(),
+                only: &[],
             }),
             seconds: 0.1,
         };
@@ -683,6 +686,7 @@ mod tests {
                 threads: None,
                 cpus: None,
                 progress: &Progress::hidden(),
+                only: &[],
             }),
             seconds: 0.1,
         };
@@ -770,6 +774,7 @@ mod tests {
             threads: None,
             cpus: None,
             progress: &Progress::hidden(),
+            only: &[],
         };
         let runs = [
             Ran {

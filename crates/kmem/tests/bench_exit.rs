@@ -105,6 +105,24 @@ fn options_a_suite_ignores_are_refused() {
 }
 
 #[test]
+fn cases_are_refused_where_a_suite_has_none_of_that_name() {
+    for (suite, case, says) in [
+        ("core", "anything", "runs whole and does not take --case"),
+        ("malloc", "nope", "has no case \"nope\""),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kmem"))
+            .env_remove("CARGO")
+            .args(["bench", suite, "--smoke", "--case", case])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{suite} {case}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{err}");
+        assert!(o.stdout.is_empty(), "{suite} ran");
+    }
+}
+
+#[test]
 fn a_suite_that_measures_succeeds_with_notes_in_its_json() {
     let o = Command::new(env!("CARGO_BIN_EXE_kmem"))
         .env_remove("CARGO")

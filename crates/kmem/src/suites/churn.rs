@@ -24,6 +24,11 @@ pub const BANDS: &[(&str, &str)] = &[
     ("mixed", "99 % 16 B - 64 KiB, 1 % 64 KiB - 1 MiB, 4096 live"),
 ];
 
+/// The case name of band `band` in the results (`churn_small`...).
+pub fn case(band: &str) -> String {
+    format!("churn_{band}")
+}
+
 /// One run of one band under one allocator.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChurnRun {
@@ -120,8 +125,11 @@ pub fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         ],
     );
     for (bi, &(band, what)) in BANDS.iter().enumerate() {
+        let case = case(band);
+        if !ctx.wants(&case) {
+            continue;
+        }
         ctx.progress.step(&format!("churn {band}"));
-        let case = format!("churn_{band}");
         let mut runs: Vec<Option<ChurnRun>> = vec![None; allocs.len()];
         // A different allocator first in each band.
         for k in 0..allocs.len() {

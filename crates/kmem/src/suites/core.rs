@@ -187,6 +187,7 @@ mod tests {
             threads: None,
             cpus: None,
             progress: &p,
+            only: &[],
         });
         for case in ["sparse_1mbit", "dense_1mbit"] {
             assert!(out.value(case, "kmem", "ns_per_search").unwrap() > 0.0);

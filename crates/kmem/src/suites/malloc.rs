@@ -42,7 +42,7 @@
 
 use super::{Ctx, Suite};
 use crate::harness::{geomean, line_transfer_ns, median};
-use crate::output::{fmt_num, fmt_ratio, SuiteOutput, Table};
+use crate::output::{fmt_num, fmt_ratio, Scale, SuiteOutput, Table};
 use crate::preload::{
     compile_workload, find_kmem_malloc, installed_peers, launched_cpu_s, launched_max_rss, Preload,
 };
@@ -292,6 +292,21 @@ impl Suite for MallocSuite {
         "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, sh6bench, sh8bench, rptest, large-replace, and churn of each size band, under glibc, kmem and peers"
     }
 
+    /// Every workload run ([`Workload::runs`]: `larson`, `larson@16t`...),
+    /// then the churn bands (`churn_small`...).
+    fn cases(&self, scale: Scale) -> Vec<String> {
+        let (idx, cpus) = (scale.pick(0, 1, 2), kmem_sys::cpu::online_cpus().max(1));
+        WORKLOADS
+            .iter()
+            .flat_map(|w| w.runs(idx, cpus).into_iter().map(|r| r.0))
+            .chain(
+                super::churn::BANDS
+                    .iter()
+                    .map(|(band, _)| super::churn::case(band)),
+            )
+            .collect()
+    }
+
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput {
         let mut out = SuiteOutput::default();
         let mut allocs = vec![Preload {
@@ -320,18 +335,16 @@ impl Suite for MallocSuite {
         for m in missing {
             out.skip(m.what, m.why);
         }
-        ctx.progress
-            .set_steps(workload_runs(ctx) + super::churn::BANDS.len());
+        let steps = self
+            .cases(ctx.scale)
+            .iter()
+            .filter(|c| ctx.wants(c))
+            .count();
+        ctx.progress.set_steps(steps);
         measure(ctx, &allocs, &mut out);
         super::churn::measure(ctx, &allocs, &mut out);
         out
     }
-}
-
-/// How many workload runs [`measure`] makes at this scale on this machine.
-fn workload_runs(ctx: &Ctx<'_>) -> usize {
-    let (idx, cpus) = (ctx.scale.pick(0, 1, 2), kmem_sys::cpu::online_cpus().max(1));
-    WORKLOADS.iter().map(|w| w.runs(idx, cpus).len()).sum()
 }
 
 /// Runs every workload under every allocator (the first must be glibc).
@@ -379,6 +392,9 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         // every CPU are in the table.
         let sweep = case != w.case;
         let case = case.as_str();
+        if !ctx.wants(case) {
+            continue;
+        }
         ctx.progress.step(case);
         let exe = match compile_workload(w.name) {
             Ok(p) => p,
@@ -562,7 +578,12 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             lines.join(", ")
         ));
     }
-    if !time_ratio_glibc.is_empty() {
+    if !ctx.only.is_empty() {
+        out.notes.push(format!(
+            "only the cases --case picked ({}): no geometric means, which are over every workload",
+            ctx.only.join(", ")
+        ));
+    } else if !time_ratio_glibc.is_empty() {
         let (gt, gr) = (geomean(&time_ratio_glibc), geomean(&rss_ratio_glibc));
         out.measure("geomean", "kmem", "time_ratio_to_glibc", gt, "x");
         out.measure("geomean", "kmem", "rss_ratio_to_glibc", gr, "x");
@@ -582,7 +603,10 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         }
         out.tables.push(s);
     }
-    if !cpu_ratio_mi.is_empty() && cpu_ratio_mi.len() == time_ratio_glibc.len() {
+    if ctx.only.is_empty()
+        && !cpu_ratio_mi.is_empty()
+        && cpu_ratio_mi.len() == time_ratio_glibc.len()
+    {
         out.measure(
             "geomean",
             "kmem",
@@ -641,7 +665,6 @@ fn scaling_table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::Scale;
     use crate::progress::Progress;
 
     #[test]
@@ -731,6 +754,7 @@ mod tests {
                 threads: None,
                 cpus: None,
                 progress: &p,
+                only: &[],
             },
             &allocs,
             &mut out,
@@ -793,6 +817,7 @@ mod tests {
                 threads: None,
                 cpus: None,
                 progress: &p,
+                only: &[],
             },
             &allocs,
             &mut out,

@@ -35,6 +35,30 @@ pub struct Ctx<'a> {
     pub cpus: Option<usize>,
     /// Progress reporting.
     pub progress: &'a Progress,
+    /// `--case`: the cases to run, for suites that name theirs
+    /// ([`Suite::cases`]); empty runs every case.
+    pub only: &'a [String],
+}
+
+impl Ctx<'_> {
+    /// Whether `case` is to run: every case when `--case` was not given,
+    /// else the cases a pattern matches ([`case_matches`]).
+    pub fn wants(&self, case: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| case_matches(p, case))
+    }
+}
+
+/// Whether `--case` pattern `pattern` names `case`: the same name, or with a
+/// `*` at its end or start, a prefix or suffix of it (`larson*` is larson at
+/// every thread count, `*@16t` every run at 16 threads).
+pub fn case_matches(pattern: &str, case: &str) -> bool {
+    if let Some(prefix) = pattern.strip_suffix('*') {
+        case.starts_with(prefix)
+    } else if let Some(suffix) = pattern.strip_prefix('*') {
+        case.ends_with(suffix)
+    } else {
+        pattern == case
+    }
 }
 
 /// A benchmark suite.
@@ -56,6 +80,12 @@ pub trait Suite: Sync {
     /// `--cpus` for a suite that would ignore it.
     fn takes_cpus(&self) -> bool {
         TAKE_CPUS.contains(&self.name())
+    }
+    /// The cases `--case` can pick at `scale` on this machine, in the order
+    /// they run; empty for a suite that runs whole (`kmem bench` refuses
+    /// `--case` for it).
+    fn cases(&self, _scale: Scale) -> Vec<String> {
+        Vec::new()
     }
     /// Runs at `ctx.scale` and returns what it measured.
     fn run(&self, ctx: &Ctx<'_>) -> SuiteOutput;
@@ -100,5 +130,39 @@ mod tests {
         assert!(find("pages").unwrap().takes_threads());
         assert!(!find("malloc").unwrap().takes_threads());
         assert!(!find("webserver").unwrap().takes_cpus());
+    }
+
+    #[test]
+    fn case_patterns_match_names_prefixes_and_suffixes() {
+        assert!(case_matches("larson", "larson"));
+        assert!(!case_matches("larson", "larson@16t"));
+        assert!(case_matches("larson*", "larson@16t"));
+        assert!(case_matches("*@16t", "mstress@16t"));
+        assert!(!case_matches("*@16t", "mstress"));
+        let p = Progress::hidden();
+        let only = ["glibc_thread*".to_string(), "churn_small".to_string()];
+        let ctx = Ctx {
+            scale: Scale::Smoke,
+            threads: None,
+            cpus: None,
+            progress: &p,
+            only: &only,
+        };
+        assert!(ctx.wants("glibc_thread@1t") && ctx.wants("churn_small"));
+        assert!(!ctx.wants("larson"));
+        let every = Ctx { only: &[], ..ctx };
+        assert!(every.wants("larson"));
+    }
+
+    #[test]
+    fn only_the_malloc_suite_names_its_cases() {
+        for s in all() {
+            let cases = s.cases(Scale::Quick);
+            assert_eq!(cases.is_empty(), s.name() != "malloc", "{}", s.name());
+        }
+        let cases = find("malloc").unwrap().cases(Scale::Quick);
+        for c in ["larson", "larson@1t", "glibc_simple", "churn_mixed"] {
+            assert!(cases.iter().any(|x| x == c), "{c} missing from {cases:?}");
+        }
     }
 }

@@ -804,6 +804,7 @@ mod tests {
             threads: None,
             cpus: None,
             progress: &p,
+            only: &[],
         });
         for r in 1..=4 {
             let case = format!("frag_round{r}");

@@ -671,6 +671,7 @@ mod tests {
             threads: None,
             cpus: None,
             progress: &p,
+            only: &[],
         });
         for n in [1, 2, 4, 8, 16] {
             let case = format!("t{n}");
@@ -731,6 +732,7 @@ mod tests {
             threads: Some(2),
             cpus: Some(2),
             progress: &p,
+            only: &[],
         });
         for case in ["t1", "t2"] {
             for imp in ["kmem", "kmem_numa"] {

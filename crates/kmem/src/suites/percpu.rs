@@ -570,6 +570,7 @@ mod tests {
             threads: None,
             cpus: Some(2),
             progress: &p,
+            only: &[],
         });
         for size in SIZES {
             for order in ORDERS.iter().copied().chain(["worst"]) {

@@ -853,6 +853,7 @@ mod tests {
             threads: None,
             cpus: None,
             progress: &p,
+            only: &[],
         });
         for case in ["pte", "pgd", "pte_process_runs", "pgd_process_runs"] {
             for imp in ["direct", "quicklist"] {

@@ -753,6 +753,7 @@ mod tests {
             threads: None,
             cpus: None,
             progress: &p,
+            only: &[],
         });
         for case in CASES {
             for name in [case.name().to_string(), format!("{}/alone", case.name())] {
@@ -799,6 +800,7 @@ mod tests {
             threads: Some(2),
             cpus: None,
             progress: &p,
+            only: &[],
         });
         for case in CASES {
             let name = format!("{}/threads2", case.name());
