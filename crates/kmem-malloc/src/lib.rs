@@ -405,8 +405,12 @@ extern "C" fn thread_exit(b: *mut c_void) {
 
 /// After an exiting thread gave its caches back: nta's maintenance now,
 /// waiting for the heaps' locks (the frees it queued on other heaps
-/// finished, the pool's empty nodes back to the page supply), then each source's return-policy limit applied at
-/// once ([`kmem_core::Decay::settle`]). The policy's clock ticks only on
+/// finished, the pool's empty nodes back to the page supply), then nta's
+/// and the tiny slabs' page supplies' return-policy limit applied at once
+/// ([`kmem_core::Decay::settle`]); the large arena gives back only what
+/// stayed free since its last tick ([`large::Large::settle_exit`]: what
+/// the exiting threads freed since then is what the threads that replace
+/// them reuse). The policy's clock ticks only on
 /// the allocator's calls, and a program whose workers have exited may make
 /// none for good (its main thread waits, or computes): what the workers
 /// freed past the limit then stayed backed. 16 threads that each built and
@@ -422,7 +426,7 @@ fn settle_after_exit() {
     NTA.maintain_waiting();
     settle_small_supplies();
     if let Some(l) = LARGE.get() {
-        l.settle_limit();
+        l.settle_exit();
     }
 }
 

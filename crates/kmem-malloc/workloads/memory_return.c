@@ -28,6 +28,12 @@
  *              "peak" (the process's peak RSS, after the large ones)
  *   ceiling    untouched malloc(1 GiB) until one fails or 96 succeed;
  *              prints "gib N"
+ *   pool       10 rounds of 8 threads; each writes 8 blocks of 2 MiB and
+ *              one of 256 KiB, keeps the small one live (to the end),
+ *              frees the others and exits (a pool whose workers come and
+ *              go, their large blocks in holes below live ones); prints
+ *              "touched" (pages written in rounds 2 to 10) and "faults"
+ *              (minor page faults of the process in those rounds)
  */
 #define _GNU_SOURCE
 #include "common.h"
@@ -252,6 +258,43 @@ static void case_ceiling(void) {
   printf("gib %d\n", n);
 }
 
+enum { POOL_ROUNDS = 10, POOL_BIG = 8, POOL_BIG_SIZE = 2u << 20, POOL_PIN_SIZE = 256u << 10 };
+static void *pins[POOL_ROUNDS * WORKERS];
+
+static void *pool_worker(void *arg) {
+  void *big[POOL_BIG];
+  for (int i = 0; i < POOL_BIG; i++) {
+    big[i] = xmalloc(POOL_BIG_SIZE);
+    memset(big[i], 7, POOL_BIG_SIZE);
+  }
+  void *pin = xmalloc(POOL_PIN_SIZE);
+  memset(pin, 9, POOL_PIN_SIZE);
+  *(void **)arg = pin;
+  for (int i = 0; i < POOL_BIG; i++) free(big[i]);
+  return NULL;
+}
+
+static long minor_faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
+static void case_pool(void) {
+  long first = 0;
+  for (int r = 0; r < POOL_ROUNDS; r++) {
+    if (r == 1) first = minor_faults();
+    pthread_t t[WORKERS];
+    for (int i = 0; i < WORKERS; i++)
+      if (pthread_create(&t[i], NULL, pool_worker, &pins[r * WORKERS + i])) die("pthread_create");
+    for (int i = 0; i < WORKERS; i++) pthread_join(t[i], NULL);
+  }
+  long faults = minor_faults() - first;
+  long per_round = (long)WORKERS * (POOL_BIG * POOL_BIG_SIZE + POOL_PIN_SIZE) / sysconf(_SC_PAGESIZE);
+  printf("touched %ld\nfaults %ld\n", per_round * (POOL_ROUNDS - 1), faults);
+  for (int i = 0; i < POOL_ROUNDS * WORKERS; i++) free(pins[i]);
+}
+
 int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "";
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -262,6 +305,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(c, "exited")) case_exited();
   else if (!strcmp(c, "switch")) case_switch();
   else if (!strcmp(c, "ceiling")) case_ceiling();
+  else if (!strcmp(c, "pool")) case_pool();
   else die("unknown case");
   return 0;
 }

@@ -14,7 +14,7 @@
 //!                  at least n pages and at most a quarter more, its length
 //!                  word written again; else the arena (its lock), and the
 //!                  CPU's oldest range, if any, goes there first
-//!   the policy's tick, malloc_trim, a thread's exit settle, and any
+//!   the policy's tick (a thread's exit makes a due one), malloc_trim, and any
 //!                  allocation that needs pages not backed: every CPU's
 //!                  ranges back to the arena, under the policy from there
 //! ```

@@ -170,24 +170,29 @@ impl Large {
         self.flush_cpus(&mut s);
     }
 
-    /// Gives back at once the freed memory past the policy's limit
-    /// ([`Decay::settle`](kmem_core::Decay::settle)), the cached ranges
-    /// counted in, the CPUs' too (they join the arena first when the total
-    /// passes it): for a thread's exit, after which no call may come to
-    /// tick the clock.
-    pub(crate) fn settle_limit(&self) {
+    /// The policy at a thread's exit, after which no call may come to tick
+    /// the clock: the tick now if one is due, and, between ticks, the pages
+    /// that have stayed free since the last one (old) given back at once
+    /// down to the policy's limit ([`Decay::settle`](kmem_core::Decay::settle)).
+    /// Pages freed since the last tick stay until the next: the threads
+    /// that replace the exiting ones reuse them. Everything past the
+    /// limit went at the exit before, and the exits of a pool's workers
+    /// gave back what their successors faulted in again at once: mstress
+    /// (16 threads started and joined 25 times, blocks up to 5 MiB among its
+    /// small ones) made 103 purges of 383 MB, with 180,000 page faults, and
+    /// a calloc'd page that the program reads before it writes costs a
+    /// second fault and a TLB flush on every CPU the process runs on:
+    /// 2.0-2.5 s against mimalloc's 1.2 on 2 cores, 1.9x mimalloc's time on
+    /// 16. A process whose workers exit and which then makes no call keeps
+    /// what was freed in holes below its highest large block in the last
+    /// tick's period: the top of the arena is trimmed on every free, and
+    /// nta's page supply (small blocks, which workers free by the million)
+    /// still settles at once.
+    pub(crate) fn settle_exit(&self) {
         let mut s = self.state.lock();
-        let ps = self.page;
-        let mut cpu_bytes = 0;
-        self.each_cpu_range(|_, pages| cpu_bytes += pages * ps);
-        let freed = s.dirty_pages * ps + s.cache.bytes + cpu_bytes;
-        if s.decay.settle(freed, s.busy.saturating_sub(cpu_bytes)) == Due::Nothing {
-            return;
-        }
-        self.flush_cache(&mut s);
-        self.flush_cpus(&mut s);
-        if let Due::Now { keep } = s.decay.settle(s.dirty_pages * ps, s.busy) {
-            self.purge_down_to(&mut s, keep / ps, Map::Dirty);
+        self.settle(&mut s);
+        if let Due::Now { keep } = s.decay.settle(s.dirty_pages * self.page, s.busy) {
+            self.purge_down_to(&mut s, keep / self.page, Map::Old);
         }
     }
 
