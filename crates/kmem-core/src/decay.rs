@@ -17,7 +17,9 @@
 //! paths (page-level allocations and frees), so "within the delay" means at
 //! the first such call after it, and `malloc_trim` gives everything back at
 //! once. Where no call may come for a long time (kmem-malloc: a thread's
-//! exit), [`Decay::settle`] applies the limit at once. [`Decay`] is the
+//! exit), [`Decay::settle`] says what is past the limit at once (kmem-malloc's
+//! large arena then gives back only pages already old, and young ones past
+//! four times the limit). [`Decay`] is the
 //! clock: the owner tells it how many freed bytes are backed after every
 //! change, and it answers what must go back now.
 //!
@@ -147,7 +149,9 @@ pub enum Due {
     /// Nothing.
     Nothing,
     /// Past the limit: give back freed pages, highest first, of any age,
-    /// until at most this many freed bytes are backed.
+    /// until at most this many freed bytes are backed (a caller that knows
+    /// more may give back fewer: kmem-malloc's large arena, at a thread's
+    /// exit, only the old ones).
     Now {
         /// Freed bytes that may stay backed.
         keep: usize,

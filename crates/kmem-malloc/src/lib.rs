@@ -39,7 +39,9 @@
 //! frees stranded on idle heaps, and applies the large arena's and the
 //! slabs' supply's policies); there is
 //! no background thread. A thread's exit runs the maintenance and applies
-//! the limit at once (no call may come after it to tick the clock); so does
+//! the limit at once to the small blocks' supplies (no call may come after
+//! it to tick the clock; the large arena gives back its old pages, and its
+//! young ones past four times the limit); so does
 //! the large arena's growth, every 16 MiB of pages it hands out unbacked,
 //! for nta's and the slabs' supplies (whose pages it cannot reuse).
 //! `malloc_trim` gives everything back.
@@ -419,8 +421,10 @@ extern "C" fn thread_exit(b: *mut c_void) {
 /// Below the limit (eight times `retain`, or the memory in use) memory
 /// still goes at the next ticks, as before: a program whose threads come
 /// and go reuses it. (One that runs each phase of its work on new threads,
-/// with little in use between two phases, faults in again what went past
-/// the limit; that is the price of the bound.) Threads in every mode do
+/// with little in use between two phases, faults in again the small
+/// blocks' memory that went past the limit; that is the price of the
+/// bound. The large arena keeps up to four times the limit of young
+/// pages: see `settle_exit`.) Threads in every mode do
 /// it: a `nocache` or `engine=pow2` thread's frees leave the same memory.
 fn settle_after_exit() {
     NTA.maintain_waiting();

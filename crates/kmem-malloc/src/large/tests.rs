@@ -568,3 +568,57 @@ fn hits_on_a_cpu_cache_keep_the_policy_clock_going() {
     large.free(keep).unwrap();
     large.check().unwrap();
 }
+
+/// A thread's exit (`settle_exit`) keeps the pages freed since the policy's
+/// last tick, past the limit but within four times it, for the threads that
+/// come next; past four times the limit it gives back young pages too, down
+/// to that. (It gave back everything past the limit at every exit, and a
+/// pool's next workers faulted it in again.)
+#[test]
+fn an_exit_keeps_young_pages_within_four_times_the_limit() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    // The limit is eight times `retain`: 8 MiB; no tick in the test's time.
+    let policy = ReturnPolicy {
+        retain: 1 << 20,
+        delay_ms: 60_000,
+    };
+    let large = Large::new(policy, nodes, || {}).without_cpu_caches();
+    let ps = large.page;
+    let (size, limit) = (3 << 19, 8 << 20);
+    // The policy's first tick comes at the first free: here, with nothing
+    // else free (the range is taken again below, so nothing stays old).
+    let a = large.alloc(size, ps, false).unwrap().addr;
+    large.free(a).unwrap();
+    let round = |blocks: usize| {
+        let v: Vec<usize> = (0..blocks)
+            .map(|_| large.alloc(size, ps, false).unwrap().addr)
+            .collect();
+        // A live range above them: their holes are not the arena's top.
+        let top = large.alloc(size, ps, false).unwrap().addr;
+        for &a in &v {
+            large.free(a).unwrap();
+        }
+        top
+    };
+    // 30 MiB freed: past the limit, within four times it.
+    let top = round(20);
+    let before = large.stats();
+    assert!(before.dirty_bytes >= 30 << 20, "{}", before.dirty_bytes);
+    large.settle_exit();
+    let after = large.stats();
+    assert_eq!(after.purged_bytes, before.purged_bytes, "young pages stay");
+    assert_eq!(after.dirty_bytes, before.dirty_bytes);
+    large.check().unwrap();
+    large.free(top).unwrap();
+    // 60 MiB freed below a live range (the 30 before, reused, and 30
+    // more): past four times the limit, down to it.
+    let top = round(40);
+    large.settle_exit();
+    let st = large.stats();
+    assert!(st.dirty_bytes <= 4 * limit, "{}", st.dirty_bytes);
+    assert!(st.dirty_bytes >= 4 * limit - 2 * size, "{}", st.dirty_bytes);
+    large.check().unwrap();
+    large.free(top).unwrap();
+    large.trim();
+    large.check().unwrap();
+}

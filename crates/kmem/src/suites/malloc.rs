@@ -335,14 +335,22 @@ impl Suite for MallocSuite {
         for m in missing {
             out.skip(m.what, m.why);
         }
-        let steps = self
-            .cases(ctx.scale)
-            .iter()
-            .filter(|c| ctx.wants(c))
-            .count();
-        ctx.progress.set_steps(steps);
-        measure(ctx, &allocs, &mut out);
-        super::churn::measure(ctx, &allocs, &mut out);
+        let cases = self.cases(ctx.scale);
+        let wanted = |churn: bool| {
+            cases
+                .iter()
+                .filter(|c| c.starts_with("churn_") == churn && ctx.wants(c))
+                .count()
+        };
+        let (programs, bands) = (wanted(false), wanted(true));
+        ctx.progress.set_steps(programs + bands);
+        // A part with no case picked is not run (no empty table, no skip).
+        if programs > 0 {
+            measure(ctx, &allocs, &mut out);
+        }
+        if bands > 0 {
+            super::churn::measure(ctx, &allocs, &mut out);
+        }
         out
     }
 }
@@ -578,7 +586,12 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
             lines.join(", ")
         ));
     }
-    if !ctx.only.is_empty() {
+    // Every workload run, or the geometric means would be over a part.
+    let every = WORKLOADS
+        .iter()
+        .flat_map(|w| w.runs(idx, cpus))
+        .all(|r| ctx.wants(&r.0));
+    if !every {
         out.notes.push(format!(
             "only the cases --case picked ({}): no geometric means, which are over every workload",
             ctx.only.join(", ")
@@ -603,10 +616,7 @@ fn measure(ctx: &Ctx<'_>, allocs: &[Preload], out: &mut SuiteOutput) {
         }
         out.tables.push(s);
     }
-    if ctx.only.is_empty()
-        && !cpu_ratio_mi.is_empty()
-        && cpu_ratio_mi.len() == time_ratio_glibc.len()
-    {
+    if every && !cpu_ratio_mi.is_empty() && cpu_ratio_mi.len() == time_ratio_glibc.len() {
         out.measure(
             "geomean",
             "kmem",

@@ -50,9 +50,12 @@ impl Ctx<'_> {
 
 /// Whether `--case` pattern `pattern` names `case`: the same name, or with a
 /// `*` at its end or start, a prefix or suffix of it (`larson*` is larson at
-/// every thread count, `*@16t` every run at 16 threads).
+/// every thread count, `*@16t` every run at 16 threads), with one at both
+/// ends, a part of it (`*bench*`).
 pub fn case_matches(pattern: &str, case: &str) -> bool {
-    if let Some(prefix) = pattern.strip_suffix('*') {
+    if let Some(part) = pattern.strip_prefix('*').and_then(|p| p.strip_suffix('*')) {
+        case.contains(part)
+    } else if let Some(prefix) = pattern.strip_suffix('*') {
         case.starts_with(prefix)
     } else if let Some(suffix) = pattern.strip_prefix('*') {
         case.ends_with(suffix)
@@ -139,6 +142,8 @@ mod tests {
         assert!(case_matches("larson*", "larson@16t"));
         assert!(case_matches("*@16t", "mstress@16t"));
         assert!(!case_matches("*@16t", "mstress"));
+        assert!(case_matches("*bench*", "sh8bench@16t"));
+        assert!(case_matches("*", "larson"));
         let p = Progress::hidden();
         let only = ["glibc_thread*".to_string(), "churn_small".to_string()];
         let ctx = Ctx {
