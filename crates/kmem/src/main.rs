@@ -107,9 +107,9 @@ struct BenchArgs {
     #[arg(long, value_parser = at_least_one)]
     cpus: Option<usize>,
     /// Only these cases, for suites that name theirs (malloc): names as in the
-    /// JSON's `case`, comma-separated or repeated; `*` at either end matches a
-    /// prefix or suffix (`--case 'larson*,*@16t'`). An unknown name is refused
-    /// with the list.
+    /// JSON's `case`, comma-separated or repeated; `*` at one end matches a
+    /// prefix or suffix, at both a part (`--case 'larson*,*@16t,*bench*'`). An
+    /// unknown name is refused with the list.
     #[arg(long = "case", value_delimiter = ',')]
     cases: Vec<String>,
 }

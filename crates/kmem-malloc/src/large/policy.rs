@@ -207,12 +207,16 @@ impl Large {
             return;
         };
         let slack = keep.saturating_mul(EXIT_SLACK);
+        let mut kept_on_cpus = cpu_bytes;
         if freed > slack {
             self.flush_cache(&mut s);
             self.flush_cpus(&mut s);
+            kept_on_cpus = 0;
             self.purge_down_to(&mut s, slack / ps, Map::Dirty);
         }
-        if let Due::Now { keep } = s.decay.settle(s.dirty_pages * ps, s.busy) {
+        // (The CPUs' ranges count as busy in the arena's books.)
+        let in_use = s.busy.saturating_sub(kept_on_cpus);
+        if let Due::Now { keep } = s.decay.settle(s.dirty_pages * ps, in_use) {
             self.purge_down_to(&mut s, keep / ps, Map::Old);
         }
     }
