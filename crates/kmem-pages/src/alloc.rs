@@ -57,12 +57,16 @@ impl<'a> PageAllocator<'a> {
             }
             let h = self.hold(cpu);
             if h.enabled {
-                // The stack, then what other CPUs freed for this one.
-                let i = self.pop_held(&h, k).or_else(|| {
-                    (self.collect_remote(&h, false) > 0)
-                        .then(|| self.pop_held(&h, k))
-                        .flatten()
-                });
+                // The stack, then what other CPUs freed for this one, then
+                // another colour's stack.
+                let i = self
+                    .pop_held(&h, k)
+                    .or_else(|| {
+                        (self.collect_remote(&h, false) > 0)
+                            .then(|| self.pop_held(&h, k))
+                            .flatten()
+                    })
+                    .or_else(|| self.borrow_held(&h, order.first()));
                 if let Some(i) = i {
                     drop(h);
                     return Ok(self.cache_hit(cpu, i, colour, zero));
@@ -360,14 +364,14 @@ impl<'a> PageAllocator<'a> {
                 return Ok(());
             }
             if let Fast::Done(depth, _) = self.push_fast(k, i, cpu) {
-                if depth > pc.high.load(Relaxed) as usize {
+                if self.spills_at(pc, depth) {
                     self.spill(cpu, k);
                 }
                 return Ok(());
             }
             let h = self.hold(cpu);
             if h.enabled {
-                if self.depth_of(cpu, k) >= pc.high.load(Relaxed) as usize {
+                if self.spills_at(pc, self.depth_of(cpu, k) + 1) {
                     self.spill_held(&h, k);
                 }
                 self.push_held(&h, k, i, true);

@@ -5,7 +5,7 @@ use core::fmt;
 use kmem_core::sync::Ordering::Relaxed;
 use kmem_core::LockStats;
 
-use crate::cache::{stack_depth, stack_index};
+use crate::cache::{stack_depth, stack_index, BORROWED, SPILLS};
 use crate::frame::*;
 use crate::state::PageAllocator;
 use crate::{MAX_BUCKETS, MAX_FREELISTS};
@@ -32,6 +32,15 @@ pub struct Stats {
     pub cache_hits: u64,
     /// Allocations that found their per-CPU cache slot empty.
     pub cache_misses: u64,
+    /// Cache hits that took a page of another colour than the one asked:
+    /// its stack was empty and the cache held pages of others (see the
+    /// `cache` module: a miss takes no bucket lock while the cache holds
+    /// pages).
+    pub cache_borrowed: u64,
+    /// Spills: frees that took a stack of a per-CPU cache above its bound,
+    /// each moving half the stack to the bucket under its lock (with the
+    /// misses, what a cache's bucket locking is made of).
+    pub cache_spills: u64,
     /// Pages taken from the allocating CPU's own bucket on a cache miss (or
     /// with the cache off).
     pub bucket_allocs: u64,
@@ -96,6 +105,8 @@ impl PageAllocator<'_> {
             s.cache_locks += pc.cache.stats();
             s.cache_hits += hits;
             s.cache_misses += pc.misses.get();
+            s.cache_borrowed += self.count_of(c, BORROWED);
+            s.cache_spills += self.count_of(c, SPILLS);
             s.bucket_allocs += pc.bucket_allocs.get();
             s.stolen += pc.stolen.get();
             s.stolen_to_cache += pc.stolen_to_cache.get();
@@ -115,6 +126,8 @@ impl PageAllocator<'_> {
             let pc = self.pcpu(c);
             pc.cache.reset_stats();
             self.reset_cache_counts(c);
+            self.reset_count(c, BORROWED);
+            self.reset_count(c, SPILLS);
             for k in [
                 &pc.misses,
                 &pc.bucket_allocs,
@@ -187,11 +200,13 @@ impl PageAllocator<'_> {
         if self.p.cache_on {
             writeln!(
                 w,
-                "per-CPU caches: {} to {} pages a stack, {} hits, {} misses{}",
+                "per-CPU caches: {} to {} pages a stack, {} hits ({} of another colour), {} misses, {} spills{}",
                 self.p.depth,
                 self.p.max_depth,
                 st.cache_hits,
+                st.cache_borrowed,
                 st.cache_misses,
+                st.cache_spills,
                 if self.cache_enabled() {
                     ""
                 } else {

@@ -97,6 +97,11 @@ struct Sample {
     cross: f64,
     /// kmem: pages taken from another CPU's bucket, per page allocated.
     stolen: f64,
+    /// kmem: the per-CPU caches' misses and spills (each a bucket lock),
+    /// and their hits of another colour than the one asked.
+    misses: f64,
+    spills: f64,
+    borrowed: f64,
 }
 
 /// The two allocators behind one face.
@@ -157,6 +162,9 @@ impl Pages for PageAllocator<'_> {
         };
         s.cache_contended = st.cache_locks.contended as f64;
         s.stolen = (st.stolen + st.stolen_to_cache) as f64;
+        s.misses = st.cache_misses as f64;
+        s.spills = st.cache_spills as f64;
+        s.borrowed = st.cache_borrowed as f64;
     }
 }
 
@@ -200,13 +208,24 @@ struct Work {
     /// alias with the colour rotation) is freed by another thread; 0: none
     /// is.
     cross: usize,
-    /// How long a sample runs.
+    /// How long a sample of up to 8 threads runs; see [`Work::ms_for`].
     ms: u64,
     /// Most pages waiting in a mailbox: past this the sender frees them
     /// itself (with more threads than cores the receiver may be waiting for
     /// a core while the sender runs many rounds; a CPU that is not running
     /// frees nothing).
     pool_cap: usize,
+}
+
+impl Work {
+    /// How long a sample of `threads` threads runs: `ms`, and for more
+    /// than 8 threads `ms` per 8 of them (200 ms for 16 at quick scale).
+    /// A sample's ends, where threads start and stop one after another,
+    /// weigh more the more threads there are; the longer sample keeps them
+    /// a small share of it.
+    fn ms_for(self, threads: usize) -> u64 {
+        self.ms * (threads as u64).div_ceil(8).max(1)
+    }
 }
 
 /// Where the threads of a sample run.
@@ -230,7 +249,7 @@ impl Place {
     }
 }
 
-/// Runs one sample: `threads` threads for `work.ms`.
+/// Runs one sample: `threads` threads for `work.ms_for(threads)`.
 ///
 /// Thread t hands its share of remote frees to thread t + 1 through a
 /// mailbox only those two take (no lock shared by all threads: the harness
@@ -307,7 +326,7 @@ fn sample<P: Pages>(imp: &P, threads: usize, work: Work, place: Place) -> Sample
         }
         start.wait();
         t0 = kmem_sys::clock::now_ns();
-        std::thread::sleep(Duration::from_millis(work.ms));
+        std::thread::sleep(Duration::from_millis(work.ms_for(threads)));
         stop.store(true, Ordering::Relaxed);
     });
     let ns = kmem_sys::clock::now_ns().saturating_sub(t0).max(1);
@@ -358,6 +377,9 @@ fn med(v: &[Sample]) -> Sample {
         cache_contended: m(|s| s.cache_contended),
         cross: m(|s| s.cross),
         stolen: m(|s| s.stolen),
+        misses: m(|s| s.misses),
+        spills: m(|s| s.spills),
+        borrowed: m(|s| s.borrowed),
     }
 }
 
@@ -601,6 +623,9 @@ fn run_placement(
                 out.measure(&case, imp, "cache_hit_rate", s.cache_hit, "ratio");
             }
             out.measure(&case, imp, "stolen_share", s.stolen, "ratio");
+            out.measure(&case, imp, "cache_misses", s.misses, "count");
+            out.measure(&case, imp, "cache_spills", s.spills, "count");
+            out.measure(&case, imp, "cache_other_colour_hits", s.borrowed, "count");
             out.measure(
                 &case,
                 imp,
@@ -701,6 +726,9 @@ mod tests {
                 out.value(&case, "kmem", "free_to_own_bucket_share"),
                 Some(1.0)
             );
+            for m in ["cache_misses", "cache_spills", "cache_other_colour_hits"] {
+                assert!(out.value(&case, "kmem", m).is_some(), "{case} {m}");
+            }
         }
         // Real CPUs: at least 1 thread, and the machine's CPU count.
         let cpus = kmem_sys::cpu::online_cpus();

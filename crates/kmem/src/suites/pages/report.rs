@@ -196,8 +196,8 @@ pub(super) fn publish(out: &mut SuiteOutput) {
 pub(super) fn tables(out: &mut SuiteOutput, rows: &[Row], cpus: usize, work: Work) {
     let mut t = Table::new(
         format!(
-            "Page churn on {} simulated CPUs in 2 packages: batches of {} pages, 1 in {} freed by another thread, {} ms a sample (alloc+free ops/s, median)",
-            cpus, work.batch, work.cross, work.ms
+            "Page churn on {} simulated CPUs in 2 packages: batches of {} pages, 1 in {} freed by another thread, {} ms a sample ({} ms at 16 threads; alloc+free ops/s, median)",
+            cpus, work.batch, work.cross, work.ms, work.ms_for(16)
         ),
         &["threads", "kmem", "kmem NUMA", "baseline (uvm_old)", "kmem / baseline", "NUMA / baseline", "freed by another thread (kmem, baseline)"],
     );
