@@ -101,8 +101,9 @@
 //! threads fell from 43,565 to 4,717 a sample and throughput rose from
 //! 7.7x to 8.6x one thread's; 18,486 of about 38 M allocations took
 //! another colour (0.05 %). Taking another colour at every empty stack
-//! scaled the same and gave 4.6 % of the pages (6 % at one thread) the wrong colour. The counts
-//! are in [`Stats::cache_borrowed`](crate::Stats::cache_borrowed) and
+//! scaled the same and gave 4.6 % of the pages (6 % at one thread) the
+//! wrong colour. The counts are in
+//! [`Stats::cache_borrowed`](crate::Stats::cache_borrowed) and
 //! [`Stats::cache_spills`](crate::Stats::cache_spills).
 
 use core::ops::{Deref, DerefMut};
