@@ -43,6 +43,7 @@
 //! Files: this one the arena's requests and frees; `large/segment.rs` the
 //! segments and their maps; `large/percpu.rs` and `large/cache.rs` the
 //! caches of freed ranges; `large/policy.rs` the return policy's side;
+//! `large/prefault.rs` whether calloc writes a block's unbacked pages;
 //! `large/stats.rs` the statistics and `check`.
 
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -53,11 +54,13 @@ use kmem_vmap::VmapArena;
 mod cache;
 mod percpu;
 mod policy;
+mod prefault;
 mod segment;
 mod stats;
 
 use cache::{class_of, Cache};
 use percpu::{CpuRanges, CPUS};
+use prefault::{Prefault, Zero, PREFAULT_MAX};
 pub(crate) use segment::reserve_rw;
 use segment::{Map, SegPtr};
 
@@ -151,6 +154,8 @@ pub(crate) struct Large {
     /// handed out another [`GROWTH_LOOK`] bytes of unbacked pages (see
     /// [`Large::new`]).
     on_growth: fn(),
+    /// Whether calloc writes unbacked pages (`large/prefault.rs`).
+    prefault: Prefault,
 }
 
 struct State {
@@ -230,6 +235,7 @@ impl Large {
     pub(crate) fn new(policy: ReturnPolicy, nodes: NodeSource, on_growth: fn()) -> Large {
         Large {
             on_growth,
+            prefault: Prefault::new(),
             page: kmem_sys::page_size(),
             nodes,
             bounds: [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_SEGMENTS],
@@ -410,6 +416,21 @@ impl Large {
                 // allocated, which is ours.
                 unsafe { core::ptr::write_bytes((a + lo * ps) as *mut u8, 0, (hi - lo) * ps) };
             }
+            // The pages not backed: written too, or left to read zero, as
+            // the program taught (`large/prefault.rs`).
+            let write = match span {
+                None => self.prefault.decide(a, n, ps) == Zero::Write,
+                Some(_) => need <= PREFAULT_MAX && self.prefault.score() > 0,
+            };
+            if write {
+                let (lo, hi) = span.unwrap_or((n, n));
+                for i in (0..lo).chain(hi..n) {
+                    // SAFETY: page i of the range just allocated, ours, and
+                    // not backed: it reads zero, and a zero written keeps
+                    // it so.
+                    unsafe { core::ptr::write_volatile((a + i * ps) as *mut u64, 0) };
+                }
+            }
         }
         Ok(Got {
             addr: a,
@@ -486,6 +507,9 @@ impl Large {
                 Err(e) => Err(e),
                 Ok(_) => Err(Error::DoubleFree { addr: p as u64 }),
             };
+        }
+        if self.prefault.watched(p) {
+            self.prefault.freed(p, claimed * self.page, self.page);
         }
         if self.cpu_may_keep(seg, p, claimed) {
             self.cpu_put(p, claimed);

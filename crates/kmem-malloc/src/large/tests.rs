@@ -622,3 +622,43 @@ fn an_exit_keeps_young_pages_within_four_times_the_limit() {
     large.trim();
     large.check().unwrap();
 }
+
+/// calloc learns from the blocks the program frees: blocks whose pages it
+/// touched all make calloc write the unbacked pages of the next ones (no
+/// zero page mapped on a read and copied on the write); blocks touched at
+/// one page leave them unbacked (a sparse table keeps only what it uses).
+#[test]
+fn calloc_learns_whether_to_write_unbacked_pages() {
+    for touch_all in [true, false] {
+        let nodes: NodeSource =
+            Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+        let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}).without_cpu_caches();
+        let (ps, size) = (large.page, 1 << 20);
+        for _ in 0..12 {
+            let g = large.alloc(size, ps, true).unwrap();
+            let pages = if touch_all { size / ps } else { 1 };
+            for i in 0..pages {
+                // SAFETY: page i of the range, ours.
+                unsafe { core::ptr::write_volatile((g.addr + i * ps) as *mut u8, 1) };
+            }
+            large.free(g.addr).unwrap();
+            // Everything back to the OS: the next block's pages are unbacked.
+            large.trim();
+        }
+        let g = large.alloc(size, ps, true).unwrap();
+        assert!(g.zeroed);
+        let (resident, pages) = prefault::resident_pages(g.addr, size, ps).unwrap();
+        if touch_all {
+            assert!(large.prefault.score() > 0);
+            assert_eq!(resident, pages, "written by calloc");
+        } else {
+            assert!(large.prefault.score() < 0);
+            assert_eq!(resident, 0, "left unbacked");
+        }
+        // SAFETY: the range holds `size` bytes, ours.
+        let bytes = unsafe { core::slice::from_raw_parts(g.addr as *const u8, size) };
+        assert!(bytes.iter().all(|&x| x == 0));
+        large.free(g.addr).unwrap();
+        large.check().unwrap();
+    }
+}
