@@ -623,6 +623,52 @@ fn an_exit_keeps_young_pages_within_four_times_the_limit() {
     large.check().unwrap();
 }
 
+/// Between two ticks of the policy, a thread's exit gives back the pages
+/// that stayed free since the last tick (old), down to the limit, and
+/// keeps the pages freed since (young): the threads that replace the
+/// exiting one reuse those.
+#[test]
+fn an_exit_gives_back_old_pages_down_to_the_limit() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    // The limit is eight times `retain`: 8 MiB; a tick every 100 ms.
+    let policy = ReturnPolicy {
+        retain: 1 << 20,
+        delay_ms: 200,
+    };
+    let large = Large::new(policy, nodes, || {}).without_cpu_caches();
+    let (ps, size) = (large.page, 3 << 19);
+    let mut block = || large.alloc(size, ps, false).unwrap().addr;
+    // 4 blocks (6 MiB), then 8 (12 MiB), then a live range above them all.
+    let a: Vec<usize> = (0..4).map(|_| block()).collect();
+    let b: Vec<usize> = (0..8).map(|_| block()).collect();
+    let top = block();
+    for &x in &a {
+        large.free(x).unwrap();
+    }
+    // A tick: a's pages, free since before it, become old (6 MiB is under
+    // the limit, so the tick gives nothing back).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    large.maintain();
+    let ticked = large.stats();
+    assert_eq!(ticked.dirty_bytes, 4 * size);
+    // b freed right after: young. 18 MiB free, past the limit.
+    for &x in &b {
+        large.free(x).unwrap();
+    }
+    let before = large.stats();
+    assert_eq!(before.purged_bytes, ticked.purged_bytes, "no tick due yet");
+    large.settle_exit();
+    let after = large.stats();
+    // The old pages went (all of them: the young ones alone are past the
+    // limit), the young stayed.
+    assert_eq!(after.purged_bytes - before.purged_bytes, 4 * size as u64);
+    assert_eq!(after.dirty_bytes, 8 * size);
+    large.check().unwrap();
+    large.free(top).unwrap();
+    large.trim();
+    large.check().unwrap();
+}
+
 /// calloc learns from the blocks the program frees: blocks whose pages it
 /// touched all make calloc write the unbacked pages of the next ones (no
 /// zero page mapped on a read and copied on the write); blocks touched at
