@@ -637,7 +637,7 @@ fn an_exit_gives_back_old_pages_down_to_the_limit() {
     };
     let large = Large::new(policy, nodes, || {}).without_cpu_caches();
     let (ps, size) = (large.page, 3 << 19);
-    let mut block = || large.alloc(size, ps, false).unwrap().addr;
+    let block = || large.alloc(size, ps, false).unwrap().addr;
     // 4 blocks (6 MiB), then 8 (12 MiB), then a live range above them all.
     let a: Vec<usize> = (0..4).map(|_| block()).collect();
     let b: Vec<usize> = (0..8).map(|_| block()).collect();
