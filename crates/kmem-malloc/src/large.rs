@@ -588,6 +588,7 @@ impl Large {
                 self.mark_live(p, kept / self.page);
                 return Ok(Resize::InPlace);
             }
+            self.prefault.forget(p);
             return Ok(Resize::Move(n));
         }
         let r = if self.grow_locked(&mut s, i, p, n, new) {
@@ -595,6 +596,8 @@ impl Large {
             self.mark_live(p, grown / self.page);
             Resize::InPlace
         } else {
+            // The copy reads every page: not the program's touch.
+            self.prefault.forget(p);
             Resize::Move(n)
         };
         let look = core::mem::take(&mut s.look);

@@ -336,7 +336,8 @@ impl<'a> PageAllocator<'a> {
     /// CPU's lock); when that stack is at its bound and another CPU of the
     /// freeing CPU's bucket allocated the page, onto that CPU's remote list
     /// instead (see `cache`); else spilling when the push takes the stack
-    /// above its bound. To a bucket when the cache is off or paused, or
+    /// above its bound (above twice it while another CPU holds the bucket
+    /// lock: `spills_at`). To a bucket when the cache is off or paused, or
     /// (NUMA mode) the page's home is another bucket.
     #[inline]
     fn free_one(&self, ptr: NonNull<u8>, zero: bool) -> Result<()> {

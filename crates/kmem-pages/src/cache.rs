@@ -72,7 +72,7 @@
 //! lock) and the depths give them (`cache_hits`).
 //!
 //! **The bound.** A stack spills when a free takes it above the CPU's
-//! `high` pages: every stack of that freelist goes down to half of `high`.
+//! `high` pages: that stack goes down to half of `high` (see `spill`).
 //! `high` starts at the configured depth (the seed's 7 pages per colour).
 //! When a CPU fills its cache from the bucket after having spilled since
 //! its last fill, its pages cycle through the bucket lock: the cache is too

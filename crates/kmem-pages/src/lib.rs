@@ -58,10 +58,15 @@
 //!   page); then the next freelist. Freelist beats bucket beats
 //!   colour. In NUMA mode the CPU's own bucket is tried in every freelist
 //!   before any other bucket. The CPU's next colour becomes the one it got,
-//!   plus one: consecutive allocations rotate through the colours.
+//!   plus one: consecutive allocations rotate through the colours. A miss
+//!   whose colour's stack is empty while another stack of n's cache is at
+//!   its bound, or while another CPU holds the bucket lock, takes the top
+//!   of n's deepest stack instead (a page of another colour, no bucket
+//!   lock; see "Colours on a miss" in the `cache` module).
 //! - **Freeing one page**: into the freeing CPU's cache (its bucket's pages);
-//!   a stack taken above the CPU's bound spills every stack of its freelist
-//!   down to half the bound, under one bucket lock. The bound starts at the
+//!   a stack taken above the CPU's bound spills down to half the bound,
+//!   under one bucket lock (while another CPU holds that lock, not before
+//!   the stack is twice its bound). The bound starts at the
 //!   configured depth and doubles (up to [`Config::cache_max_bytes`]) each
 //!   time the CPU fills its cache after having spilled since its last fill;
 //!   an idle CPU's cache goes back to its bucket

@@ -33,13 +33,13 @@ pub struct Stats {
     /// Allocations that found their per-CPU cache slot empty.
     pub cache_misses: u64,
     /// Cache hits that took a page of another colour than the one asked:
-    /// its stack was empty and the cache held pages of others (see the
-    /// `cache` module: a miss takes no bucket lock while the cache holds
-    /// pages).
+    /// its stack was empty, and the CPU's deepest stack was at its bound or
+    /// another CPU held the bucket lock (see "Colours on a miss" in the
+    /// `cache` module).
     pub cache_borrowed: u64,
     /// Spills: frees that took a stack of a per-CPU cache above its bound,
-    /// each moving half the stack to the bucket under its lock (with the
-    /// misses, what a cache's bucket locking is made of).
+    /// each moving the pages above half the bound to the bucket under its
+    /// lock (with the misses, what a cache's bucket locking is made of).
     pub cache_spills: u64,
     /// Pages taken from the allocating CPU's own bucket on a cache miss (or
     /// with the cache off).
@@ -320,9 +320,11 @@ impl PageAllocator<'_> {
                 for c in 0..nc {
                     let k = f * nc + c;
                     let d = self.depth_of(cpu, k);
-                    // A free may take a stack one past its bound before it
-                    // spills; a remote list taken over may add up to its limit.
-                    if d > self.p.max_depth * (nc + 1) + 1 {
+                    // A free may take a stack one past twice its bound before
+                    // it spills (a spill waits while another CPU holds the
+                    // bucket lock); a remote list taken over may add up to
+                    // its limit (the bound times the colours).
+                    if d > self.p.max_depth * (nc + 2) + 1 {
                         return Err("stack deeper than the largest bound");
                     }
                     here += self.check_chain(self.top_word(&h, k), pc.bucket, &busy, |j| {

@@ -10,7 +10,7 @@
 //! reads each word before it writes it (mstress checks that calloc gave
 //! zeros, then fills the block) first maps the shared zero page on the read
 //! and then copies it on the write, a second fault with a TLB flush on
-//! every CPU the process runs on: at 16 threads on 2 cores a quarter of
+//! every CPU the process runs on: at 16 threads on 2 cores an eighth of
 //! mstress's time went to those flushes. Written by calloc, each page costs
 //! one fault, the one the program's first write would have cost.
 //!
@@ -25,6 +25,14 @@
 //! unwritten. While the score is up, one eligible calloc in
 //! [`PROBE_EVERY`] is still left unwritten and watched, so that a program
 //! that changes its habits is seen.
+//!
+//! What `mincore` counts is a page mapped, read or written: a program that
+//! reads a whole calloc'd table without writing it (each read maps the
+//! zero page) teaches "write", and its later tables cost the memory glibc's
+//! heap chunks would (calloc clears those). Where transparent huge pages
+//! are always on, one touch may map 2 MiB, and a sparse table looks
+//! touched too. A block that `realloc` moves (the copy reads it) is no
+//! longer watched.
 
 use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
@@ -56,8 +64,11 @@ pub(super) struct Prefault {
     score: AtomicI32,
     /// Start addresses of watched blocks, 0 for a free slot.
     probes: [AtomicUsize; PROBES],
-    /// Eligible callocs so far (picks the probes and their slots).
+    /// Eligible callocs so far (picks the probes).
     seen: AtomicUsize,
+    /// Probes so far (picks the slot a probe takes over when all are
+    /// busy: the one after the last taken over).
+    probed: AtomicUsize,
 }
 
 impl Prefault {
@@ -66,6 +77,7 @@ impl Prefault {
             score: AtomicI32::new(0),
             probes: [const { AtomicUsize::new(0) }; PROBES],
             seen: AtomicUsize::new(0),
+            probed: AtomicUsize::new(0),
         }
     }
 
@@ -80,14 +92,15 @@ impl Prefault {
         if write && n % PROBE_EVERY != 0 {
             return Zero::Write;
         }
-        // A probe: into a free slot, else over the oldest (round robin; a
-        // block freed by a path that does not report, or moved by realloc,
-        // leaves its slot to be taken over).
+        // A probe: into a free slot, else over the others in turn (a block
+        // that lives on, or one a realloc shrank in place, leaves its slot
+        // to be taken over).
+        let turn = self.probed.fetch_add(1, Ordering::Relaxed);
         let slot = self
             .probes
             .iter()
             .find(|s| s.load(Ordering::Relaxed) == 0)
-            .unwrap_or(&self.probes[(n / PROBE_EVERY) % PROBES]);
+            .unwrap_or(&self.probes[turn % PROBES]);
         slot.store(addr, Ordering::Relaxed);
         Zero::Leave
     }
@@ -129,6 +142,14 @@ impl Prefault {
             });
     }
 
+    /// Stops watching the range at `addr`, if it is watched (`realloc`
+    /// moves it: the copy reads every page).
+    pub(super) fn forget(&self, addr: usize) {
+        for s in &self.probes {
+            let _ = s.compare_exchange(addr, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
     /// The score now (tests and stats).
     pub(super) fn score(&self) -> i32 {
         self.score.load(Ordering::Relaxed)
@@ -145,8 +166,9 @@ pub(super) fn resident_pages(addr: usize, len: usize, page: usize) -> Option<(us
     let mut done = 0;
     while done < pages {
         let n = (pages - done).min(CHUNK);
-        // SAFETY: [addr + done * page, + n pages) lies in a mapped range of
-        // the arena's (the caller's contract); `vec` holds n bytes.
+        // SAFETY: mincore writes one byte a page of the range into `vec`,
+        // which holds n of them; it only reads the page tables, and answers
+        // an error for a range that is not mapped.
         let r = unsafe {
             libc::mincore(
                 (addr + done * page) as *mut libc::c_void,
