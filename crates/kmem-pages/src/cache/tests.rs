@@ -46,6 +46,15 @@ fn free_of_colour(a: &PageAllocator<'_>, pages: &mut Vec<NonNull<u8>>, c: usize,
     }
 }
 
+/// Frees the rest of the test's pages, then checks the allocator.
+fn free_all(a: &PageAllocator<'_>, pages: Vec<NonNull<u8>>) {
+    for p in pages {
+        // SAFETY: live one-page allocations of the test's, not used again.
+        unsafe { a.free_page(p).unwrap() };
+    }
+    a.check().unwrap();
+}
+
 /// Runs `f` while another thread holds CPU 0's bucket lock. The holder
 /// lets go when `f` returns, or after 10 s: a `f` that waits for the
 /// lock then finishes late, and the caller's assertions fail.
@@ -91,11 +100,7 @@ fn a_miss_takes_a_stack_at_its_bound_before_the_bucket() {
     let st = a.stats();
     assert_eq!((st.cache_borrowed, st.cache_misses), (1, 1));
     pages.push(q);
-    for p in pages {
-        // SAFETY: live one-page allocations of ours.
-        unsafe { a.free_page(p).unwrap() };
-    }
-    a.check().unwrap();
+    free_all(&a, pages);
 }
 
 #[test]
@@ -105,20 +110,15 @@ fn a_miss_does_not_wait_for_a_held_bucket_while_the_cache_has_pages() {
     let other = (asked + 1) % 4;
     free_of_colour(&a, &mut pages, other, 1);
     a.reset_stats();
-    let p = with_bucket_held(&a, || {
+    let (p, st) = with_bucket_held(&a, || {
         let p = a.alloc_page().unwrap();
         (p, a.stats())
     });
-    let (p, st) = p;
     assert_eq!(colour(&a, p), other);
     assert_eq!((st.cache_borrowed, st.cache_misses), (1, 0));
     assert_eq!(st.bucket_locks[0].acquisitions, 1, "the holder's alone");
     pages.push(p);
-    for p in pages {
-        // SAFETY: live one-page allocations of ours.
-        unsafe { a.free_page(p).unwrap() };
-    }
-    a.check().unwrap();
+    free_all(&a, pages);
 }
 
 #[test]
@@ -139,9 +139,5 @@ fn a_free_does_not_wait_for_a_held_bucket_until_twice_the_bound() {
     assert_eq!(st.cache_spills, 1);
     assert_eq!(a.cached_pages(), high / 2 + 1);
     a.check().unwrap();
-    for p in pages {
-        // SAFETY: live one-page allocations of ours.
-        unsafe { a.free_page(p).unwrap() };
-    }
-    a.check().unwrap();
+    free_all(&a, pages);
 }
