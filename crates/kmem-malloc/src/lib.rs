@@ -329,6 +329,15 @@ fn init_once() {
     }
     NTA.source().0.set_policy(o.policy);
     SLABS.source().0.set_policy(o.policy);
+    if TINY_ON.load(Ordering::Relaxed) {
+        // Built here, on the thread that loads the library (the process's
+        // main thread under `LD_PRELOAD`), rather than by the first tiny
+        // request: that may come from a thread with the smallest stack
+        // POSIX allows (16 KiB), and the build's frames take about 12 KiB
+        // (tests/small_stacks.rs). A failure here leaves the slabs
+        // unbuilt, and tiny requests then go to nta (`alloc_tiny`).
+        let _ = SLABS.source().0.get();
+    }
     LARGE.set(Large::new(o.policy, &NTA.source().0, large_grew));
     if o.engine == Engine::Pow2 {
         match make_pow2() {

@@ -1,0 +1,86 @@
+//! Threads with the smallest stack POSIX allows (`PTHREAD_STACK_MIN`,
+//! 16 KiB here) make the process's first calls of every kind: the
+//! library's lazy set-up (a page supply built on the first tiny block, a
+//! thread's block, the large arena's first segment, a thread's exit) must
+//! fit in such a stack. A 12 KiB frame in the tiny slabs' page supply's
+//! first build crashed such a program (SIGSEGV) where glibc and mimalloc
+//! ran it.
+
+mod common;
+
+use common::{compile, lib, scratch};
+use std::process::Command;
+
+const SRC: &str = r#"#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void check(void *p, size_t n) {
+  if (!p) { fprintf(stderr, "null for %zu bytes\n", n); exit(3); }
+  memset(p, 0x5a, n);
+}
+
+/* Every kind of first call: tiny, chunk, medium and large blocks, calloc,
+ * realloc up through every size range and back, aligned blocks. */
+static void *work(void *arg) {
+  size_t sizes[] = {1, 16, 40, 48, 64, 100, 1000, 4096, 5000, 40000, 70000, 1 << 20, 8 << 20};
+  enum { N = sizeof sizes / sizeof sizes[0] };
+  void *p[N];
+  for (int i = 0; i < N; i++) { p[i] = malloc(sizes[i]); check(p[i], sizes[i]); }
+  void *z = calloc(1000, 100);
+  check(z, 100000);
+  void *r = malloc(8);
+  for (size_t n = 8; n <= (4 << 20); n *= 3) { r = realloc(r, n); check(r, n); }
+  r = realloc(r, 24);
+  check(r, 24);
+  void *a = NULL;
+  if (posix_memalign(&a, 8192, 3000)) { fprintf(stderr, "posix_memalign\n"); exit(3); }
+  check(a, 3000);
+  void *b = aligned_alloc(1 << 16, 1 << 16);
+  check(b, 1 << 16);
+  for (int i = 0; i < N; i++) free(p[i]);
+  free(z);
+  free(r);
+  free(a);
+  free(b);
+  return arg;
+}
+
+int main(void) {
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  if (pthread_attr_setstacksize(&at, PTHREAD_STACK_MIN)) { puts("setstacksize"); return 2; }
+  /* The first calls of the process, from small stacks; then several at
+   * once, each its thread's first. */
+  for (int round = 0; round < 3; round++) {
+    pthread_t t[4];
+    int n = round == 0 ? 1 : 4;
+    for (int i = 0; i < n; i++)
+      if (pthread_create(&t[i], &at, work, NULL)) { puts("create"); return 2; }
+    for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+  }
+  puts("ok");
+  return 0;
+}
+"#;
+
+#[test]
+fn threads_with_the_smallest_stack_make_the_first_calls() {
+    let d = scratch("small-stacks");
+    let src = d.join("small_stacks.c");
+    std::fs::write(&src, SRC).unwrap();
+    let exe = compile("small_stacks", &src, &d);
+    for options in ["", "debug", "secure", "nocache", "engine=pow2"] {
+        let o = Command::new(&exe)
+            .env("LD_PRELOAD", lib())
+            .env("KMEM_OPTIONS", options)
+            .output()
+            .expect("run");
+        assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ok",
+            "KMEM_OPTIONS={options}: {o:?}"
+        );
+    }
+}
