@@ -37,7 +37,7 @@
 //!
 //! **Bounds.** A class keeps about 32 KiB (16 to 256 entries) at first. A
 //! class grows only while the bounds of all the classes this thread
-//! allocates from stay within [`FRONT_BYTES`] (8 MiB) together, so that
+//! allocates from stay within [`FRONT_BYTES`] (4 MiB) together, so that
 //! the hits keep no byte count (see [`FrontCacheOf::bound_bytes`]). A class the thread has
 //! never refilled keeps at most [`FREE_ONLY`] entries and hands them back
 //! all at once: a thread that frees what others allocate (the consumer of
@@ -62,7 +62,7 @@
 //!
 //! **Classes grow.** A class that overflows (its bound reached by a push)
 //! after this thread refilled it since its last overflow doubles its bound
-//! instead of handing half back, up to half of [`FRONT_BYTES`]
+//! instead of handing half back, up to all of [`FRONT_BYTES`]
 //! ([`FrontCacheOf::MAX_LIMITS`]). That is a thread that allocates a batch and frees it,
 //! again and again (a request's buffers, a tree built and dropped): with
 //! the base bound, each batch of 1000 blocks of 64 bytes went back to nta
@@ -330,8 +330,9 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     pub const BYTES: usize = FRONT_BYTES >> (FRONT_CHUNK.trailing_zeros() - SHIFT);
     /// Base bound of each class (entries).
     pub const LIMITS: [u32; N] = limits::<N>(1 << SHIFT);
-    /// Most entries each class may grow to.
-    pub const MAX_LIMITS: [u32; N] = max_limits::<N>(1 << SHIFT, Self::BYTES);
+    /// Most entries each class may grow to: all of [`BYTES`](Self::BYTES)
+    /// (see [`FRONT_BYTES`]).
+    pub const MAX_LIMITS: [u32; N] = max_limits::<N>(1 << SHIFT, 2 * Self::BYTES);
     /// Chunks of 16 to 64 bytes (two words fit, class arithmetic by
     /// shifts), at most 64 classes (the bit sets are u64).
     const SHAPE: () = assert!(SHIFT >= 4 && SHIFT <= 6 && N >= 2 && N <= 65);
@@ -417,7 +418,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     /// together. A class grows only while this stays within
     /// [`BYTES`](Self::BYTES) (see "Classes grow"); a class refilled for the
     /// first time adds its base bound (all base bounds together come to
-    /// under a third of `BYTES`). The stock stays within it (a class holds
+    /// about 2.5 MiB of the 4 MiB of `BYTES`). The stock stays within it (a class holds
     /// more only right after a refill that spliced batches from the
     /// exchange, and flushes at its next push); the hand-back lists add at
     /// most [`FREE_ONLY`] entries per class the thread never refilled.

@@ -34,7 +34,7 @@
 //! [`FRONT_BYTES`] in all, and chunks that are allocated in their node's
 //! bitmap while parked, so they neither coalesce nor count as free. That bound
 //! is what keeps the seed's coalescing: 32 KiB per class sits outside it at
-//! first, and a class grows (to at most half of 8 MiB) only while its
+//! first, and a class grows (to at most all of 4 MiB) only while its
 //! thread allocates and frees batches that large.
 //!
 //! **Remote frees recycled.** A thread that refills its cache first takes the

@@ -12,17 +12,23 @@ pub const FRONT_CLASSES: usize = 64;
 /// Largest request the front cache serves.
 pub const FRONT_MAX: usize = FRONT_CLASSES * FRONT_CHUNK;
 /// Most bytes one thread's front cache holds: the classes' bounds stay
-/// within it together, and a class grows to at most half of it (see
-/// "Bounds" and "Classes grow" in the front cache's documentation).
+/// within it together, and one class may grow to all of it (see "Bounds"
+/// and "Classes grow" in the front cache's documentation).
 ///
-/// 8 MiB, so that a batch of 1000 blocks of up to 4 KiB, allocated and
-/// freed again and again, stays in the cache: at 1 MiB the 512-byte to
-/// 4 KiB batches of glibc's bench-malloc-simple went through nta's flush
-/// and refill (validate, coalesce, lists: about 160 instructions a block
-/// against the push's 20), 1.3x mimalloc's time; at 8 MiB 1.02x. A class
-/// grows only while the thread allocates what it frees, so a thread holds
-/// this much only after churning that much.
-pub const FRONT_BYTES: usize = 8 << 20;
+/// 4 MiB, all of it for one class if need be, so that a batch of 1000
+/// blocks of up to 4 KiB, allocated and freed again and again, stays in
+/// the cache: at 1 MiB the 512-byte to 4 KiB batches of glibc's
+/// bench-malloc-simple went through nta's flush and refill (validate,
+/// coalesce, lists: about 160 instructions a block against the push's 20),
+/// 1.3x mimalloc's time; at 8 MiB 1.02x. A class grows only while the
+/// thread allocates what it frees, so a thread holds this much only after
+/// churning that much. Until 2026-12-04 the cap was 8 MiB, a class at most
+/// half of it: a thread that churned many classes at once (rptest: sizes
+/// 8 B to 16 KiB, two threads) kept up to 8 MiB parked, its peak 22.7 MB
+/// (mimalloc 17.7); with 4 MiB, 20.3 MB, at the same speed there and in
+/// batches of 1000 blocks of 1 to 4 KiB (a cap of 4 MiB with half of it
+/// for a class took those 1.5-2x the time).
+pub const FRONT_BYTES: usize = 4 << 20;
 
 /// Entries kept per class of `k` chunks of `chunk` bytes: about 32 KiB of
 /// each, 16 to 256 entries.
