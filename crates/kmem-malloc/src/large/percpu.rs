@@ -211,7 +211,10 @@ impl Large {
     /// As [`len_word`](Self::len_word), with the segment's index.
     #[inline]
     pub(super) fn seg_word(&self, p: usize) -> Option<(usize, &AtomicU32)> {
-        if p % self.page != 0 {
+        // Masks and shifts, not `%` and `/`: the page size is not a
+        // constant, and a division is some 25 cycles (a realloc that stays
+        // in place made three).
+        if p & (self.page - 1) != 0 {
             return None;
         }
         let n = self.nsegs.load(Ordering::Acquire);
@@ -224,7 +227,7 @@ impl Large {
             let lens = self.lens[i].load(Ordering::Relaxed);
             // SAFETY: the segment's length words, one a page, live for the
             // process (published before `nsegs`); off is inside it.
-            Some((i, unsafe { &*lens.add(off / self.page) }))
+            Some((i, unsafe { &*lens.add(off >> self.page.trailing_zeros()) }))
         })
     }
 

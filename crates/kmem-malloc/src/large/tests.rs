@@ -717,3 +717,40 @@ fn calloc_learns_whether_to_write_unbacked_pages() {
         large.check().unwrap();
     }
 }
+
+/// A resize to a size of the pages the range has is in place without the
+/// lock (its length word), as is the usable size; a pointer that is not a
+/// live range's start (inside one, past its start by a few bytes, freed)
+/// still gets its error from the locked look-up, and nothing changes.
+#[test]
+fn a_resize_within_the_pages_reads_the_length_word() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}).without_cpu_caches();
+    let ps = kmem_sys::page_size();
+    let min = 64 << 10;
+    let a = large.alloc(100 * ps + 1, ps, false).unwrap().addr;
+    assert_eq!(large.usable_size(a), Ok(101 * ps));
+    // Every size that rounds up to 101 pages: in place, nothing changes.
+    for new in [100 * ps + 1, 100 * ps + 2, 101 * ps - 1, 101 * ps] {
+        assert_eq!(large.resize(a, new, min), Ok(Resize::InPlace), "{new}");
+        assert_eq!(large.usable_size(a), Ok(101 * ps));
+    }
+    large.check().unwrap();
+    // Not a live range's start: refused, by the locked look-up.
+    for bad in [a + 8, a + ps, a + 100 * ps] {
+        assert!(large.resize(bad, 101 * ps, min).is_err(), "{bad:#x}");
+        assert!(large.usable_size(bad).is_err(), "{bad:#x}");
+    }
+    // A size of nta's moves; a shrink by pages stays and gives them back.
+    assert_eq!(large.resize(a, min, min), Ok(Resize::Move(101 * ps)));
+    assert_eq!(large.resize(a, 50 * ps, min), Ok(Resize::InPlace));
+    assert_eq!(large.usable_size(a), Ok(50 * ps));
+    large.check().unwrap();
+    large.free(a).unwrap();
+    assert_eq!(
+        large.resize(a, 50 * ps, min),
+        Err(Error::DoubleFree { addr: a as u64 })
+    );
+    assert!(large.usable_size(a).is_err());
+    large.check().unwrap();
+}
