@@ -461,7 +461,7 @@ impl Large {
     /// The pages of the live range starting at `p`, read from its length
     /// word without the lock: `None` for a word of 0 (`p` is not a live
     /// range's start, or not page aligned, or outside the segments) or one
-    /// that saturated (a range of 16 TiB or more: see
+    /// that saturated (a range of 2^32 pages or more: see
     /// [`mark_live`](Self::mark_live)). A range is live from the store of
     /// its word (Release) to the free that swaps it to 0; a call racing the
     /// free of the same range is the program's error, as any use after a

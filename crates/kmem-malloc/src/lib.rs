@@ -49,7 +49,9 @@
 //! **Initialisation** happens when the library is loaded (an `.init_array`
 //! constructor) or at the first call, whichever comes first, without allocating:
 //! nta is a `static` built by a `const fn` that reserves its region on first
-//! use; the options come from `getenv`; the large arena's reservation and
+//! use (the tiny slabs' supply is built then too: a later first tiny request
+//! may come from a thread with a 16 KiB stack, too small for the build); the
+//! options come from `getenv`; the large arena's reservation and
 //! tree nodes come from `mmap`. Calls that re-enter malloc while a thread
 //! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
 //! served by nta directly. Other threads wait for the one that initialises.

@@ -284,6 +284,15 @@ pub struct FrontCacheOf<const SHIFT: u32, const N: usize> {
     watched: u64,
     /// A watched class's count (its low 16 bits) at the last scan.
     seen: [u16; N],
+    /// Bit `k - 1` set when class `k` went back whole (an idle scan,
+    /// [`flush_all`](Self::flush_all)) and has not been refilled since:
+    /// its bound leaves [`bound_bytes`](Self::bound_bytes), so that the
+    /// classes a program uses now may grow into the room the classes of
+    /// its last phase held (glibc's bench-malloc-simple: 1000 blocks of
+    /// 64 bytes, then of 128, ... then of 4 KiB, which need all of
+    /// [`BYTES`](Self::BYTES)). Frees into such a class meanwhile fill at
+    /// most its base bound, 32 KiB at most, outside the count.
+    gone: u64,
 }
 
 /// One class of a front cache: its stock, how many chunks its list holds,
@@ -355,6 +364,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             grow: [0; N],
             watched: 0,
             seen: [0; N],
+            gone: 0,
         }
     }
 
@@ -415,16 +425,17 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
     }
 
     /// The bounds of the classes this thread has refilled, in bytes,
-    /// together. A class grows only while this stays within
+    /// together, less those of classes that went back whole since (see
+    /// `gone`). A class grows only while this stays within
     /// [`BYTES`](Self::BYTES) (see "Classes grow"); a class refilled for the
-    /// first time adds its base bound (all base bounds together come to
-    /// about 2.5 MiB of the 4 MiB of `BYTES`). The stock stays within it (a class holds
+    /// first time, or again after it went back, adds its base bound (all
+    /// base bounds together come to about 2.5 MiB of the 4 MiB of `BYTES`). The stock stays within it (a class holds
     /// more only right after a refill that spliced batches from the
     /// exchange, and flushes at its next push); the hand-back lists add at
     /// most [`FREE_ONLY`] entries per class the thread never refilled.
     pub fn bound_bytes(&self) -> usize {
         (1..N)
-            .filter(|&k| !self.only_frees(k))
+            .filter(|&k| !self.only_frees(k) && self.gone & (1 << (k - 1)) == 0)
             .map(|k| (self.limit(k) as usize * k) << SHIFT)
             .sum()
     }

@@ -17,7 +17,9 @@ pub const FRONT_MAX: usize = FRONT_CLASSES * FRONT_CHUNK;
 ///
 /// 4 MiB, all of it for one class if need be, so that a batch of 1000
 /// blocks of up to 4 KiB, allocated and freed again and again, stays in
-/// the cache: at 1 MiB the 512-byte to 4 KiB batches of glibc's
+/// the cache once the classes of the program's earlier phases went back
+/// idle (they leave the count: `gone` in the cache): at 1 MiB the 512-byte
+/// to 4 KiB batches of glibc's
 /// bench-malloc-simple went through nta's flush and refill (validate,
 /// coalesce, lists: about 160 instructions a block against the push's 20),
 /// 1.3x mimalloc's time; at 8 MiB 1.02x. A class grows only while the

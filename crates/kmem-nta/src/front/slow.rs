@@ -43,6 +43,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         // and may grow its bound at its next overflow.
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
+        self.gone &= !(1 << (k - 1));
         self.active[k] = self.refills;
         if self.link == 0 && nta.secret() != 0 {
             self.set_keys(nta.secret());
@@ -89,6 +90,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
         self.refilled |= 1 << (k - 1);
         self.cycled |= 1 << (k - 1);
+        self.gone &= !(1 << (k - 1));
         if self.link == 0 && nta.secret() != 0 {
             self.set_keys(nta.secret());
             self.set_lims();
@@ -379,6 +381,7 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
             self.grow[k] = 0;
             self.set_lim(k);
             self.cycled &= !(1 << (k - 1));
+            self.gone |= bit;
             // SAFETY: the whole class chain, nta's chunks.
             unsafe { nta.free_batch(head, usize::MAX, k, self.link, self.kbase) };
         }
@@ -405,5 +408,6 @@ impl<const SHIFT: u32, const N: usize> FrontCacheOf<SHIFT, N> {
         }
         self.cycled = 0;
         self.watched = 0;
+        self.gone = self.refilled;
     }
 }

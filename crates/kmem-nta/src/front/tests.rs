@@ -516,9 +516,8 @@ mod shuffle_tests {
 
     /// A class that churns ever larger batches grows only while the bounds
     /// of the classes this thread allocates from stay within the cache's
-    /// bytes together: with two classes grown to half the cache each (all
-    /// of it), a third stays at its base bound; with them at their base, it
-    /// grows.
+    /// bytes together: with one class grown to the whole cache, a third
+    /// stays at its base bound; with the others at their base, it grows.
     #[test]
     fn growth_stops_at_the_cache_bytes() {
         let grown_limit = |preset: bool| {
@@ -574,6 +573,56 @@ mod shuffle_tests {
         };
         assert!(grown_limit(false) >= 4 * FrontCache::LIMITS[4]);
         assert_eq!(grown_limit(true), FrontCache::LIMITS[4]);
+    }
+
+    /// A class that went back whole at the idle scans leaves the byte
+    /// count: a program's next phase may grow its class into the room the
+    /// last phase's class held (1000 blocks of 64 bytes grown to the whole
+    /// cache, then batches of 1024 blocks of 4 KiB, which need all of it).
+    #[test]
+    fn a_class_gone_idle_leaves_its_room_to_the_next() {
+        let mut b = vec![0u64; (24 << 20) / 8];
+        let nta = nta_over(&mut b);
+        let mut front = FrontCache::new();
+        // SAFETY: a cache over nta only; every block is given back once.
+        unsafe {
+            // The last phase: class 1, grown to the whole cache, and some
+            // of its chunks still held.
+            let p = front.refill(&nta, 1);
+            front.push(&nta, p, 1);
+            while front.limit(1) < FrontCache::MAX_LIMITS[1] {
+                front.grow[1] += 1;
+            }
+            front.set_lim(1);
+            assert!(front.count(1) > 0);
+            assert!(front.bound_bytes() >= FrontCache::BYTES);
+            // The next phase: batches of 1024 blocks of 4 KiB (class 64),
+            // allocated and freed; its refills run the idle scans.
+            let k = 64;
+            let mut v = Vec::new();
+            for _ in 0..100 {
+                for _ in 0..1024 {
+                    let mut p = front.pop(k);
+                    if p.is_null() {
+                        p = front.refill(&nta, k);
+                    }
+                    assert!(!p.is_null());
+                    v.push(p);
+                }
+                for p in v.drain(..) {
+                    front.push(&nta, p, k);
+                }
+                assert!(front.bound_bytes() <= FrontCache::BYTES + (16 << 12));
+            }
+            // Class 1 went back whole, and class 64 grew to the whole cache.
+            assert_eq!(front.count(1), 0);
+            assert_eq!(front.limit(k), FrontCache::MAX_LIMITS[k]);
+            assert!(front.count(k) as u32 > FrontCache::MAX_LIMITS[k] / 2);
+            front.flush_all(&nta);
+            assert_eq!(front.bytes(), 0);
+        }
+        nta.check().unwrap();
+        assert_eq!(nta.stats().bytes_held, 0);
     }
 
     /// `try_push` does what `push` does while that needs only the list, and
