@@ -331,7 +331,9 @@ fn init_once() {
     }
     NTA.source().0.set_policy(o.policy);
     SLABS.source().0.set_policy(o.policy);
-    if TINY_ON.load(Ordering::Relaxed) {
+    if TINY_ON.load(Ordering::Relaxed) && o.front_cache && o.engine != Engine::Pow2 {
+        // (Threads in those other modes never take tiny slabs; one whose
+        // pow2 engine fails to build takes them, and builds them lazily.)
         // Built here, on the thread that loads the library (the process's
         // main thread under `LD_PRELOAD`), rather than by the first tiny
         // request: that may come from a thread with the smallest stack

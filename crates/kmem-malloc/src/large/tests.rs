@@ -741,7 +741,25 @@ fn a_resize_within_the_pages_reads_the_length_word() {
         assert!(large.resize(bad, 101 * ps, min).is_err(), "{bad:#x}");
         assert!(large.usable_size(bad).is_err(), "{bad:#x}");
     }
-    // A size of nta's moves; a shrink by pages stays and gives them back.
+    // While another thread holds the arena's lock, those calls still
+    // answer (they read the length word alone).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let locked = large.state.lock();
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let got = (large.resize(a, 101 * ps - 7, min), large.usable_size(a));
+            tx.send(got).unwrap();
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+        drop(locked);
+        assert_eq!(got, Ok((Ok(Resize::InPlace), Ok(101 * ps))));
+    });
+    // A size of nta's moves, even one that rounds to the range's pages (a
+    // range of `min` bytes resized to `min`); a shrink by pages stays and
+    // gives them back.
+    let m = large.alloc(min, ps, false).unwrap().addr;
+    assert_eq!(large.resize(m, min, min), Ok(Resize::Move(min)));
+    large.free(m).unwrap();
     assert_eq!(large.resize(a, min, min), Ok(Resize::Move(101 * ps)));
     assert_eq!(large.resize(a, 50 * ps, min), Ok(Resize::InPlace));
     assert_eq!(large.usable_size(a), Ok(50 * ps));
