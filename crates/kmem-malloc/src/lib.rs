@@ -51,6 +51,9 @@
 //! nta is a `static` built by a `const fn` that reserves its region on first
 //! use (the tiny slabs' supply is built then too: a later first tiny request
 //! may come from a thread with a 16 KiB stack, too small for the build); the
+//! set-up runs on a stack of its own, mapped for it and given back after
+//! (`kmem_sys::stack`), since the thread that initialises may be such a
+//! thread too (one that `dlopen`s the library); the
 //! options come from `getenv`; the large arena's reservation and
 //! tree nodes come from `mmap`. Calls that re-enter malloc while a thread
 //! initialises (glibc's `pthread_atfork` and `atexit` may allocate) are
@@ -287,7 +290,14 @@ fn init() {
     loop {
         match STATE.compare_exchange(UNINIT, BUSY, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => {
-                init_once();
+                // On a stack of its own: the thread that initialises may
+                // have the smallest stack POSIX allows (a thread that
+                // `dlopen`s the library, or whose call is the process's
+                // first), and the set-up's frames take tens of KiB (the
+                // large arena's `Large`, built on the stack, is 24 KiB; a
+                // page supply's first build about 12 KiB). The stack goes
+                // back to the OS after, and the caller's keeps none of it.
+                kmem_sys::stack::run_on_own_stack(INIT_STACK, init_once_c);
                 STATE.store(READY, Ordering::Release);
                 return;
             }
@@ -304,6 +314,15 @@ fn init() {
             }
         }
     }
+}
+
+/// Bytes of the stack [`init_once`] runs on (`MAP_NORESERVE`: only the
+/// pages its frames touch are ever backed, about 40 KiB; an unoptimised
+/// build's frames are several times larger).
+const INIT_STACK: usize = 1 << 20;
+
+extern "C" fn init_once_c() {
+    init_once();
 }
 
 #[cold]
@@ -331,15 +350,17 @@ fn init_once() {
     }
     NTA.source().0.set_policy(o.policy);
     SLABS.source().0.set_policy(o.policy);
+    // nta's page supply, which the thread's first block needs next, is
+    // built here, on this stack (see `init`).
+    let _ = NTA.source().0.get();
     if TINY_ON.load(Ordering::Relaxed) && o.front_cache && o.engine != Engine::Pow2 {
         // (Threads in those other modes never take tiny slabs; one whose
         // pow2 engine fails to build takes them, and builds them lazily.)
-        // Built here, on the thread that loads the library (the process's
-        // main thread under `LD_PRELOAD`), rather than by the first tiny
-        // request: that may come from a thread with the smallest stack
-        // POSIX allows (16 KiB), and the build's frames take about 12 KiB
-        // (tests/small_stacks.rs). A failure here leaves the slabs
-        // unbuilt, and tiny requests then go to nta (`alloc_tiny`).
+        // Built here, on the set-up's own stack (see `init`), rather than
+        // by the first tiny request: that may come from a thread with the
+        // smallest stack POSIX allows (16 KiB), and the build's frames take
+        // about 12 KiB (tests/small_stacks.rs). A failure here leaves the
+        // slabs unbuilt, and tiny requests then go to nta (`alloc_tiny`).
         let _ = SLABS.source().0.get();
     }
     LARGE.set(Large::new(o.policy, &NTA.source().0, large_grew));

@@ -4,7 +4,10 @@
 //! thread's block, the large arena's first segment, a thread's exit) must
 //! fit in such a stack. A 12 KiB frame in the tiny slabs' page supply's
 //! first build crashed such a program (SIGSEGV) where glibc and mimalloc
-//! ran it.
+//! ran it; so did a library loaded by `dlopen` from such a thread, whose
+//! whole set-up then ran there (the large arena's 24 KiB `Large` was built
+//! on the stack). The set-up now runs on a stack of its own
+//! (`kmem_sys::stack`).
 //!
 //! An unoptimised build of the library (this test's under a plain
 //! `cargo test`) has frames several times larger: there the threads get
@@ -72,15 +75,96 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// A thread with such a stack loads the library with `dlopen` (the process
+/// did not preload it) and calls it through `dlsym`: the library's whole
+/// set-up then runs on that thread.
+const DLOPEN_SRC: &str = r#"#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *path;
+static const char *failed = "not run";
+
+static void *work(void *arg) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) { failed = dlerror(); return arg; }
+  void *(*m)(size_t) = (void *(*)(size_t))dlsym(h, "malloc");
+  void *(*c)(size_t, size_t) = (void *(*)(size_t, size_t))dlsym(h, "calloc");
+  void *(*r)(void *, size_t) = (void *(*)(void *, size_t))dlsym(h, "realloc");
+  void (*f)(void *) = (void (*)(void *))dlsym(h, "free");
+  if (!m || !c || !r || !f) { failed = "dlsym"; return arg; }
+  size_t sizes[] = {1, 24, 48, 100, 4096, 40000, 1 << 20};
+  for (int i = 0; i < 7; i++) {
+    unsigned char *p = m(sizes[i]);
+    if (!p) { failed = "malloc"; return arg; }
+    memset(p, 7, sizes[i]);
+    p = r(p, 2 * sizes[i]);
+    if (!p || p[sizes[i] - 1] != 7) { failed = "realloc"; return arg; }
+    f(p);
+  }
+  unsigned char *z = c(1000, 100);
+  for (int i = 0; z && i < 100000; i++)
+    if (z[i]) { failed = "calloc"; return arg; }
+  f(z);
+  failed = NULL;
+  return arg;
+}
+
+/* usage: dl_small_stack STACK LIBRARY (STACK in bytes; 0: PTHREAD_STACK_MIN) */
+int main(int argc, char **argv) {
+  if (argc < 3) return 2;
+  size_t stack = strtoul(argv[1], NULL, 0);
+  path = argv[2];
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  if (pthread_attr_setstacksize(&at, stack ? stack : PTHREAD_STACK_MIN)) { puts("setstacksize"); return 2; }
+  pthread_t t;
+  if (pthread_create(&t, &at, work, NULL)) { puts("create"); return 2; }
+  pthread_join(t, NULL);
+  puts(failed ? failed : "ok");
+  return failed != NULL;
+}
+"#;
+
+/// The stack the threads get: see the module documentation (the library
+/// is built with this test's profile).
+fn stack() -> &'static str {
+    if cfg!(debug_assertions) {
+        "65536"
+    } else {
+        "0"
+    }
+}
+
+#[test]
+fn a_thread_with_the_smallest_stack_loads_the_library() {
+    let d = scratch("dl-small-stack");
+    let src = d.join("dl_small_stack.c");
+    std::fs::write(&src, DLOPEN_SRC).unwrap();
+    let exe = compile("dl_small_stack", &src, &d);
+    let o = Command::new(&exe)
+        .arg(stack())
+        .arg(lib())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run");
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ok",
+        "stack {}: {o:?}",
+        stack()
+    );
+}
+
 #[test]
 fn threads_with_the_smallest_stack_make_the_first_calls() {
     let d = scratch("small-stacks");
     let src = d.join("small_stacks.c");
     std::fs::write(&src, SRC).unwrap();
     let exe = compile("small_stacks", &src, &d);
-    // See the module documentation (the library is built with this test's
-    // profile).
-    let stack = if cfg!(debug_assertions) { "65536" } else { "0" };
+    let stack = stack();
     for options in ["", "debug", "secure", "nocache", "engine=pow2"] {
         let o = Command::new(&exe)
             .arg(stack)

@@ -10,6 +10,7 @@
 //!   rseq          per-CPU page stacks in restartable sequences, and their fence
 //!   topology      CPUs, packages and NUMA nodes of this machine, from /sys
 //!   clock         monotonic nanoseconds, process CPU times, peak RSS
+//!   stack         run a function on a stack of its own (one-time set-up)
 //! ```
 //!
 //! Nothing here panics on a hostile or odd machine: a missing `/sys` file gives
@@ -81,6 +82,7 @@ pub mod machine;
 pub mod process;
 mod region;
 pub mod rseq;
+pub mod stack;
 pub mod stderr;
 #[cfg(feature = "std")]
 pub mod topology;
