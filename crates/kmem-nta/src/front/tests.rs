@@ -514,6 +514,29 @@ mod shuffle_tests {
         assert_eq!(nta.stats().bytes_held, 0);
     }
 
+    /// Allocates `n` blocks of class `k` through `front` (its stock, else a
+    /// refill from `nta`), then frees them all into it.
+    ///
+    /// # Safety
+    /// Every chunk in `front` is `nta`'s.
+    unsafe fn batch(front: &mut FrontCache, nta: &Nta<FixedSource<'_>, Cpus>, k: usize, n: usize) {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut p = front.pop(k);
+            if p.is_null() {
+                // SAFETY: the caller's contract.
+                p = unsafe { front.refill(nta, k) };
+            }
+            assert!(!p.is_null());
+            v.push(p);
+        }
+        for p in v {
+            // SAFETY: a block of class k just taken from nta through the
+            // cache, given back once.
+            unsafe { front.push(nta, p, k) };
+        }
+    }
+
     /// A class that churns ever larger batches grows only while the bounds
     /// of the classes this thread allocates from stay within the cache's
     /// bytes together: with one class grown to the whole cache, a third
@@ -539,22 +562,11 @@ mod shuffle_tests {
                     }
                 }
                 let k = 4;
-                let mut v = Vec::new();
                 // Ten batches of 512 blocks (128 KiB), allocated then freed:
                 // each overflow after a refill may double the bound. Few
                 // enough refills that classes 1 and 2 do not go idle.
                 for _ in 0..10 {
-                    for _ in 0..512 {
-                        let mut p = front.pop(k);
-                        if p.is_null() {
-                            p = front.refill(&nta, k);
-                        }
-                        assert!(!p.is_null());
-                        v.push(p);
-                    }
-                    for p in v.drain(..) {
-                        front.push(&nta, p, k);
-                    }
+                    batch(&mut front, &nta, k, 512);
                     // Growth keeps the bounds within the bytes; a class
                     // refilled the first time adds its base bound to them
                     // (and class 1, preset, took all of the bytes).
@@ -599,19 +611,8 @@ mod shuffle_tests {
             // The next phase: batches of 1024 blocks of 4 KiB (class 64),
             // allocated and freed; its refills run the idle scans.
             let k = 64;
-            let mut v = Vec::new();
             for _ in 0..100 {
-                for _ in 0..1024 {
-                    let mut p = front.pop(k);
-                    if p.is_null() {
-                        p = front.refill(&nta, k);
-                    }
-                    assert!(!p.is_null());
-                    v.push(p);
-                }
-                for p in v.drain(..) {
-                    front.push(&nta, p, k);
-                }
+                batch(&mut front, &nta, k, 1024);
                 assert!(front.bound_bytes() <= FrontCache::BYTES + (16 << 12));
             }
             // Class 1 went back whole, and class 64 grew to the whole cache.
