@@ -16,6 +16,7 @@
 mod common;
 
 use common::{compile, lib, scratch};
+use std::path::PathBuf;
 use std::process::Command;
 
 const SRC: &str = r#"#include <limits.h>
@@ -139,12 +140,18 @@ fn stack() -> &'static str {
     }
 }
 
+/// The C program `source`, written to a scratch directory and compiled as
+/// `name`.
+fn program(name: &str, source: &str) -> PathBuf {
+    let d = scratch(name);
+    let src = d.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    compile(name, &src, &d)
+}
+
 #[test]
 fn a_thread_with_the_smallest_stack_loads_the_library() {
-    let d = scratch("dl-small-stack");
-    let src = d.join("dl_small_stack.c");
-    std::fs::write(&src, DLOPEN_SRC).unwrap();
-    let exe = compile("dl_small_stack", &src, &d);
+    let exe = program("dl_small_stack", DLOPEN_SRC);
     let o = Command::new(&exe)
         .arg(stack())
         .arg(lib())
@@ -160,10 +167,7 @@ fn a_thread_with_the_smallest_stack_loads_the_library() {
 
 #[test]
 fn threads_with_the_smallest_stack_make_the_first_calls() {
-    let d = scratch("small-stacks");
-    let src = d.join("small_stacks.c");
-    std::fs::write(&src, SRC).unwrap();
-    let exe = compile("small_stacks", &src, &d);
+    let exe = program("small_stacks", SRC);
     let stack = stack();
     for options in ["", "debug", "secure", "nocache", "engine=pow2"] {
         let o = Command::new(&exe)
