@@ -3,6 +3,7 @@
 //! ```text
 //!   bitmap        Bitmap over caller words: ranges, counts, word-at-a-time searches
 //!   decay         ReturnPolicy and Decay: how long freed memory stays backed
+//!   fork          ForkSet: which locks of a family a fork must take
 //!   hint          prefetch_read, prefetch_write: cache hints
 //!   list          intrusive doubly linked list, container_of!
 //!   lock          Lock<T>: a lock_api mutex that counts acquisitions, contention, wait
@@ -31,6 +32,7 @@ extern crate std;
 pub mod bitmap;
 pub mod decay;
 pub mod error;
+pub mod fork;
 pub mod hint;
 pub mod list;
 pub mod lock;
@@ -42,6 +44,7 @@ pub mod topology;
 pub use bitmap::{AtomicWords, Bitmap, Words, WordsMut};
 pub use decay::{Decay, Due, ReturnPolicy};
 pub use error::{Error, Result};
+pub use fork::ForkSet;
 pub use list::{Link, List};
 pub use lock::{Lock, LockGuard, RawCountingLock};
 pub use page_source::PageSource;

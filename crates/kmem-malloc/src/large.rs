@@ -150,6 +150,12 @@ pub(crate) struct Large {
     /// Set when a CPU keeps a range, cleared by the flush of them all:
     /// while it is clear nothing looks at the 64 caches.
     any_held: AtomicBool,
+    /// The CPUs whose cache's lock has ever been taken: the ones a fork
+    /// takes (kmem-core's `ForkSet`; its gate comes after the arena's lock
+    /// in the fork's order). A CPU enters when it first keeps a range
+    /// (`cpu_put`, holding no CPU's lock); every other path locks a cache
+    /// that holds ranges or has held some.
+    cpu_set: kmem_core::ForkSet,
     /// Called, with no lock of the arena's held, each time the arena has
     /// handed out another [`GROWTH_LOOK`] bytes of unbacked pages (see
     /// [`Large::new`]).
@@ -245,6 +251,7 @@ impl Large {
             cpus: [const { CpuRanges::new() }; CPUS],
             cpu_bound: AtomicUsize::new(Self::cpu_bound_for(policy)),
             any_held: AtomicBool::new(false),
+            cpu_set: kmem_core::ForkSet::new(),
             next_tick: AtomicU64::new(0),
             state: Lock::new(State {
                 segs: [const { SegPtr(None) }; MAX_SEGMENTS],
@@ -762,7 +769,8 @@ impl Large {
         false
     }
 
-    /// Takes the lock for `fork()`.
+    /// Takes the locks for `fork()`: the arena's, then those of the CPUs'
+    /// caches that have been used.
     pub(crate) fn fork_prepare(&self) {
         core::mem::forget(self.state.lock());
         self.cpus_fork_prepare();

@@ -6,7 +6,8 @@ use core::ptr;
 use kmem_core::hint::prefetch_write;
 use kmem_core::sync::{AtomicBool, AtomicUsize, Ordering};
 use kmem_core::{
-    CachePadded, Counter, CpuSource, Cpus, Error, Lock, LockGuard, LockStats, PageSource, Result,
+    CachePadded, Counter, CpuSource, Cpus, Error, ForkSet, Lock, LockGuard, LockStats, PageSource,
+    Result,
 };
 
 use crate::exchange::Exchange;
@@ -486,6 +487,13 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     /// Empty nodes past every heap's reserve, kept for any heap to reuse
     /// before the source is asked (sealed as freed while here).
     pool: Lock<NodePool>,
+    /// The heaps whose locks have ever been taken: the ones
+    /// [`fork_prepare`](Nta::fork_prepare) takes. A heap enters before its
+    /// first lock ([`lock_for_alloc`](Nta::lock_for_alloc), which no
+    /// caller reaches holding a lock of this allocator's); every other
+    /// path locks a heap that owns memory or queued frees, which it got
+    /// under its lock, so it has entered.
+    fork_set: ForkSet,
     /// When [`maintain`](Nta::maintain) runs next on its own (milliseconds
     /// of kmem-sys's coarse clock; `os` only).
     #[cfg_attr(not(feature = "os"), allow(dead_code))]
@@ -623,6 +631,7 @@ macro_rules! nta_new {
                 nodes: [0; NODE_POOL],
                 n: 0,
             }),
+            fork_set: ForkSet::new(),
             next_tick_ms: AtomicUsize::new(0),
             slots: $slots,
         }
@@ -750,10 +759,18 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
 
     // ---- locking ---------------------------------------------------------
 
+    /// True when heap `h` has ever been locked (see `fork_set`): a heap that
+    /// has not holds nothing, and the paths that visit every heap skip it.
+    #[inline]
+    pub(crate) fn heap_entered(&self, h: usize) -> bool {
+        self.fork_set.contains(h)
+    }
+
     /// Locks a heap to allocate from: the CPU's own, or (steal mode) any free one.
     #[inline(always)]
     fn lock_for_alloc(&self) -> (usize, LockGuard<'_, Heap>) {
         let h = self.current_heap();
+        self.fork_set.enter(h);
         match self.slots[h].heap.try_lock() {
             Some(g) => (h, g),
             None => self.lock_for_alloc_slow(h),
@@ -770,6 +787,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         loop {
             for i in 1..=self.nheaps {
                 let j = (h + i) % self.nheaps;
+                self.fork_set.enter(j);
                 if let Some(g) = self.slots[j].heap.try_lock() {
                     return (j, g);
                 }
@@ -782,6 +800,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Locks heap `h` itself (the owner of some chunk), waiting if needed. In
     /// steal mode it spins and yields rather than parking.
     fn lock_heap(&self, h: usize) -> LockGuard<'_, Heap> {
+        debug_assert!(
+            self.fork_set.contains(h),
+            "heap {h} locked before it entered"
+        );
         if let Some(g) = self.slots[h].heap.try_lock() {
             return g;
         }

@@ -582,21 +582,49 @@ fn resize_small_in_place() {
     assert_eq!(nta.stats().bytes_held, 0);
 }
 
+/// `fork_prepare` takes the lock of every heap that has been used (and the
+/// pool's) and leaves the others alone; until `fork_release` a thread that
+/// would use another heap waits, so the child inherits no lock held.
 #[test]
 fn fork_locks_are_taken_and_released() {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let mut b = buf(64);
     let c = Config { heaps: 3, ..cfg() };
-    let nta = Nta::with_config(source(&mut b), c, Cpus::Fixed(1)).unwrap();
+    let nta = Nta::with_config(source(&mut b), c, Cpus::Simulated).unwrap();
+    kmem_core::bind_simulated_cpu(1);
     let p = nta.alloc(l(100)).unwrap();
     nta.fork_prepare();
-    for h in 0..3 {
-        assert!(nta.slots[h].heap.is_locked());
+    assert!(nta.slots[1].heap.is_locked(), "the heap in use");
+    for h in [0, 2] {
+        assert!(!nta.slots[h].heap.is_locked(), "heap {h} was never used");
     }
-    // SAFETY: this thread took them all just above.
-    unsafe { nta.fork_release() };
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            kmem_core::bind_simulated_cpu(2);
+            let q = nta.alloc(l(64)).unwrap();
+            done.store(true, Ordering::SeqCst);
+            // SAFETY: live, ours.
+            unsafe { nta.free(q).unwrap() };
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "a new heap was used during the fork"
+        );
+        assert!(!nta.slots[2].heap.is_locked());
+        // SAFETY: this thread took them all just above.
+        unsafe { nta.fork_release() };
+    });
+    assert!(done.load(Ordering::SeqCst));
     for h in 0..3 {
         assert!(!nta.slots[h].heap.is_locked());
     }
+    nta.fork_prepare();
+    assert!(nta.slots[1].heap.is_locked() && nta.slots[2].heap.is_locked());
+    assert!(!nta.slots[0].heap.is_locked());
+    // SAFETY: as above.
+    unsafe { nta.fork_release() };
     // SAFETY: live.
     unsafe { nta.free(p).unwrap() };
     nta.check().unwrap();

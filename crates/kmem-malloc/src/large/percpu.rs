@@ -71,7 +71,7 @@ const CLOCK_EVERY: u32 = 16;
 /// A CPU's cache on a line of its own.
 #[repr(align(128))]
 pub(super) struct CpuRanges {
-    ranges: Lock<Ranges>,
+    pub(super) ranges: Lock<Ranges>,
     /// Ranges held (written under the lock; read without it to skip an
     /// empty cache).
     held: AtomicUsize,
@@ -251,10 +251,13 @@ impl Large {
     /// of holding them until the tick. `Err(None)`: an empty cache.
     #[inline]
     pub(super) fn cpu_take(&self, pages: usize) -> Result<usize, Option<usize>> {
-        let c = &self.cpus[this_cpu()];
+        let i = this_cpu();
+        let c = &self.cpus[i];
         if c.held.load(Ordering::Relaxed) == 0 {
             return Err(None);
         }
+        // It has held ranges, so it has entered (`cpu_put`).
+        debug_assert!(self.cpu_set.contains(i));
         let mut r = c.ranges.lock();
         let Some((a, got)) = r.take(pages, self.page) else {
             if r.n == 0 {
@@ -280,7 +283,10 @@ impl Large {
     /// the arena.
     pub(super) fn cpu_put(&self, a: usize, pages: usize) {
         let mut out = [(0, 0); RANGES];
-        let c = &self.cpus[this_cpu()];
+        let i = this_cpu();
+        // Before the lock (see `Large::cpu_set`).
+        self.cpu_set.enter(i);
+        let c = &self.cpus[i];
         let mut r = c.ranges.lock();
         let gone = r.put(a, pages, self.page, self.cpu_bound(), &mut out);
         c.publish(&r);
@@ -363,7 +369,12 @@ impl Large {
 
     /// Calls `f(addr, pages)` for each range the CPUs keep (stats, check).
     pub(super) fn each_cpu_range(&self, mut f: impl FnMut(usize, usize)) {
-        for c in &self.cpus {
+        for (i, c) in self.cpus.iter().enumerate() {
+            if !self.cpu_set.contains(i) {
+                // Never used: it holds nothing (and its line stays
+                // untouched).
+                continue;
+            }
             let r = c.ranges.lock();
             for i in 0..r.n {
                 f(r.addr[i], r.pages[i]);
@@ -378,10 +389,15 @@ impl Large {
         self
     }
 
-    /// Takes every CPU's lock (for `fork()`, after the arena's).
+    /// Takes the lock of every CPU whose cache has been used (for `fork()`,
+    /// after the arena's lock); until [`cpus_fork_release`](Self::cpus_fork_release)
+    /// no other CPU's cache can be used.
     pub(super) fn cpus_fork_prepare(&self) {
-        for c in &self.cpus {
-            core::mem::forget(c.ranges.lock());
+        let m = self.cpu_set.fork_prepare();
+        for (i, c) in self.cpus.iter().enumerate() {
+            if m.has(i) {
+                core::mem::forget(c.ranges.lock());
+            }
         }
     }
 
@@ -390,10 +406,15 @@ impl Large {
     /// # Safety
     /// The calling thread took them with `cpus_fork_prepare`.
     pub(super) unsafe fn cpus_fork_release(&self) {
-        for c in &self.cpus {
-            // SAFETY: forwarded contract: we hold it and no guard exists.
-            unsafe { c.ranges.force_unlock() };
+        let m = self.cpu_set.held();
+        for (i, c) in self.cpus.iter().enumerate() {
+            if m.has(i) {
+                // SAFETY: forwarded contract: we hold it and no guard exists.
+                unsafe { c.ranges.force_unlock() };
+            }
         }
+        // SAFETY: forwarded contract: cpus_fork_prepare took the gate.
+        unsafe { self.cpu_set.fork_release() };
     }
 }
 

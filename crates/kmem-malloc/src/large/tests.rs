@@ -772,3 +772,43 @@ fn a_resize_within_the_pages_reads_the_length_word() {
     assert!(large.usable_size(a).is_err());
     large.check().unwrap();
 }
+
+/// A fork takes the arena's lock and the locks of the CPUs' caches that
+/// have kept a range, and leaves the other caches (and their lines) alone.
+#[test]
+fn a_fork_takes_only_the_cpu_caches_in_use() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let locked = |l: &Large| -> Vec<usize> {
+        (0..CPUS)
+            .filter(|&i| l.cpus[i].ranges.is_locked())
+            .collect()
+    };
+    large.fork_prepare();
+    assert!(large.state.is_locked());
+    assert_eq!(locked(&large), [0usize; 0], "no cache was used yet");
+    // SAFETY: this thread took them just above.
+    unsafe { large.fork_release() };
+    assert!(!large.state.is_locked());
+    // Two blocks of 16 pages; the lower one freed is kept by this CPU (the
+    // highest busy range would go to the arena).
+    let a = large
+        .alloc(16 * P as usize, P as usize, false)
+        .unwrap()
+        .addr;
+    let b = large
+        .alloc(16 * P as usize, P as usize, false)
+        .unwrap()
+        .addr;
+    large.free(a).unwrap();
+    assert_eq!(large.stats().cpu_ranges, 1, "kept by the CPU");
+    large.fork_prepare();
+    let held = locked(&large);
+    assert_eq!(held.len(), 1, "the one cache in use: {held:?}");
+    assert!(large.cpu_set.contains(held[0]));
+    // SAFETY: as above.
+    unsafe { large.fork_release() };
+    assert!(locked(&large).is_empty() && !large.state.is_locked());
+    large.free(b).unwrap();
+    large.check().unwrap();
+}

@@ -108,6 +108,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let owner = unsafe { (*node).owner } as usize;
         let h = self.current_heap();
         if owner == h {
+            debug_assert!(self.heap_entered(h));
             if let Some(mut heap) = self.slots[h].heap.try_lock() {
                 self.drain(&mut heap, h);
                 // SAFETY: heap h owns node and is locked.
@@ -560,14 +561,22 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         unsafe { self.resize_in_place(addr, ko, kn) }
     }
 
-    /// Takes every lock of the allocator (each heap's, then the node pool's)
-    /// and keeps them, for `fork()`: a child must not inherit a lock held by
-    /// a thread that does not exist in it. Lock order as everywhere: heaps
-    /// in index order, then the pool; the page source's locks come after
-    /// (its owner takes them). Release with [`fork_release`](Self::fork_release).
+    /// Takes every lock of the allocator that a thread may hold (the lock
+    /// of each heap that has ever been locked, then the node pool's) and
+    /// keeps them, for `fork()`: a child must not inherit a lock held by a
+    /// thread that does not exist in it. Until the release no other heap
+    /// can be locked (kmem-core's `ForkSet`): the locks of heaps never used
+    /// stay untouched, and so do their pages, which the release would
+    /// otherwise copy in the parent and the child. Lock order as
+    /// everywhere: heaps in index order, then the pool; the page source's
+    /// locks come after (its owner takes them). Release with
+    /// [`fork_release`](Self::fork_release).
     pub fn fork_prepare(&self) {
-        for slot in &self.slots[..self.nheaps] {
-            core::mem::forget(slot.heap.lock());
+        let m = self.fork_set.fork_prepare();
+        for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
+            if m.has(h) {
+                core::mem::forget(slot.heap.lock());
+            }
         }
         core::mem::forget(self.pool.lock());
     }
@@ -580,12 +589,17 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// The calling thread took them with `fork_prepare` and nothing else
     /// uses them in between.
     pub unsafe fn fork_release(&self) {
-        // SAFETY: the caller holds every lock (fork_prepare) and no guard exists.
+        // SAFETY: the caller holds every lock fork_prepare took (the
+        // fork set's gate, so the members are the same) and no guard exists.
         unsafe {
             self.pool.force_unlock();
-            for slot in &self.slots[..self.nheaps] {
-                slot.heap.force_unlock();
+            let m = self.fork_set.held();
+            for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
+                if m.has(h) {
+                    slot.heap.force_unlock();
+                }
             }
+            self.fork_set.fork_release();
         }
     }
 

@@ -229,6 +229,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 if owner == h {
                     if !tried {
                         tried = true;
+                        debug_assert!(self.heap_entered(h));
                         local = self.slots[h].heap.try_lock();
                         if let Some(heap) = local.as_mut() {
                             self.drain(heap, h);

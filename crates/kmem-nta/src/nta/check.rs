@@ -19,7 +19,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// What the allocator holds now.
     pub fn stats(&self) -> Stats {
         let mut s = Stats::default();
-        for slot in &self.slots[..self.nheaps] {
+        for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
+            if !self.heap_entered(h) {
+                // Never locked: it holds nothing (and its page stays
+                // untouched).
+                continue;
+            }
             let heap = slot.heap.lock();
             s.bytes_requested += heap.requested;
             s.allocations += heap.allocs;
@@ -69,7 +74,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Adds each heap's size-list lengths into `out[k]` (free chunks of exactly
     /// k chunks); `out` should have `max + 1` entries, longer lists are cut.
     pub fn list_lengths(&self, out: &mut [usize]) {
-        for slot in &self.slots[..self.nheaps] {
+        for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
+            if !self.heap_entered(h) {
+                // Never locked: it holds nothing (and its page stays
+                // untouched).
+                continue;
+            }
             let heap = slot.heap.lock();
             if heap.lists.is_null() {
                 continue;
@@ -89,7 +99,12 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Calls `f(node_address, used_map, end_map, chunks)` for every node, under
     /// its heap's lock (for fragmentation maps).
     pub fn for_each_node(&self, mut f: impl FnMut(usize, &[u64], &[u64])) {
-        for slot in &self.slots[..self.nheaps] {
+        for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
+            if !self.heap_entered(h) {
+                // Never locked: it holds nothing (and its page stays
+                // untouched).
+                continue;
+            }
             let heap = slot.heap.lock();
             let mut n = heap.nodes;
             while !n.is_null() {
@@ -114,6 +129,14 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         let g = self.geo;
         let secret = self.secret();
         for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
+            if !self.heap_entered(h) {
+                // Never locked, so it owns no node: no chunk of its can
+                // have been freed onto its list.
+                if !slot.semi.is_empty() {
+                    return Err("frees queued on a heap that was never used");
+                }
+                continue;
+            }
             let heap = slot.heap.lock();
             let (mut nodes, mut empty, mut held, mut runs) = (0usize, 0usize, 0usize, 0usize);
             let mut n = heap.nodes;

@@ -442,6 +442,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if self.slots[j].semi.is_empty() {
                 continue;
             }
+            // Frees are queued only on a heap that owns memory.
+            debug_assert!(self.heap_entered(j));
             let heap = if wait {
                 Some(self.slots[j].heap.lock())
             } else {
@@ -502,6 +504,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             self.xfer_drain(j);
         }
         for j in 0..grown {
+            if !self.heap_entered(j) {
+                // Never locked: nothing to give back.
+                continue;
+            }
             let mut heap = self.slots[j].heap.lock();
             self.drain_slow(&mut heap, j);
             let mut n = heap.nodes;
@@ -705,6 +711,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if j == h || self.slots[j].semi.is_empty() {
                 continue;
             }
+            debug_assert!(self.heap_entered(j));
             if let Some(mut heap) = self.slots[j].heap.try_lock() {
                 self.drain_slow(&mut heap, j);
             }
