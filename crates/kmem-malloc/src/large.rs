@@ -59,7 +59,7 @@ mod segment;
 mod stats;
 
 use cache::{class_of, Cache};
-use percpu::{CpuRanges, CPUS};
+pub(crate) use percpu::CpuCaches;
 use prefault::{Prefault, Zero, PREFAULT_MAX};
 pub(crate) use segment::reserve_rw;
 use segment::{Map, SegPtr};
@@ -140,8 +140,9 @@ pub(crate) struct Large {
     /// the last change under the lock that moved it (see
     /// [`publish_top`](Self::publish_top)); read without the lock.
     tops: [AtomicUsize; MAX_SEGMENTS],
-    /// The per-CPU caches of freed ranges (`large/percpu.rs`).
-    cpus: [CpuRanges; CPUS],
+    /// The per-CPU caches of freed ranges (`large/percpu.rs`), in a
+    /// static of their own (see `CpuCaches`).
+    cpus: &'static CpuCaches,
     /// Bytes a CPU's cache may keep (from the policy; 0: none).
     cpu_bound: AtomicUsize,
     /// When the policy's next tick is due (ns of the coarse clock),
@@ -238,7 +239,15 @@ impl Large {
     /// blocks freed, then 512 MB of 1 MiB blocks allocated, peaked at
     /// 1108 MB without the hook, as jemalloc's 1106; glibc 705, mimalloc
     /// 608; 618 with it).
-    pub(crate) fn new(policy: ReturnPolicy, nodes: NodeSource, on_growth: fn()) -> Large {
+    ///
+    /// `cpus` are the CPUs' caches of freed ranges, empty; they serve this
+    /// arena alone from now on.
+    pub(crate) fn new(
+        policy: ReturnPolicy,
+        nodes: NodeSource,
+        on_growth: fn(),
+        cpus: &'static CpuCaches,
+    ) -> Large {
         Large {
             on_growth,
             prefault: Prefault::new(),
@@ -248,7 +257,7 @@ impl Large {
             nsegs: AtomicUsize::new(0),
             lens: [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_SEGMENTS],
             tops: [const { AtomicUsize::new(0) }; MAX_SEGMENTS],
-            cpus: [const { CpuRanges::new() }; CPUS],
+            cpus,
             cpu_bound: AtomicUsize::new(Self::cpu_bound_for(policy)),
             any_held: AtomicBool::new(false),
             cpu_set: kmem_core::ForkSet::new(),

@@ -190,6 +190,8 @@ const READY: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static OPTS: Once<Options> = Once::new();
 static LARGE: Once<Large> = Once::new();
+/// The large arena's CPU caches (see `large::CpuCaches`).
+static LARGE_CPUS: large::CpuCaches = large::CpuCaches::new();
 static POW2: Once<Pow2Slab<'static>> = Once::new();
 static KEY: Once<libc::pthread_key_t> = Once::new();
 
@@ -363,7 +365,12 @@ fn init_once() {
         // slabs unbuilt, and tiny requests then go to nta (`alloc_tiny`).
         let _ = SLABS.source().0.get();
     }
-    LARGE.set(Large::new(o.policy, &NTA.source().0, large_grew));
+    LARGE.set(Large::new(
+        o.policy,
+        &NTA.source().0,
+        large_grew,
+        &LARGE_CPUS,
+    ));
     if o.engine == Engine::Pow2 {
         match make_pow2() {
             Ok(p) => POW2.set(p),

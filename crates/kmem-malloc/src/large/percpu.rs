@@ -68,6 +68,22 @@ pub(super) struct Ranges {
 /// 0.059 -> 0.075 s).
 const CLOCK_EVERY: u32 = 16;
 
+/// The CPUs' caches, apart from the arena's struct: kmem-malloc keeps
+/// them in a static of their own (zero bytes in `.bss` until a CPU keeps a
+/// range), so that a process's start-up writes only the arena's struct
+/// (built at start-up with them inside, it was 24.7 KiB: seven pages
+/// faulted in, and as many of the stack it was built on, by every process,
+/// even one that never asks for a large block), and a fork touches only
+/// the caches of CPUs that kept ranges (`Large::cpu_set`).
+pub(crate) struct CpuCaches(pub(super) [CpuRanges; CPUS]);
+
+impl CpuCaches {
+    /// Every CPU's cache empty.
+    pub(crate) const fn new() -> CpuCaches {
+        CpuCaches([const { CpuRanges::new() }; CPUS])
+    }
+}
+
 /// A CPU's cache on a line of its own.
 #[repr(align(128))]
 pub(super) struct CpuRanges {
@@ -252,7 +268,7 @@ impl Large {
     #[inline]
     pub(super) fn cpu_take(&self, pages: usize) -> Result<usize, Option<usize>> {
         let i = this_cpu();
-        let c = &self.cpus[i];
+        let c = &self.cpus.0[i];
         if c.held.load(Ordering::Relaxed) == 0 {
             return Err(None);
         }
@@ -286,7 +302,7 @@ impl Large {
         let i = this_cpu();
         // Before the lock (see `Large::cpu_set`).
         self.cpu_set.enter(i);
-        let c = &self.cpus[i];
+        let c = &self.cpus.0[i];
         let mut r = c.ranges.lock();
         let gone = r.put(a, pages, self.page, self.cpu_bound(), &mut out);
         c.publish(&r);
@@ -321,8 +337,10 @@ impl Large {
         // Cleared first: a range kept meanwhile sets it again (see
         // `CpuRanges::publish`).
         self.any_held.store(false, Ordering::SeqCst);
-        for c in &self.cpus {
-            if c.held.load(Ordering::SeqCst) == 0 {
+        for (i, c) in self.cpus.0.iter().enumerate() {
+            // A CPU that never kept a range is not looked at (nor its line
+            // read in).
+            if !self.cpu_set.contains(i) || c.held.load(Ordering::SeqCst) == 0 {
                 continue;
             }
             let mut r = c.ranges.lock();
@@ -344,8 +362,8 @@ impl Large {
         if !self.any_held.load(Ordering::Relaxed) {
             return None;
         }
-        self.cpus.iter().find_map(|c| {
-            if c.held.load(Ordering::Relaxed) == 0 {
+        self.cpus.0.iter().enumerate().find_map(|(i, c)| {
+            if !self.cpu_set.contains(i) || c.held.load(Ordering::Relaxed) == 0 {
                 return None;
             }
             let mut r = c.ranges.lock();
@@ -363,13 +381,15 @@ impl Large {
         self.any_held.load(Ordering::SeqCst)
             && self
                 .cpus
+                .0
                 .iter()
-                .any(|c| c.held.load(Ordering::Relaxed) != 0)
+                .enumerate()
+                .any(|(i, c)| self.cpu_set.contains(i) && c.held.load(Ordering::Relaxed) != 0)
     }
 
     /// Calls `f(addr, pages)` for each range the CPUs keep (stats, check).
     pub(super) fn each_cpu_range(&self, mut f: impl FnMut(usize, usize)) {
-        for (i, c) in self.cpus.iter().enumerate() {
+        for (i, c) in self.cpus.0.iter().enumerate() {
             if !self.cpu_set.contains(i) {
                 // Never used: it holds nothing (and its line stays
                 // untouched).
@@ -394,7 +414,7 @@ impl Large {
     /// no other CPU's cache can be used.
     pub(super) fn cpus_fork_prepare(&self) {
         let m = self.cpu_set.fork_prepare();
-        for (i, c) in self.cpus.iter().enumerate() {
+        for (i, c) in self.cpus.0.iter().enumerate() {
             if m.has(i) {
                 core::mem::forget(c.ranges.lock());
             }
@@ -407,7 +427,7 @@ impl Large {
     /// The calling thread took them with `cpus_fork_prepare`.
     pub(super) unsafe fn cpus_fork_release(&self) {
         let m = self.cpu_set.held();
-        for (i, c) in self.cpus.iter().enumerate() {
+        for (i, c) in self.cpus.0.iter().enumerate() {
             if m.has(i) {
                 // SAFETY: forwarded contract: we hold it and no guard exists.
                 unsafe { c.ranges.force_unlock() };

@@ -11,6 +11,11 @@ fn arena() -> VmapArena<NodeSource> {
     VmapArena::with_lazy_max(src, BASE, BASE + (1 << 30), 0).unwrap()
 }
 
+/// Empty CPU caches for an arena of a test.
+fn cpus() -> &'static CpuCaches {
+    Box::leak(Box::new(CpuCaches::new()))
+}
+
 /// The unit of [`holes`]: the smallest request placed by best fit.
 const U: u64 = BEST_FIT_MIN;
 
@@ -80,7 +85,7 @@ fn requests_below_the_best_fit_size_take_the_lowest_fit() {
 #[test]
 fn a_batch_freed_keeps_its_pages_for_the_next() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}, cpus());
     // 20 blocks of 1.5 MiB: 30 MiB, within the policy's limit (eight
     // times `retain`), and far above eight times the largest block.
     let (size, blocks) = (3 << 19, 20);
@@ -109,7 +114,7 @@ fn a_batch_freed_keeps_its_pages_for_the_next() {
 #[test]
 fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}).without_cpu_caches();
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}, cpus()).without_cpu_caches();
     let ps = large.page;
     let a = large.alloc(64 << 10, ps, false).unwrap().addr;
     let b = large.alloc(100 << 10, ps, false).unwrap().addr;
@@ -187,7 +192,7 @@ fn a_freed_range_is_kept_for_its_class_and_refused_while_kept() {
 #[test]
 fn an_alignment_past_a_segment_is_refused() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}, cpus());
     // Past the largest alignment, or not a power of two.
     for align in [MAX_ALIGN << 1, 1 << 46, 1 << 62, 3 << 12] {
         assert_eq!(
@@ -219,7 +224,7 @@ fn an_aligned_request_takes_only_an_aligned_cached_range() {
         delay_ms: 60_000,
         ..ReturnPolicy::DEFAULT
     };
-    let large = Large::new(policy, nodes, || {}).without_cpu_caches();
+    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
     let ps = large.page;
     const AL: usize = 256 << 10;
     let a = large.alloc(64 << 10, AL, false).unwrap().addr;
@@ -280,7 +285,7 @@ fn count_look() {
 #[test]
 fn the_growth_hook_runs_every_16_mib_of_unbacked_pages() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, count_look);
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, count_look, cpus());
     let looks = || LOOKS.load(Ordering::Relaxed);
     let ps = large.page;
     let a = large.alloc(10 << 20, ps, false).unwrap().addr;
@@ -315,7 +320,7 @@ fn a_cpu_keeps_a_freed_range_and_refuses_it_while_kept() {
         delay_ms: 60_000,
         ..ReturnPolicy::DEFAULT
     };
-    let large = Large::new(policy, nodes, || {});
+    let large = Large::new(policy, nodes, || {}, cpus());
     let ps = large.page;
     let a = large.alloc(1 << 20, ps, false).unwrap().addr;
     let b = large.alloc(3 << 20, ps, false).unwrap().addr;
@@ -405,8 +410,12 @@ fn a_cpu_keeps_a_freed_range_and_refuses_it_while_kept() {
 fn threads_share_ranges_through_the_cpu_caches() {
     use std::sync::Mutex;
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large: &'static Large =
-        Box::leak(Box::new(Large::new(ReturnPolicy::DEFAULT, nodes, || {})));
+    let large: &'static Large = Box::leak(Box::new(Large::new(
+        ReturnPolicy::DEFAULT,
+        nodes,
+        || {},
+        cpus(),
+    )));
     let ps = large.page;
     let handed: &'static Mutex<Vec<(usize, usize)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
     let threads: Vec<_> = (0..4u64)
@@ -481,8 +490,12 @@ fn check_and_free(large: &Large, a: usize, n: usize) {
 #[test]
 fn a_range_freed_twice_at_once_is_freed_once() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large: &'static Large =
-        Box::leak(Box::new(Large::new(ReturnPolicy::DEFAULT, nodes, || {})));
+    let large: &'static Large = Box::leak(Box::new(Large::new(
+        ReturnPolicy::DEFAULT,
+        nodes,
+        || {},
+        cpus(),
+    )));
     let ps = large.page;
     for _ in 0..200 {
         let a = large.alloc(1 << 20, ps, false).unwrap().addr;
@@ -537,7 +550,7 @@ fn hits_on_a_cpu_cache_keep_the_policy_clock_going() {
         retain: 1 << 20,
         delay_ms: 20,
     };
-    let large = Large::new(policy, nodes, || {});
+    let large = Large::new(policy, nodes, || {}, cpus());
     let ps = large.page;
     // 10 MiB of 256 KiB ranges, touched, then freed: far past `retain`.
     let v: Vec<usize> = (0..40)
@@ -582,7 +595,7 @@ fn an_exit_keeps_young_pages_within_four_times_the_limit() {
         retain: 1 << 20,
         delay_ms: 60_000,
     };
-    let large = Large::new(policy, nodes, || {}).without_cpu_caches();
+    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
     let ps = large.page;
     let (size, limit) = (3 << 19, 8 << 20);
     // The policy's first tick comes at the first free: here, with nothing
@@ -636,7 +649,7 @@ fn an_exit_gives_back_old_pages_down_to_the_limit() {
         retain: 1 << 20,
         delay_ms: 60_000,
     };
-    let large = Large::new(policy, nodes, || {}).without_cpu_caches();
+    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
     let (ps, size) = (large.page, 3 << 19);
     let block = || large.alloc(size, ps, false).unwrap().addr;
     // 4 blocks (6 MiB), then 8 (12 MiB), then a live range above them all.
@@ -687,7 +700,7 @@ fn calloc_learns_whether_to_write_unbacked_pages() {
         }
         let nodes: NodeSource =
             Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-        let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}).without_cpu_caches();
+        let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}, cpus()).without_cpu_caches();
         let (ps, size) = (large.page, 1 << 20);
         for _ in 0..12 {
             let g = large.alloc(size, ps, true).unwrap();
@@ -725,7 +738,7 @@ fn calloc_learns_whether_to_write_unbacked_pages() {
 #[test]
 fn a_resize_within_the_pages_reads_the_length_word() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}).without_cpu_caches();
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}, cpus()).without_cpu_caches();
     let ps = kmem_sys::page_size();
     let min = 64 << 10;
     let a = large.alloc(100 * ps + 1, ps, false).unwrap().addr;
@@ -778,10 +791,10 @@ fn a_resize_within_the_pages_reads_the_length_word() {
 #[test]
 fn a_fork_takes_only_the_cpu_caches_in_use() {
     let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {});
+    let large = Large::new(ReturnPolicy::DEFAULT, nodes, || {}, cpus());
     let locked = |l: &Large| -> Vec<usize> {
-        (0..CPUS)
-            .filter(|&i| l.cpus[i].ranges.is_locked())
+        (0..percpu::CPUS)
+            .filter(|&i| l.cpus.0[i].ranges.is_locked())
             .collect()
     };
     large.fork_prepare();
