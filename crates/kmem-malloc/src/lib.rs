@@ -69,9 +69,12 @@
 //! policy when the thread exits; calls after that go straight to nta, so
 //! nothing stays parked in a dead thread.
 //!
-//! **fork.** `pthread_atfork` handlers take every lock (nta's heaps and node
-//! pool, its region's guard, the large arena's lock) before `fork()` and
-//! release them after it, in the parent and in the child.
+//! **fork.** `pthread_atfork` handlers take every lock a thread may hold
+//! (nta's heaps and node pool, its region's guard, the large arena's lock
+//! and its CPUs' caches) before `fork()` and release them after it, in the
+//! parent and in the child; of the per-CPU families only the members ever
+//! used (kmem-core's `ForkSet`), so that the releases write no page of the
+//! others.
 //!
 //! **Bad input.** `free`, `realloc` or `malloc_usable_size` of a pointer
 //! that kmem did not hand out, of the middle of an allocation, or of one
