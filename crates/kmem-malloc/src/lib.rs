@@ -508,7 +508,13 @@ extern "C" fn fork_prepare() {
     }
     // Order: heaps, the large arena, then the page supply (heaps and the
     // arena call into the supply while holding their locks, never the
-    // other way round).
+    // other way round). nta's and the large arena's CPU families come with
+    // a gate each (kmem-core's `ForkSet`), taken first of their family: a
+    // first use of a heap (an nta allocation) or of a CPU's cache (a large
+    // free) waits there during a fork, so neither is ever made while
+    // holding a lock taken after its gate (none is: nothing allocates from
+    // nta under a lock of the slabs, the large arena or a page supply, and
+    // a large free holds no lock when it reaches the CPUs' caches).
     NTA.fork_prepare();
     SLABS.fork_prepare();
     if let Some(l) = LARGE.get() {

@@ -490,9 +490,10 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     /// The heaps whose locks have ever been taken: the ones
     /// [`fork_prepare`](Nta::fork_prepare) takes. A heap enters before its
     /// first lock ([`lock_for_alloc`](Nta::lock_for_alloc), which no
-    /// caller reaches holding a lock of this allocator's); every other
-    /// path locks a heap that owns memory or queued frees, which it got
-    /// under its lock, so it has entered.
+    /// caller reaches holding a lock of this allocator's, nor one that a
+    /// fork handler takes after this allocator's: see `fork_prepare`);
+    /// every other path locks a heap that owns memory or queued frees,
+    /// which it got under its lock, so it has entered.
     fork_set: ForkSet,
     /// When [`maintain`](Nta::maintain) runs next on its own (milliseconds
     /// of kmem-sys's coarse clock; `os` only).
@@ -785,11 +786,21 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         let mut round = 0u32;
         loop {
-            for i in 1..=self.nheaps {
-                let j = (h + i) % self.nheaps;
-                self.fork_set.enter(j);
-                if let Some(g) = self.slots[j].heap.try_lock() {
-                    return (j, g);
+            // The heaps already in use first; one more only when all of
+            // them are busy, so that the set a fork locks (`fork_set`)
+            // grows with the contention, not with every probe.
+            for fresh in [false, true] {
+                for i in 1..=self.nheaps {
+                    let j = (h + i) % self.nheaps;
+                    if self.fork_set.contains(j) == fresh {
+                        continue;
+                    }
+                    // Before the try: a heap held while not entered would
+                    // be one a fork does not take.
+                    self.fork_set.enter(j);
+                    if let Some(g) = self.slots[j].heap.try_lock() {
+                        return (j, g);
+                    }
                 }
             }
             round += 1;

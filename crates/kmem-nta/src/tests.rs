@@ -598,15 +598,19 @@ fn fork_locks_are_taken_and_released() {
     for h in [0, 2] {
         assert!(!nta.slots[h].heap.is_locked(), "heap {h} was never used");
     }
-    let done = AtomicBool::new(false);
+    let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
     std::thread::scope(|s| {
         s.spawn(|| {
             kmem_core::bind_simulated_cpu(2);
+            started.store(true, Ordering::SeqCst);
             let q = nta.alloc(l(64)).unwrap();
             done.store(true, Ordering::SeqCst);
             // SAFETY: live, ours.
             unsafe { nta.free(q).unwrap() };
         });
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(
             !done.load(Ordering::SeqCst),

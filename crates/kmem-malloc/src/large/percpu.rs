@@ -272,9 +272,10 @@ impl Large {
         if c.held.load(Ordering::Relaxed) == 0 {
             return Err(None);
         }
-        // It has held ranges, so it has entered (`cpu_put`).
-        debug_assert!(self.cpu_set.contains(i));
         let mut r = c.ranges.lock();
+        // It has held ranges, so it has entered (`cpu_put`; read under the
+        // lock, which orders the bit before it).
+        debug_assert!(self.cpu_set.contains(i));
         let Some((a, got)) = r.take(pages, self.page) else {
             if r.n == 0 {
                 return Err(None);
@@ -337,10 +338,13 @@ impl Large {
         // Cleared first: a range kept meanwhile sets it again (see
         // `CpuRanges::publish`).
         self.any_held.store(false, Ordering::SeqCst);
+        // Read after the clear (SeqCst both): a CPU that enters later keeps
+        // its first range after this and raises the flag again.
+        let m = self.cpu_set.members();
         for (i, c) in self.cpus.0.iter().enumerate() {
             // A CPU that never kept a range is not looked at (nor its line
             // read in).
-            if !self.cpu_set.contains(i) || c.held.load(Ordering::SeqCst) == 0 {
+            if !m.has(i) || c.held.load(Ordering::SeqCst) == 0 {
                 continue;
             }
             let mut r = c.ranges.lock();
@@ -362,8 +366,9 @@ impl Large {
         if !self.any_held.load(Ordering::Relaxed) {
             return None;
         }
+        let m = self.cpu_set.members();
         self.cpus.0.iter().enumerate().find_map(|(i, c)| {
-            if !self.cpu_set.contains(i) || c.held.load(Ordering::Relaxed) == 0 {
+            if !m.has(i) || c.held.load(Ordering::Relaxed) == 0 {
                 return None;
             }
             let mut r = c.ranges.lock();
@@ -378,13 +383,15 @@ impl Large {
     /// Whether some CPU may keep a range: false at once when none has kept
     /// one since the last flush (`any_held`), else each CPU's count.
     pub(super) fn cpus_hold(&self) -> bool {
-        self.any_held.load(Ordering::SeqCst)
-            && self
-                .cpus
-                .0
-                .iter()
-                .enumerate()
-                .any(|(i, c)| self.cpu_set.contains(i) && c.held.load(Ordering::Relaxed) != 0)
+        if !self.any_held.load(Ordering::SeqCst) {
+            return false;
+        }
+        let m = self.cpu_set.members();
+        self.cpus
+            .0
+            .iter()
+            .enumerate()
+            .any(|(i, c)| m.has(i) && c.held.load(Ordering::Relaxed) != 0)
     }
 
     /// Calls `f(addr, pages)` for each range the CPUs keep (stats, check).

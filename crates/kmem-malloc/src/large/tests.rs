@@ -806,11 +806,11 @@ fn a_fork_takes_only_the_cpu_caches_in_use() {
     // Two blocks of 16 pages; the lower one freed is kept by this CPU (the
     // highest busy range would go to the arena).
     let a = large
-        .alloc(16 * P as usize, P as usize, false)
+        .alloc(16 * large.page, large.page, false)
         .unwrap()
         .addr;
     let b = large
-        .alloc(16 * P as usize, P as usize, false)
+        .alloc(16 * large.page, large.page, false)
         .unwrap()
         .addr;
     large.free(a).unwrap();

@@ -567,10 +567,18 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// thread that does not exist in it. Until the release no other heap
     /// can be locked (kmem-core's `ForkSet`): the locks of heaps never used
     /// stay untouched, and so do their pages, which the release would
-    /// otherwise copy in the parent and the child. Lock order as
-    /// everywhere: heaps in index order, then the pool; the page source's
+    /// otherwise copy in the parent and the child. Order: the fork set's
+    /// gate, the heaps in index order, then the pool; the page source's
     /// locks come after (its owner takes them). Release with
     /// [`fork_release`](Self::fork_release).
+    ///
+    /// CONTEXT: a heap's first use waits at the gate while a fork holds it,
+    /// so no thread may allocate from this allocator while it holds a lock
+    /// that the process's fork handler takes after this call (this
+    /// allocator's own, or any its handler takes later): it would wait for
+    /// the fork, which waits for it. kmem-malloc's handler takes this one
+    /// first of its nta locks, and nothing allocates from nta while it
+    /// holds a lock of the slabs, the large arena or a page supply.
     pub fn fork_prepare(&self) {
         let m = self.fork_set.fork_prepare();
         for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {

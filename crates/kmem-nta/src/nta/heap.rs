@@ -442,14 +442,15 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if self.slots[j].semi.is_empty() {
                 continue;
             }
-            // Frees are queued only on a heap that owns memory.
-            debug_assert!(self.heap_entered(j));
             let heap = if wait {
                 Some(self.slots[j].heap.lock())
             } else {
                 self.slots[j].heap.try_lock()
             };
             if let Some(mut heap) = heap {
+                // Frees are queued only on a heap that owns memory (checked
+                // under its lock, which orders the entry's bit before it).
+                debug_assert!(self.heap_entered(j));
                 self.drain_slow(&mut heap, j);
             }
         }
@@ -620,6 +621,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 .cast(),
         };
         let addr = node as usize;
+        // Owning memory makes a heap one a fork must lock (`fork_set`).
+        debug_assert!(self.heap_entered(h), "heap {h} grows before it entered");
         // SAFETY: the run is ours, node-aligned, node-sized; the header and
         // maps fit in its first `hdr` chunks.
         unsafe {
@@ -711,8 +714,8 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if j == h || self.slots[j].semi.is_empty() {
                 continue;
             }
-            debug_assert!(self.heap_entered(j));
             if let Some(mut heap) = self.slots[j].heap.try_lock() {
+                debug_assert!(self.heap_entered(j));
                 self.drain_slow(&mut heap, j);
             }
         }
