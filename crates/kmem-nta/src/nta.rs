@@ -786,21 +786,16 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
         let mut round = 0u32;
         loop {
-            // The heaps already in use first; one more only when all of
-            // them are busy, so that the set a fork locks (`fork_set`)
-            // grows with the contention, not with every probe.
-            for fresh in [false, true] {
-                for i in 1..=self.nheaps {
-                    let j = (h + i) % self.nheaps;
-                    if self.fork_set.contains(j) == fresh {
-                        continue;
-                    }
-                    // Before the try: a heap held while not entered would
-                    // be one a fork does not take.
-                    self.fork_set.enter(j);
-                    if let Some(g) = self.slots[j].heap.try_lock() {
-                        return (j, g);
-                    }
+            for i in 1..=self.nheaps {
+                let j = (h + i) % self.nheaps;
+                // Before the try: a heap held while not entered would be
+                // one a fork does not take. (Every heap probed enters, so
+                // contention widens the set a fork locks; trying the heaps
+                // in use first, then new ones, made two threads of
+                // sh6bench 1.7x slower, for a reason not found.)
+                self.fork_set.enter(j);
+                if let Some(g) = self.slots[j].heap.try_lock() {
+                    return (j, g);
                 }
             }
             round += 1;
