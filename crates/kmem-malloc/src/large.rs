@@ -153,9 +153,9 @@ pub(crate) struct Large {
     any_held: AtomicBool,
     /// The CPUs whose cache's lock has ever been taken: the ones a fork
     /// takes (kmem-core's `ForkSet`; its gate comes after the arena's lock
-    /// in the fork's order). A CPU enters when it first keeps a range
-    /// (`cpu_put`, holding no CPU's lock); every other path locks a cache
-    /// that holds ranges or has held some.
+    /// in the fork's order). A CPU enters when it is first offered a range
+    /// to keep (`cpu_put`, holding no CPU's lock); every other path locks
+    /// a cache that holds ranges or has held some.
     cpu_set: kmem_core::ForkSet,
     /// Called, with no lock of the arena's held, each time the arena has
     /// handed out another [`GROWTH_LOOK`] bytes of unbacked pages (see

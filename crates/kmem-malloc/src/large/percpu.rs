@@ -396,8 +396,9 @@ impl Large {
 
     /// Calls `f(addr, pages)` for each range the CPUs keep (stats, check).
     pub(super) fn each_cpu_range(&self, mut f: impl FnMut(usize, usize)) {
+        let m = self.cpu_set.members();
         for (i, c) in self.cpus.0.iter().enumerate() {
-            if !self.cpu_set.contains(i) {
+            if !m.has(i) {
                 // Never used: it holds nothing (and its line stays
                 // untouched).
                 continue;
