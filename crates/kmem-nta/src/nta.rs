@@ -790,9 +790,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
                 let j = (h + i) % self.nheaps;
                 // Before the try: a heap held while not entered would be
                 // one a fork does not take. (Every heap probed enters, so
-                // contention widens the set a fork locks; trying the heaps
-                // in use first, then new ones, made two threads of
-                // sh6bench 1.7x slower, for a reason not found.)
+                // contention widens the set a fork locks. Trying the heaps
+                // in use first, then new ones, measured slower, but through
+                // where it moved `malloc` and `free`, not through this loop,
+                // which those runs never entered: see docs/kmem-malloc.md.)
                 self.fork_set.enter(j);
                 if let Some(g) = self.slots[j].heap.try_lock() {
                     return (j, g);
