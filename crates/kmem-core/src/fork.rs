@@ -108,7 +108,10 @@ impl ForkSet {
         self.used.load(Ordering::Acquire) & Self::bit(i) != 0
     }
 
-    /// The members entered so far (one SeqCst load), for a walk over them.
+    /// The members entered so far (one SeqCst load), for a walk over them;
+    /// while a fork holds the gate, the set its
+    /// [`fork_prepare`](Self::fork_prepare) returned, for releasing their
+    /// locks before [`fork_release`](Self::fork_release).
     #[inline]
     pub fn members(&self) -> Members {
         Members(self.used.load(Ordering::SeqCst))
@@ -120,13 +123,6 @@ impl ForkSet {
     /// taking the members' locks.
     pub fn fork_prepare(&self) -> Members {
         self.gate.lock();
-        Members(self.used.load(Ordering::Acquire))
-    }
-
-    /// The set [`fork_prepare`](Self::fork_prepare) returned (unchanged
-    /// while the gate is held), for releasing the members' locks before
-    /// [`fork_release`](Self::fork_release).
-    pub fn held(&self) -> Members {
         Members(self.used.load(Ordering::Acquire))
     }
 
@@ -178,7 +174,7 @@ mod tests {
         let m = s.fork_prepare();
         assert!(m.has(3) && m.has(6) && m.has(70) && m.has(134));
         assert!(!m.has(0) && !m.has(4) && !m.has(63));
-        assert_eq!(s.held(), m);
+        assert_eq!(s.members(), m);
         // SAFETY: taken by fork_prepare above.
         unsafe { s.fork_release() };
         assert!(s.contains(3) && s.contains(6) && !s.contains(5));
@@ -212,7 +208,7 @@ mod tests {
             !done.load(Ordering::SeqCst),
             "entered a new member during a fork"
         );
-        assert_eq!(s.held(), m);
+        assert_eq!(s.members(), m);
         // SAFETY: taken by fork_prepare above.
         unsafe { s.fork_release() };
         t.join().unwrap();

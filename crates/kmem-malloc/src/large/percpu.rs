@@ -434,7 +434,7 @@ impl Large {
     /// # Safety
     /// The calling thread took them with `cpus_fork_prepare`.
     pub(super) unsafe fn cpus_fork_release(&self) {
-        let m = self.cpu_set.held();
+        let m = self.cpu_set.members();
         for (i, c) in self.cpus.0.iter().enumerate() {
             if m.has(i) {
                 // SAFETY: forwarded contract: we hold it and no guard exists.

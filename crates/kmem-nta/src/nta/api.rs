@@ -601,7 +601,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         // fork set's gate, so the members are the same) and no guard exists.
         unsafe {
             self.pool.force_unlock();
-            let m = self.fork_set.held();
+            let m = self.fork_set.members();
             for (h, slot) in self.slots[..self.nheaps].iter().enumerate() {
                 if m.has(h) {
                     slot.heap.force_unlock();
