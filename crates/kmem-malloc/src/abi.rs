@@ -366,7 +366,7 @@ pub(crate) extern "C" fn print_stats() {
     if let Some(l) = LARGE.get() {
         let st = l.stats();
         say!(
-            "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB) and {} on CPUs ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back); lock {} taken, {} contended",
+            "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB) and {} on CPUs ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back), {} moved by their pages ({} KiB still in {} mappings apart); lock {} taken, {} contended",
             (st.arena.busy_blocks as usize).saturating_sub(st.cached_ranges + st.cpu_ranges),
             (st.arena.busy_bytes as usize).saturating_sub(st.cached_bytes + st.cpu_bytes) >> 10,
             st.segments,
@@ -377,6 +377,9 @@ pub(crate) extern "C" fn print_stats() {
             st.dirty_bytes >> 10,
             st.purges,
             st.purged_bytes >> 10,
+            st.remaps,
+            st.moved_bytes >> 10,
+            st.pieces,
             st.lock.acquisitions,
             st.lock.contended
         );

@@ -55,6 +55,7 @@ mod cache;
 mod percpu;
 mod policy;
 mod prefault;
+mod remap;
 mod segment;
 mod stats;
 
@@ -163,6 +164,9 @@ pub(crate) struct Large {
     on_growth: fn(),
     /// Whether calloc writes unbacked pages (`large/prefault.rs`).
     prefault: Prefault,
+    /// Set when the kernel refused to move pages (a kernel before 5.7):
+    /// `remap` copies from then on.
+    no_remap: AtomicBool,
 }
 
 struct State {
@@ -199,6 +203,15 @@ struct State {
     /// Purges, and pages given back by them, over all time.
     purges: u64,
     purged_pages: u64,
+    /// Ranges moved by their pages ([`Large::remap`]), over all time.
+    remaps: u64,
+    /// Pages marked in the segments' `Moved` maps, exact.
+    moved_pages: usize,
+    /// Moves whose mappings may still stand apart: one more each move, one
+    /// fewer for each run of moved pages renewed (a run may hold several
+    /// moves' pages, so this never counts fewer than there are), 0 when
+    /// no page is marked moved. Moves stop at [`MAX_PIECES`].
+    pieces: usize,
     /// Bytes of pages handed out that were not backed (the program's first
     /// touch faults them in), since the last call of the growth hook.
     grown: usize,
@@ -251,6 +264,7 @@ impl Large {
         Large {
             on_growth,
             prefault: Prefault::new(),
+            no_remap: AtomicBool::new(false),
             page: kmem_sys::page_size(),
             nodes,
             bounds: [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_SEGMENTS],
@@ -273,6 +287,9 @@ impl Large {
                 cache: Cache::new(),
                 purges: 0,
                 purged_pages: 0,
+                remaps: 0,
+                moved_pages: 0,
+                pieces: 0,
                 grown: 0,
                 look: false,
             }),
@@ -594,6 +611,10 @@ impl Large {
             debug_assert!(false, "a claimed range outside every segment");
             return;
         };
+        // Pages a move brought here go back now, as fresh mappings, so
+        // that no free block holds a mapping apart (`large/remap.rs`).
+        let base = s.segs[i].as_ref().map_or(p, |g| g.base());
+        Self::renew_moved(s, i, (p - base) / self.page, n / self.page, self.page, true);
         let Some(g) = s.segs[i].as_mut() else {
             return;
         };
@@ -674,6 +695,9 @@ impl Large {
             return n;
         }
         let ps = self.page;
+        let base = s.segs[i].as_ref().map_or(p, |g| g.base());
+        // Pages a move brought here, in the tail: fresh mappings again.
+        Self::renew_moved(s, i, (p - base + keep) / ps, (n - keep) / ps, ps, true);
         let Some(g) = s.segs[i].as_mut() else {
             return n;
         };

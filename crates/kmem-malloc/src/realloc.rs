@@ -74,7 +74,11 @@ pub(crate) fn realloc_in(p: *mut u8, size: usize) -> *mut u8 {
         // nta's now or the addresses after it are taken.
         return match l.resize(a, size, NTA.max_small()) {
             Ok(Resize::InPlace) => p,
-            Ok(Resize::Move(n)) => move_to(p, n, size),
+            Ok(Resize::Move(n)) => match l.remap(a, n, size) {
+                // Its pages moved (or, where the kernel cannot, its bytes).
+                Some(q) => q as *mut u8,
+                None => move_to(p, n, size),
+            },
             Err(e) => die("realloc", p, &e),
         };
     }

@@ -7,6 +7,10 @@
 //!   reserve(len)        mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)
 //!   commit(off, len)    mprotect(READ|WRITE)            pages fault in as zero
 //!   purge(off, len)     madvise(MADV_DONTNEED)          stays accessible, reads zero
+//!   move_pages(off, len, to, to_off)
+//!                       mremap(MAYMOVE|FIXED|DONTUNMAP) the pages change place,
+//!                                                       not bytes; the source reads zero
+//!   renew(off, len)     mmap(MAP_FIXED), read-write     a fresh mapping: reads zero
 //!   decommit(off, len)  madvise(MADV_DONTNEED) + mprotect(PROT_NONE)
 //!   drop                munmap
 //! ```
@@ -209,6 +213,76 @@ impl Region {
         Ok(())
     }
 
+    /// Moves the pages of `[off, off + len)` to `[to_off, to_off + len)` of
+    /// `to` (which may be this region) without copying a byte: the kernel
+    /// moves their page-table entries (`mremap` with `MREMAP_DONTUNMAP`,
+    /// Linux 5.7 and later). Afterwards the destination holds what the
+    /// source held, the source stays mapped and reads zero (its pages went
+    /// with the move), and the destination's previous contents are gone.
+    /// Both ranges must be read-write and must not overlap.
+    ///
+    /// The destination becomes a mapping of its own in the kernel's books
+    /// (one more or two more entries against `vm.max_map_count`) until
+    /// [`renew`](Self::renew) covers it. A kernel without the flag answers
+    /// [`SysError::InvalidArgument`] and nothing changes; so does an
+    /// overlap.
+    pub fn move_pages(
+        &self,
+        off: usize,
+        len: usize,
+        to: &Region,
+        to_off: usize,
+    ) -> Result<(), SysError> {
+        let from = self.range(off, len)? as usize;
+        let dst = to.range(to_off, len)? as usize;
+        if from < dst + len && dst < from + len {
+            return Err(SysError::InvalidArgument);
+        }
+        // SAFETY: both ranges lie inside mappings these regions own
+        // (checked by `range`) and do not overlap; the call moves page-table
+        // entries between them and touches no other mapping.
+        let r = unsafe {
+            libc::mremap(
+                from as *mut libc::c_void,
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+                dst as *mut libc::c_void,
+            )
+        };
+        if r == libc::MAP_FAILED {
+            return Err(SysError::last());
+        }
+        debug_assert_eq!(r as usize, dst);
+        Ok(())
+    }
+
+    /// Replaces the mapping of `[off, off + len)` by a fresh read-write
+    /// one: its pages go back to the kernel and it reads zero, as after
+    /// [`purge`](Self::purge), and the kernel merges it with read-write
+    /// neighbours made the same way. That undoes the entries that
+    /// [`move_pages`](Self::move_pages) added. An error leaves the old
+    /// mapping in place.
+    pub fn renew(&self, off: usize, len: usize) -> Result<(), SysError> {
+        let addr = self.range(off, len)?;
+        // SAFETY: MAP_FIXED replaces only the range given, which lies inside
+        // our own mapping; nothing else maps there.
+        let r = unsafe {
+            libc::mmap(
+                addr,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if r == libc::MAP_FAILED {
+            return Err(SysError::last());
+        }
+        Ok(())
+    }
+
     /// Asks for transparent huge pages on `[off, off + len)` (a hint; kernels
     /// without THP answer [`SysError::InvalidArgument`], which callers may ignore).
     pub fn hint_huge_pages(&self, off: usize, len: usize) -> Result<(), SysError> {
@@ -272,6 +346,59 @@ mod tests {
         assert_eq!(unsafe { *p }, 0);
         assert!(r.contains(p));
         assert!(!r.contains(r.base().as_ptr().wrapping_add(16 * page)));
+    }
+
+    #[test]
+    fn moved_pages_keep_their_bytes_and_the_source_reads_zero() {
+        let page = page_size();
+        let r = Region::reserve(16 * page).unwrap();
+        r.commit(0, 16 * page).unwrap();
+        let at = |i: usize| r.base().as_ptr().wrapping_add(i);
+        // SAFETY: the whole region is committed read-write and ours.
+        unsafe {
+            for i in 0..4 * page {
+                *at(i) = (i % 251) as u8;
+            }
+            *at(9 * page) = 9;
+        }
+        // Overlapping ranges are refused and change nothing.
+        assert_eq!(
+            r.move_pages(0, 4 * page, &r, 2 * page),
+            Err(SysError::InvalidArgument)
+        );
+        assert_eq!(
+            r.move_pages(0, 4 * page, &r, 17 * page),
+            Err(SysError::InvalidArgument)
+        );
+        match r.move_pages(0, 4 * page, &r, 8 * page) {
+            Ok(()) => {}
+            // A kernel older than 5.7: nothing moved, the bytes stay.
+            Err(SysError::InvalidArgument) => {
+                // SAFETY: committed, ours.
+                assert_eq!(unsafe { *at(page + 3) }, ((page + 3) % 251) as u8);
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        // SAFETY: committed, ours; both ranges stay mapped.
+        unsafe {
+            for i in 0..4 * page {
+                assert_eq!(*at(8 * page + i), (i % 251) as u8, "byte {i}");
+                assert_eq!(*at(i), 0, "source byte {i}");
+            }
+            // Both stay writable.
+            *at(0) = 1;
+            *at(8 * page) = 2;
+            assert_eq!((*at(0), *at(8 * page)), (1, 2));
+        }
+        r.renew(8 * page, 4 * page).unwrap();
+        // SAFETY: renewed read-write.
+        unsafe {
+            assert_eq!(*at(8 * page), 0);
+            *at(8 * page) = 3;
+            assert_eq!(*at(8 * page), 3);
+        }
+        assert_eq!(r.renew(8 * page, 0), Err(SysError::InvalidArgument));
     }
 
     #[test]

@@ -207,8 +207,14 @@ impl Large {
     /// in its arena.
     pub(super) fn uncache(s: &mut State, a: usize, pages: usize, ps: usize) {
         // A cached range is a busy range of its segment (`check` says so).
-        let Some(g) = Self::seg_of(s, a).and_then(|i| s.segs[i].as_mut()) else {
+        let Some(i) = Self::seg_of(s, a) else {
             debug_assert!(false, "a cached range outside every segment");
+            return;
+        };
+        // Pages a move brought here: fresh mappings again (as `release`).
+        let base = s.segs[i].as_ref().map_or(a, |g| g.base());
+        Self::renew_moved(s, i, (a - base) / ps, pages, ps, true);
+        let Some(g) = s.segs[i].as_mut() else {
             return;
         };
         let freed = g.arena.free(a as u64);

@@ -20,10 +20,12 @@ const MIN_SEGMENT: usize = 256 << 20;
 /// library's `.bss` stays small and untouched until a large request).
 pub(super) struct Segment {
     pub(super) region: Region,
-    /// Two bitmaps of one bit per page of `region`, one after the other:
+    /// Four bitmaps of one bit per page of `region`, one after the other:
     /// `dirty`, the page may hold data; `old`, the page is free, dirty, and
-    /// was freed before the return policy's last tick. In the metadata
-    /// reservation, after this record.
+    /// was freed before the return policy's last tick; `moved`, the page
+    /// lies in a mapping of its own that a move of pages made (a piece, see
+    /// `large/remap.rs`), only ever in a busy range; `start`, the page is a
+    /// piece's first. In the metadata reservation, after this record.
     pub(super) maps: *mut u64,
     pub(super) pages: usize,
     /// No page at or above this one is busy or dirty.
@@ -71,7 +73,12 @@ impl<'a> IntoIterator for &'a mut SegPtr {
 pub(super) enum Map {
     Dirty = 0,
     Old = 1,
+    Moved = 2,
+    Start = 3,
 }
+
+/// How many bitmaps a segment keeps (see [`Map`]).
+const MAPS: usize = 4;
 
 impl Segment {
     pub(super) fn base(&self) -> usize {
@@ -84,7 +91,7 @@ impl Segment {
 
     pub(super) fn view(&self, m: Map) -> Bitmap<&[u64]> {
         let words = self.words();
-        // SAFETY: `maps` holds two arrays of `words` u64s, committed and
+        // SAFETY: `maps` holds MAPS arrays of `words` u64s, committed and
         // owned by this segment; writes need `&mut self`, so none happens
         // meanwhile.
         let w = unsafe { core::slice::from_raw_parts(self.maps.add(m as usize * words), words) };
@@ -178,10 +185,10 @@ impl Large {
         let pages = region.len() / self.page;
         let words = Bitmap::<&[u64]>::words_for(pages);
         let head = core::mem::size_of::<Segment>().next_multiple_of(64);
-        // The record, the two bitmaps, then the length words (4 bytes a
+        // The record, the bitmaps, then the length words (4 bytes a
         // page: backed only where ranges start, a page of them for each
         // 4 MiB of the segment that holds ranges).
-        let lens_at = head + 2 * words * 8;
+        let lens_at = head + MAPS * words * 8;
         let meta = Region::reserve((lens_at + pages * 4).next_multiple_of(self.page))?;
         meta.commit(0, meta.len())?;
         let base = region.base().as_ptr() as u64;
@@ -194,7 +201,7 @@ impl Large {
         let (at, _) = meta.leak();
         let rec = at.cast::<Segment>();
         // SAFETY: `at` starts a committed, page-aligned reservation of ours
-        // of head + 2 * words * 8 bytes at least; the record fits in `head`.
+        // of head + MAPS * words * 8 bytes at least; the record fits in `head`.
         unsafe {
             rec.as_ptr().write(Segment {
                 region,

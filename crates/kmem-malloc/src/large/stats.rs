@@ -14,6 +14,12 @@ pub(crate) struct LargeStats {
     pub dirty_bytes: usize,
     pub purges: u64,
     pub purged_bytes: u64,
+    /// Ranges `realloc` moved by their pages, over all time, and the bytes
+    /// that moves brought that are still mappings apart (`large/remap.rs`).
+    pub remaps: u64,
+    pub moved_bytes: usize,
+    /// The mappings apart that hold those bytes (pieces).
+    pub pieces: usize,
     /// Freed ranges held whole for reuse (counted busy in `arena`): by the
     /// class cache, and by the CPUs' caches (`cpu_*`).
     pub cached_ranges: usize,
@@ -46,6 +52,9 @@ impl Large {
             dirty_bytes: s.dirty_pages * self.page,
             purges: s.purges,
             purged_bytes: s.purged_pages * self.page as u64,
+            remaps: s.remaps,
+            moved_bytes: s.moved_pages * self.page,
+            pieces: s.pieces,
             cached_ranges: s.cache.ranges,
             cached_bytes: s.cache.bytes,
             cpu_ranges: 0,
@@ -75,11 +84,16 @@ impl Large {
         let ps = self.page;
         let mut dirty = 0;
         let mut busy = 0;
+        let mut moved_pages = 0;
+        let mut pieces = 0;
         let n = s.n;
         for g in s.segs[..n].iter().flatten() {
             g.arena.check()?;
             let (base, map, old) = (g.base(), g.view(Map::Dirty), g.view(Map::Old));
-            if map.find_next_bit(g.top).is_some() || old.find_next_bit(g.top).is_some() {
+            if [&map, &old, &g.view(Map::Moved)]
+                .iter()
+                .any(|m| m.find_next_bit(g.top).is_some())
+            {
                 return Err("large: a page at or above the top is marked");
             }
             let top = g.top;
@@ -104,7 +118,42 @@ impl Large {
             if (0..top.div_ceil(64)).any(|w| old.words()[w] & !map.words()[w] != 0) {
                 return Err("large: a page marked old is not dirty");
             }
+            // The program may write every page of a live range.
+            for b in g.arena.areas() {
+                let first = (b.start as usize - base) / ps;
+                let live = self
+                    .len_word(b.start as usize)
+                    .is_some_and(|w| w.load(Ordering::Acquire) != 0);
+                if live && !map.is_set(first, b.size as usize / ps) {
+                    return Err("large: a page of a live range is not marked dirty");
+                }
+            }
+            // Moved pages lie only in busy ranges (a release renews them).
+            let moved = g.view(Map::Moved);
+            if g.arena
+                .free_blocks()
+                .any(|b| moved.count_range(range(b).0, range(b).1) != 0)
+            {
+                return Err("large: a free page is marked moved");
+            }
+            moved_pages += moved.count_range(0, top);
+            // Each piece begins with a start, and a start is a moved page.
+            let start = g.view(Map::Start);
+            pieces += start.count_range(0, top);
+            let mut at = 0;
+            while let Some((m, ml)) = moved.next_set_run(at, top) {
+                if !start.test(m) {
+                    return Err("large: moved pages with no piece start");
+                }
+                at = m + ml;
+            }
+            if (0..top.div_ceil(64)).any(|w| start.words()[w] & !moved.words()[w] != 0) {
+                return Err("large: a piece starts at a page not marked moved");
+            }
             busy += g.arena.stats().busy_bytes as usize;
+        }
+        if moved_pages != s.moved_pages || pieces != s.pieces {
+            return Err("large: moved page or piece count differs from the maps");
         }
         if dirty != s.dirty_pages {
             return Err("large: freed backed page count differs from the dirty map");
