@@ -611,8 +611,9 @@ impl Large {
             debug_assert!(false, "a claimed range outside every segment");
             return;
         };
-        // Pages a move brought here go back now, as fresh mappings, so
-        // that no free block holds a mapping apart (`large/remap.rs`).
+        // Moved pages that hold nothing (a move took them away) become
+        // fresh mappings now; those that may hold data stay, for reuse,
+        // until the return policy's purge renews them (`large/remap.rs`).
         let base = s.segs[i].as_ref().map_or(p, |g| g.base());
         Self::renew_moved(s, i, (p - base) / self.page, n / self.page, self.page, true);
         let Some(g) = s.segs[i].as_mut() else {
@@ -697,7 +698,7 @@ impl Large {
         let ps = self.page;
         let base = s.segs[i].as_ref().map_or(p, |g| g.base());
         // Pages a move brought here, in the tail: fresh mappings again.
-        Self::renew_moved(s, i, (p - base + keep) / ps, (n - keep) / ps, ps, true);
+        Self::renew_moved(s, i, (p - base + keep) / ps, (n - keep) / ps, ps, false);
         let Some(g) = s.segs[i].as_mut() else {
             return n;
         };

@@ -211,7 +211,7 @@ impl Large {
             debug_assert!(false, "a cached range outside every segment");
             return;
         };
-        // Pages a move brought here: fresh mappings again (as `release`).
+        // Moved pages that hold nothing: fresh mappings (as `release`).
         let base = s.segs[i].as_ref().map_or(a, |g| g.base());
         Self::renew_moved(s, i, (a - base) / ps, pages, ps, true);
         let Some(g) = s.segs[i].as_mut() else {

@@ -6,6 +6,7 @@ use core::sync::atomic::Ordering;
 
 use kmem_core::{Due, ReturnPolicy};
 
+use super::remap::Renewed;
 use super::{Large, Map, State};
 
 /// How many times the return policy's limit of freed large memory a
@@ -50,9 +51,10 @@ impl Large {
         let lo = ((w.start as usize - base) / ps).saturating_add(pad);
         let mut at = lo;
         let mut done = 0;
+        let mut renewed = Renewed::default();
         while let Some((d, len)) = g.view(Map::Dirty).next_set_run(at, g.top) {
             // A failed madvise leaves the pages backed and dirty.
-            if g.region.purge(d * ps, len * ps).is_err() {
+            if g.purge_pages(d, len, ps, &mut renewed).is_err() {
                 break;
             }
             g.map(Map::Dirty).clear_range(d, len);
@@ -63,6 +65,7 @@ impl Large {
         if at >= g.top {
             g.top = g.top.min(lo);
         }
+        renewed.apply(s);
         if done > 0 {
             s.dirty_pages -= done;
             s.purges += 1;
@@ -117,6 +120,7 @@ impl Large {
         let ps = self.page;
         let mut left = s.dirty_pages - keep;
         let mut done = 0;
+        let mut renewed = Renewed::default();
         for g in s.segs[..s.n].iter_mut().rev().flatten() {
             let mut refused = false;
             g.each_free_block_down(ps, |g, first, n| {
@@ -132,7 +136,7 @@ impl Large {
                     let len = (last + 1 - lo).min(left);
                     let at = last + 1 - len;
                     // A failed madvise leaves the pages backed and dirty.
-                    if g.region.purge(at * ps, len * ps).is_err() {
+                    if g.purge_pages(at, len, ps, &mut renewed).is_err() {
                         refused = true;
                         break;
                     }
@@ -148,6 +152,7 @@ impl Large {
                 break;
             }
         }
+        renewed.apply(s);
         if done > 0 {
             s.dirty_pages -= done;
             s.purges += 1;

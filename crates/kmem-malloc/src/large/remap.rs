@@ -4,13 +4,14 @@
 //! the program's bytes being copied there.
 //!
 //! ```text
-//!   remap(p, n, new)  q = a new range of `new` bytes (as alloc); its own
-//!                     pieces (a range a cache kept) renewed first
+//!   remap(p, n, new)  q = a new range of `new` bytes (as alloc)
 //!                     [p, p + n) -> [q, q + n), run by run: page-table
-//!                     entries move; p reads zero, its dirty bits cleared,
-//!                     then p is freed; each run moved is a piece at q
-//!   release of a range (into its arena): its pieces renewed
-//!   shrink in place:  the tail's pieces renewed, the rest purged
+//!                     entries move; p reads zero (not dirty) and goes back
+//!                     to its arena; each run moved is a piece at q
+//!   release of a range: its pieces' pages that hold nothing renewed;
+//!                     those that may hold data stay, for reuse
+//!   purge (the return policy, a shrink's tail): pieces renewed, the rest
+//!                     madvised
 //! ```
 //!
 //! Why: a buffer grown a quarter at a time (a vector, a string, a file read
@@ -18,8 +19,9 @@
 //! each step wrote the whole buffer into pages faulted in for it, and the
 //! old range's pages stayed backed until the return policy took them back:
 //! four buffers grown in turn to 256 MiB took 1.0 s and peaked at 1562 MB
-//! (glibc, whose `mremap` of mmapped chunks moves pages: 0.46 s, 1026 MB).
-//! A move of 256 MiB of pages takes about 80 us, its copy about 90 ms.
+//! (glibc, whose `mremap` of mmapped chunks moves pages: 0.46 s, 1026 MB;
+//! now 0.48 s, 1027 MB). A move of 256 MiB of pages takes about 80 us,
+//! its copy about 90 ms.
 //!
 //! **Pieces.** Moved pages keep, in the kernel's books, the offsets of the
 //! mapping they came from, so the kernel cannot merge them with their
@@ -28,15 +30,16 @@
 //! marks the pages of pieces and its `Start` map each piece's first page
 //! (two pieces may touch). A mapping holds one piece or one stretch of
 //! unmoved pages, so a range moves run by run, one `mremap` each (a kernel
-//! before 6.17 refuses a move across mappings). Pieces lie only in busy
-//! ranges: a range released into its arena has its pieces renewed at once
-//! (fresh mappings, which merge with their neighbours again), and so has
-//! the tail a shrink gives back. So a program holds about two entries for
-//! each piece of its live ranges, as glibc holds one for each mmapped
-//! chunk. A range that grows in place after a move adds a stretch after
-//! its piece, which its next move makes a second piece; one with more than
-//! [`MAX_RUNS`] runs is copied instead (into one mapping again), and past
-//! [`MAX_PIECES`] pieces in all every range is.
+//! before 6.17 refuses a move across mappings). A piece becomes a fresh
+//! mapping again (`renew`: `mmap(MAP_FIXED)`, which the kernel merges with
+//! its neighbours) when its pages go back to the OS: at once for pages a
+//! move took away (they hold nothing), else when the return policy gives
+//! them back, as it gives back any freed page, so that a program that
+//! grows, frees and grows again reuses them without faults. A free piece
+//! holds data, then (`check` says so). A range that grows in place after a
+//! move adds a stretch after its piece, which its next move makes a second
+//! piece; one with more than [`MAX_RUNS`] runs is copied instead (into one
+//! mapping), and past [`MAX_PIECES`] pieces in all every range is.
 //!
 //! Below [`REMAP_MIN`] the copy costs less than the system calls and the
 //! flush of the moved pages' translations.
@@ -162,12 +165,10 @@ impl Large {
         }
     }
 
-    /// Under the lock: renews the new range `q`'s own pieces (a range a
-    /// cache kept: what moves there will be its only pieces), and splits
-    /// the live range `p`, `n` bytes, into its runs (page ranges of its
-    /// segment, each in one mapping). Returns both segments' regions and
-    /// the number of runs, 0 for a range of more than [`MAX_RUNS`] (to be
-    /// copied whole).
+    /// Under the lock: splits the live range `p`, `n` bytes, into its runs
+    /// (page ranges of its segment, each in one mapping). Returns the
+    /// regions of `p`'s and `q`'s segments and the number of runs, 0 for a
+    /// range of more than [`MAX_RUNS`] (to be copied whole).
     fn plan<'r>(
         &self,
         s: &mut State,
@@ -177,10 +178,7 @@ impl Large {
         runs: &mut [(usize, usize)],
     ) -> Option<(&'r Region, &'r Region, usize)> {
         let ps = self.page;
-        let (j, qlen) = Self::busy_range(s, q).ok()?;
-        let qbase = s.segs[j].as_ref()?.base();
-        // (q is live: its pages stay dirty, as the program will write them.)
-        Self::renew_moved(s, j, (q - qbase) / ps, qlen / ps, ps, false);
+        let j = Self::seg_of(s, q)?;
         let i = Self::seg_of(s, p)?;
         let g = s.segs[i].as_ref()?;
         let nruns = g.runs((p - g.base()) / ps, n / ps, runs).unwrap_or(0);
@@ -227,12 +225,18 @@ impl Large {
             }
             if let Some(g) = s.segs[j].as_mut() {
                 let at = qf + (first - pf);
-                // Renewed by `plan`: nothing of q was a piece.
-                debug_assert!(g.view(Map::Moved).is_clear(at, len));
+                // The move replaced whatever mapping was there (q's pages
+                // may have been a piece, freed and not yet given back): a
+                // piece that ran on past the run keeps its rest as a piece.
+                let end = at + len;
+                let was = g.view(Map::Moved).count_range(at, len);
+                let gone = g.view(Map::Start).count_range(at, len);
+                let made = usize::from(g.cut_after(end));
+                g.map(Map::Start).clear_range(at, len);
                 g.map(Map::Moved).set_range(at, len);
                 g.map(Map::Start).set(at);
-                s.moved_pages += len;
-                s.pieces += 1;
+                s.moved_pages += len - was;
+                s.pieces = s.pieces + 1 + made - gone;
             }
         }
         if moved != 0 {
@@ -240,26 +244,48 @@ impl Large {
         }
     }
 
-    /// Renews the pieces among pages `[first, first + len)` of segment `i`
-    /// (see [`Segment::renew_moved`]; `leaving`: the pages leave a live
-    /// range), keeping the counts.
+    /// Renews the moved pages among `[first, first + len)` of segment `i`
+    /// (all of them, or the `clean` ones only: see [`Segment::renew`]),
+    /// keeping the counts.
     pub(super) fn renew_moved(
         s: &mut State,
         i: usize,
         first: usize,
         len: usize,
         ps: usize,
-        leaving: bool,
+        clean: bool,
     ) {
         if s.moved_pages == 0 {
             return;
         }
-        let Some(g) = s.segs[i].as_mut() else {
-            return;
-        };
-        let (pages, gone, made) = g.renew_moved(first, len, ps, leaving);
-        s.moved_pages -= pages;
-        s.pieces = s.pieces + made - gone;
+        if let Some(g) = s.segs[i].as_mut() {
+            let r = g.renew(first, len, ps, clean);
+            r.apply(s);
+        }
+    }
+}
+
+/// What renewing moved pages changed: pages no longer marked moved, pieces
+/// gone, pieces made (the rest of a piece cut).
+#[derive(Default)]
+pub(super) struct Renewed {
+    pages: usize,
+    gone: usize,
+    made: usize,
+}
+
+impl Renewed {
+    /// Adds another renewal's changes.
+    pub(super) fn add(&mut self, o: Renewed) {
+        self.pages += o.pages;
+        self.gone += o.gone;
+        self.made += o.made;
+    }
+
+    /// Brings the state's counts up to date.
+    pub(super) fn apply(self, s: &mut State) {
+        s.moved_pages -= self.pages;
+        s.pieces = s.pieces + self.made - self.gone;
     }
 }
 
@@ -291,47 +317,82 @@ impl Segment {
         Some(n)
     }
 
-    /// Renews the moved pages among `[first, first + len)`: each run a
-    /// fresh mapping that reads zero and merges with its neighbours (where
-    /// the kernel refuses, its pages are purged and it stays a mapping
-    /// apart that no map records any more: a kernel entry unaccounted,
-    /// never a wrong page). Their moved and start bits are cleared, and
-    /// when they are `leaving` a live range (freed, or a shrink's tail),
-    /// their dirty and old bits too (a page whose purge failed too stays
-    /// dirty); pages of a range that stays live stay dirty, as the
-    /// program may write them. A piece that runs on past the range keeps
-    /// its rest as a piece of its own. Returns the pages unmarked, the
-    /// pieces gone and the pieces made.
-    pub(super) fn renew_moved(
+    /// Renews the moved pages among `[first, first + len)`, or only those
+    /// not dirty when `clean` (what a release renews: pages a move took
+    /// away, which hold nothing; dirty ones stay for the return policy,
+    /// whose purge renews them): each run a fresh mapping that reads zero
+    /// and merges with its neighbours (where the kernel refuses, its pages
+    /// are purged and it stays a mapping apart that no map records any
+    /// more: a kernel entry unaccounted, never a wrong page). Their moved,
+    /// start, dirty and old bits are cleared (a page whose purge failed
+    /// too stays dirty); a piece that runs on past a run keeps its rest as
+    /// a piece of its own.
+    pub(super) fn renew(&mut self, first: usize, len: usize, ps: usize, clean: bool) -> Renewed {
+        let end = first + len;
+        let mut r = Renewed::default();
+        let mut at = first;
+        while let Some((m, ml)) = self.view(Map::Moved).next_set_run(at, end) {
+            let mut x = m;
+            while x < m + ml {
+                // The next stretch to renew: all of the run, or its next
+                // stretch of pages that are not dirty.
+                let (a, b) = if clean {
+                    let Some((a, l)) = self.view(Map::Dirty).next_zero_run(x, m + ml) else {
+                        break;
+                    };
+                    (a, a + l)
+                } else {
+                    (x, m + ml)
+                };
+                let zero = self.region.renew(a * ps, (b - a) * ps).is_ok()
+                    || self.region.purge(a * ps, (b - a) * ps).is_ok();
+                if zero {
+                    self.map(Map::Dirty).clear_range(a, b - a);
+                    self.map(Map::Old).clear_range(a, b - a);
+                }
+                r.gone += self.view(Map::Start).count_range(a, b - a);
+                self.map(Map::Start).clear_range(a, b - a);
+                self.map(Map::Moved).clear_range(a, b - a);
+                r.made += usize::from(self.cut_after(b));
+                r.pages += b - a;
+                x = b;
+            }
+            at = m + ml;
+        }
+        r
+    }
+
+    /// Gives pages `[first, first + len)` back to the OS (the return
+    /// policy's purge): their moved pages as fresh mappings, the rest by
+    /// `madvise`. On an error nothing is marked changed.
+    pub(super) fn purge_pages(
         &mut self,
         first: usize,
         len: usize,
         ps: usize,
-        leaving: bool,
-    ) -> (usize, usize, usize) {
-        let end = first + len;
-        let (mut pages, mut gone, mut made, mut at) = (0, 0, 0, first);
-        while let Some((m, ml)) = self.view(Map::Moved).next_set_run(at, end) {
-            if m + ml == end && end < self.pages {
-                let moved = self.view(Map::Moved);
-                if moved.test(end) && !self.view(Map::Start).test(end) {
-                    self.map(Map::Start).set(end);
-                    made += 1;
-                }
-            }
-            let zero = self.region.renew(m * ps, ml * ps).is_ok()
-                || self.region.purge(m * ps, ml * ps).is_ok();
-            if zero && leaving {
-                self.map(Map::Dirty).clear_range(m, ml);
-                self.map(Map::Old).clear_range(m, ml);
-            }
-            gone += self.view(Map::Start).count_range(m, ml);
-            self.map(Map::Start).clear_range(m, ml);
-            self.map(Map::Moved).clear_range(m, ml);
-            pages += ml;
-            at = m + ml;
+        renewed: &mut Renewed,
+    ) -> Result<(), SysError> {
+        self.region.purge(first * ps, len * ps)?;
+        if self
+            .view(Map::Moved)
+            .find_next_bit_before(first, first + len)
+            .is_some()
+        {
+            renewed.add(self.renew(first, len, ps, false));
         }
-        (pages, gone, made)
+        Ok(())
+    }
+
+    /// After the pages before `end` stopped being a piece's (renewed, or
+    /// replaced by a move): a piece that goes on at `end` starts there now.
+    /// Returns whether a start was made.
+    fn cut_after(&mut self, end: usize) -> bool {
+        let cut =
+            end < self.pages && self.view(Map::Moved).test(end) && !self.view(Map::Start).test(end);
+        if cut {
+            self.map(Map::Start).set(end);
+        }
+        cut
     }
 }
 

@@ -24,7 +24,7 @@ pub(super) struct Segment {
     /// `dirty`, the page may hold data; `old`, the page is free, dirty, and
     /// was freed before the return policy's last tick; `moved`, the page
     /// lies in a mapping of its own that a move of pages made (a piece, see
-    /// `large/remap.rs`), only ever in a busy range; `start`, the page is a
+    /// `large/remap.rs`; a free one is dirty); `start`, the page is a
     /// piece's first. In the metadata reservation, after this record.
     pub(super) maps: *mut u64,
     pub(super) pages: usize,

@@ -128,13 +128,17 @@ impl Large {
                     return Err("large: a page of a live range is not marked dirty");
                 }
             }
-            // Moved pages lie only in busy ranges (a release renews them).
+            // A free moved page may hold data (a release renews the others).
             let moved = g.view(Map::Moved);
-            if g.arena
-                .free_blocks()
-                .any(|b| moved.count_range(range(b).0, range(b).1) != 0)
-            {
-                return Err("large: a free page is marked moved");
+            for b in g.arena.free_blocks() {
+                let (first, len) = range(b);
+                let mut at = first;
+                while let Some((m, ml)) = moved.next_set_run(at, first + len) {
+                    if !map.is_set(m, ml) {
+                        return Err("large: a free page marked moved is not dirty");
+                    }
+                    at = m + ml;
+                }
             }
             moved_pages += moved.count_range(0, top);
             // Each piece begins with a start, and a start is a moved page.

@@ -49,8 +49,9 @@ fn holds(a: usize, n: usize, seed: usize) -> bool {
 
 /// A range that cannot grow in place moves by its pages: the bytes come
 /// along, the old range keeps no backed page, and the new one is a mapping
-/// of its own until it is freed. Grown in place and moved again, it moves
-/// as two runs (two pieces). Freed, the segment is one mapping again.
+/// of its own (a piece). Grown in place and moved again, it moves as two
+/// runs (two pieces). Freed and given back, the segment is one mapping
+/// again.
 #[test]
 fn a_range_moves_by_its_pages_and_its_pieces_merge_back_when_freed() {
     let l = large();
@@ -98,6 +99,11 @@ fn a_range_moves_by_its_pages_and_its_pieces_merge_back_when_freed() {
     for x in [b, c, r] {
         l.free(x).unwrap();
     }
+    l.check().unwrap();
+    // r's two pieces hold its bytes: freed, they stay for reuse until the
+    // return policy gives their pages back (here at once).
+    assert_eq!(l.stats().pieces, 2);
+    l.trim();
     l.check().unwrap();
     let st = l.stats();
     assert_eq!((st.moved_bytes, st.pieces), (0, 0));
@@ -163,6 +169,9 @@ fn ranges_of_many_runs_are_copied() {
         l.free(x).unwrap();
     }
     l.check().unwrap();
+    assert!(l.stats().remaps > 0 || l.no_remap.load(Ordering::Relaxed));
+    l.trim();
+    l.check().unwrap();
     assert_eq!(l.stats().pieces, 0);
 }
 
@@ -201,4 +210,93 @@ fn runs_cut_at_piece_starts() {
     drop(s);
     l.free(a).unwrap();
     l.check().unwrap();
+}
+
+/// Threads grow, shrink, move and free ranges of 1-6 MiB at random, and
+/// now and then give back what is freed: every range keeps its bytes, and
+/// the arena's invariants hold throughout.
+#[test]
+fn threads_moving_ranges_keep_every_byte() {
+    let l: &'static Large = Box::leak(Box::new(large()));
+    let ps = l.page;
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng as usize
+                };
+                // (address, bytes, seed) of each live range.
+                let mut live: Vec<(usize, usize, usize)> = Vec::new();
+                // Writes the pattern into `[a + from, a + n)`.
+                let word = |a: usize, from: usize, n: usize, seed: usize| {
+                    for off in (from..n).step_by(ps) {
+                        // SAFETY: a live range of ours of n bytes at least.
+                        unsafe { ((a + off) as *mut usize).write(off ^ seed) };
+                    }
+                };
+                let ok = |a: usize, n: usize, seed: usize| {
+                    // SAFETY: as above.
+                    (0..n)
+                        .step_by(ps)
+                        .all(|off| unsafe { ((a + off) as *const usize).read() } == off ^ seed)
+                };
+                for op in 0..300 {
+                    let size = (MB + next() % (5 * MB)).next_multiple_of(ps);
+                    match next() % 4 {
+                        0 | 1 if live.len() < 4 => {
+                            let a = l.alloc(size, ps, false).unwrap().addr;
+                            let seed = next();
+                            word(a, 0, size, seed);
+                            live.push((a, size, seed));
+                        }
+                        0 | 1 | 2 if !live.is_empty() => {
+                            let i = next() % live.len();
+                            let (a, n, seed) = live[i];
+                            let to = match l.resize(a, size, 0).unwrap() {
+                                Resize::InPlace => a,
+                                Resize::Move(m) => {
+                                    assert_eq!(m, l.usable_size(a).unwrap());
+                                    l.remap(a, m, size).unwrap()
+                                }
+                            };
+                            let kept = n.min(size);
+                            assert!(ok(to, kept, seed), "thread {t} op {op}");
+                            word(to, kept, size, seed);
+                            live[i] = (to, size, seed);
+                        }
+                        _ if !live.is_empty() => {
+                            let (a, n, seed) = live.swap_remove(next() % live.len());
+                            assert!(ok(a, n, seed), "thread {t} op {op}");
+                            l.free(a).unwrap();
+                        }
+                        _ => {}
+                    }
+                    if op % 64 == 0 {
+                        l.check().unwrap();
+                    }
+                    if op % 97 == 0 {
+                        // Freed pieces given back (renewed) while others
+                        // move.
+                        l.trim();
+                    }
+                }
+                for (a, n, seed) in live {
+                    assert!(ok(a, n, seed));
+                    l.free(a).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    l.check().unwrap();
+    assert!(l.stats().remaps > 0 || l.no_remap.load(Ordering::Relaxed));
+    l.trim();
+    l.check().unwrap();
+    assert_eq!(l.stats().pieces, 0);
 }
