@@ -253,7 +253,7 @@ fn threads_moving_ranges_keep_every_byte() {
                             word(a, 0, size, seed);
                             live.push((a, size, seed));
                         }
-                        0 | 1 | 2 if !live.is_empty() => {
+                        0..=2 if !live.is_empty() => {
                             let i = next() % live.len();
                             let (a, n, seed) = live[i];
                             let to = match l.resize(a, size, 0).unwrap() {
