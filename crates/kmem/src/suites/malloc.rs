@@ -274,6 +274,14 @@ const WORKLOADS: &[Workload] = &[
         threads: Threads::None,
         curve: false,
     },
+    Workload {
+        name: "realloc_grow",
+        case: "realloc_grow",
+        // Buffers grown in turn, MiB each at the end, growth a step (%).
+        args: [&["2", "8", "25"], &["4", "64", "25"], &["8", "256", "25"]],
+        threads: Threads::None,
+        curve: false,
+    },
 ];
 
 fn checksum(out: &[u8]) -> Option<String> {
@@ -289,7 +297,7 @@ impl Suite for MallocSuite {
     }
 
     fn title(&self) -> &'static str {
-        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, sh6bench, sh8bench, rptest, large-replace, and churn of each size band, under glibc, kmem and peers"
+        "kmem-malloc: larson, xmalloc, cache-scratch/thrash, mstress, glibc-simple, glibc-thread, json-tree, burst, alloc-test, sh6bench, sh8bench, rptest, large-replace, realloc-grow, and churn of each size band, under glibc, kmem and peers"
     }
 
     /// Every workload run ([`Workload::runs`]: `larson`, `larson@16t`...),
