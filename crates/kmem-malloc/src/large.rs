@@ -207,10 +207,9 @@ struct State {
     remaps: u64,
     /// Pages marked in the segments' `Moved` maps, exact.
     moved_pages: usize,
-    /// Moves whose mappings may still stand apart: one more each move, one
-    /// fewer for each run of moved pages renewed (a run may hold several
-    /// moves' pages, so this never counts fewer than there are), 0 when
-    /// no page is marked moved. Moves stop at [`MAX_PIECES`].
+    /// Pieces (mappings apart that moves made, `large/remap.rs`): the
+    /// pages marked in the segments' `Start` maps, exact. Moves stop at
+    /// `MAX_PIECES`.
     pieces: usize,
     /// Bytes of pages handed out that were not backed (the program's first
     /// touch faults them in), since the last call of the growth hook.
@@ -696,19 +695,25 @@ impl Large {
             return n;
         }
         let ps = self.page;
-        let base = s.segs[i].as_ref().map_or(p, |g| g.base());
-        // Pages a move brought here, in the tail: fresh mappings again.
-        Self::renew_moved(s, i, (p - base + keep) / ps, (n - keep) / ps, ps, false);
         let Some(g) = s.segs[i].as_mut() else {
             return n;
         };
         let off = p - g.base();
-        // The tail reads zero after this: it leaves the map clean.
-        if g.region.purge(off + keep, n - keep).is_err() {
+        // The tail reads zero after this: it leaves the map clean. (Its
+        // pieces become fresh mappings again; only after the purge, so that
+        // a refused purge leaves the tail as it was, live and dirty.)
+        let mut renewed = remap::Renewed::default();
+        if g.purge_pages((off + keep) / ps, (n - keep) / ps, ps, &mut renewed)
+            .is_err()
+        {
             return n;
         }
         g.map(Map::Dirty)
             .clear_range((off + keep) / ps, (n - keep) / ps);
+        renewed.apply(s);
+        let Some(g) = s.segs[i].as_mut() else {
+            return n;
+        };
         // Free the whole range and take its head back: the arena's
         // lowest-address first fit puts a request at the start of the
         // merged free block, which begins at p at the latest.

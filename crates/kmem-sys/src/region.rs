@@ -223,9 +223,17 @@ impl Region {
     ///
     /// The destination becomes a mapping of its own in the kernel's books
     /// (one more or two more entries against `vm.max_map_count`) until
-    /// [`renew`](Self::renew) covers it. A kernel without the flag answers
-    /// [`SysError::InvalidArgument`] and nothing changes; so does an
-    /// overlap.
+    /// [`renew`](Self::renew) covers it; it keeps the source's attributes
+    /// (protection, advice). The source must lie in one mapping (before
+    /// Linux 6.17).
+    ///
+    /// Errors: an overlap or a range outside a region is refused
+    /// ([`SysError::InvalidArgument`]) before anything happens, and so is
+    /// the flag by a kernel before 5.7. Any other error (a source across
+    /// mappings, `EFAULT`; a mapping the flag does not apply to,
+    /// `EINVAL`; no memory) may come after the kernel unmapped the
+    /// destination: the caller must [`renew`](Self::renew) it before it
+    /// touches it again. The source is unchanged then.
     pub fn move_pages(
         &self,
         off: usize,
@@ -261,8 +269,9 @@ impl Region {
     /// one: its pages go back to the kernel and it reads zero, as after
     /// [`purge`](Self::purge), and the kernel merges it with read-write
     /// neighbours made the same way. That undoes the entries that
-    /// [`move_pages`](Self::move_pages) added. An error leaves the old
-    /// mapping in place.
+    /// [`move_pages`](Self::move_pages) added. An error (no memory) leaves
+    /// the old mapping in place on Linux 6.12 and later; an older kernel
+    /// may have unmapped the range by then (a later `renew` maps it again).
     pub fn renew(&self, off: usize, len: usize) -> Result<(), SysError> {
         let addr = self.range(off, len)?;
         // SAFETY: MAP_FIXED replaces only the range given, which lies inside

@@ -28,9 +28,15 @@
 //! neighbours: each run moved is a mapping of its own, a piece (one or two
 //! more entries against `vm.max_map_count`). The segment's `Moved` map
 //! marks the pages of pieces and its `Start` map each piece's first page
-//! (two pieces may touch). A mapping holds one piece or one stretch of
-//! unmoved pages, so a range moves run by run, one `mremap` each (a kernel
-//! before 6.17 refuses a move across mappings). A piece becomes a fresh
+//! (two pieces may touch). The maps take each piece, and each stretch of
+//! unmoved pages, for one mapping, and a range moves run by run, one
+//! `mremap` each (a kernel before 6.17 refuses a move across mappings).
+//! Where the kernel knows better (the program changed part of its block's
+//! mapping with `mprotect` or `madvise`; two fresh neighbours it would not
+//! merge), it refuses the move, maybe after it unmapped the destination:
+//! the run's destination is mapped afresh and the run copied. A moved
+//! block keeps its mapping's attributes, as glibc's `mremap`ed chunks do.
+//! A piece becomes a fresh
 //! mapping again (`renew`: `mmap(MAP_FIXED)`, which the kernel merges with
 //! its neighbours) when its pages go back to the OS: at once for pages a
 //! move took away (they hold nothing), else when the return policy gives
@@ -58,6 +64,15 @@ pub(crate) const REMAP_MIN: usize = 1 << 20;
 /// Most pieces in all (see `State::pieces`): at two kernel entries each,
 /// 2048 of the 65,530 that Linux allows by default.
 pub(super) const MAX_PIECES: usize = 1024;
+
+/// What a run's move did.
+enum Move {
+    Moved,
+    /// Not tried (moves are off): nothing changed.
+    Untried,
+    /// Refused by the kernel, maybe after it unmapped the destination.
+    Failed,
+}
 
 /// Most runs (pieces, and the stretches between them) a range may have and
 /// still move by its pages.
@@ -97,16 +112,45 @@ impl Large {
         // Where p and q lie in their regions.
         let p_at = p - from.base().as_ptr() as usize;
         let q_at = q - to.base().as_ptr() as usize;
-        let mut moved = 0u32;
+        let (mut moved, mut failed) = (0u32, 0u32);
         for (k, &(first, len)) in runs[..nruns].iter().enumerate() {
             let off = first * ps - p_at;
-            if self.move_run(from, p_at + off, len * ps, to, q_at + off) {
-                moved |= 1 << k;
-            } else {
-                // SAFETY: as above; this run did not move.
-                unsafe {
-                    ptr::copy_nonoverlapping((p + off) as *const u8, (q + off) as *mut u8, len * ps)
-                };
+            match self.move_run(from, p_at + off, len * ps, to, q_at + off) {
+                Move::Moved => moved |= 1 << k,
+                Move::Failed => failed |= 1 << k,
+                Move::Untried => {
+                    // SAFETY: both are live ranges of ours, apart, of n
+                    // bytes at least (q of `new`); this run did not move.
+                    unsafe {
+                        ptr::copy_nonoverlapping(
+                            (p + off) as *const u8,
+                            (q + off) as *mut u8,
+                            len * ps,
+                        )
+                    }
+                }
+            }
+        }
+        if failed != 0 {
+            // The kernel may have unmapped the destination before it
+            // refused: those runs are mapped afresh first, then copied.
+            {
+                let mut s = self.state.lock();
+                self.refresh_failed(&mut s, (p, q), &runs[..nruns], failed);
+            }
+            for (k, &(first, len)) in runs[..nruns].iter().enumerate() {
+                if failed & (1 << k) != 0 {
+                    let off = first * ps - p_at;
+                    // SAFETY: as above; the run's destination is mapped
+                    // again (`refresh_failed`) and its source unchanged.
+                    unsafe {
+                        ptr::copy_nonoverlapping(
+                            (p + off) as *const u8,
+                            (q + off) as *mut u8,
+                            len * ps,
+                        )
+                    }
+                }
             }
         }
         if nruns == 0 {
@@ -140,7 +184,7 @@ impl Large {
     }
 
     /// Moves `len` bytes of pages at `from_at` in `from` to `to_at` in
-    /// `to`; false where the kernel refused (nothing changed).
+    /// `to`.
     fn move_run(
         &self,
         from: &Region,
@@ -148,20 +192,57 @@ impl Large {
         len: usize,
         to: &Region,
         to_at: usize,
-    ) -> bool {
+    ) -> Move {
         if self.no_remap.load(Ordering::Relaxed) {
-            return false;
+            return Move::Untried;
         }
         match from.move_pages(from_at, len, to, to_at) {
-            Ok(()) => true,
-            // Not a passing refusal: this kernel does not move pages so
-            // (before Linux 5.7). (A kernel before 6.17 refuses a move
-            // across mappings with EFAULT; the runs never cross one.)
-            Err(SysError::InvalidArgument) => {
-                self.no_remap.store(true, Ordering::Relaxed);
-                false
+            Ok(()) => Move::Moved,
+            Err(e) => {
+                if e == SysError::InvalidArgument {
+                    // A kernel before 5.7 (the flag unknown), or a mapping
+                    // the flag does not apply to: copies from now on.
+                    self.no_remap.store(true, Ordering::Relaxed);
+                }
+                // A run across mappings (`EFAULT`: a kernel before 6.17,
+                // where the program changed part of its block's mapping,
+                // or two mappings the maps took for one), or no memory.
+                Move::Failed
             }
-            Err(_) => false,
+        }
+    }
+
+    /// Under the lock, after the kernel refused to move the runs of `p`
+    /// whose bits are set in `failed` to `q`: maps their destinations
+    /// afresh (the kernel may have unmapped them before it refused), which
+    /// ends any piece there. Their pages stay dirty (q is live). A kernel
+    /// that can map them neither now nor at a second try leaves a hole in
+    /// a live range: that aborts, with one line.
+    fn refresh_failed(
+        &self,
+        s: &mut State,
+        (p, q): (usize, usize),
+        runs: &[(usize, usize)],
+        failed: u32,
+    ) {
+        let ps = self.page;
+        let (Some(i), Some(j)) = (Self::seg_of(s, p), Self::seg_of(s, q)) else {
+            return;
+        };
+        let pf = s.segs[i].as_ref().map_or(0, |g| (p - g.base()) / ps);
+        let qf = s.segs[j].as_ref().map_or(0, |g| (q - g.base()) / ps);
+        for (k, &(first, len)) in runs.iter().enumerate() {
+            if failed & (1 << k) == 0 {
+                continue;
+            }
+            let Some(g) = s.segs[j].as_mut() else {
+                return;
+            };
+            let at = qf + (first - pf);
+            match g.refresh(at, len, ps) {
+                Ok(r) => r.apply(s),
+                Err(e) => crate::out::die("realloc", q as *const u8, &e),
+            }
         }
     }
 
@@ -321,12 +402,12 @@ impl Segment {
     /// not dirty when `clean` (what a release renews: pages a move took
     /// away, which hold nothing; dirty ones stay for the return policy,
     /// whose purge renews them): each run a fresh mapping that reads zero
-    /// and merges with its neighbours (where the kernel refuses, its pages
-    /// are purged and it stays a mapping apart that no map records any
-    /// more: a kernel entry unaccounted, never a wrong page). Their moved,
-    /// start, dirty and old bits are cleared (a page whose purge failed
-    /// too stays dirty); a piece that runs on past a run keeps its rest as
-    /// a piece of its own.
+    /// and merges with its neighbours (where the kernel refuses twice, its
+    /// pages are purged and it stays a mapping apart that no map records
+    /// any more: a kernel entry unaccounted, never a wrong page; where it
+    /// cannot even be purged, the range may be unmapped, which aborts).
+    /// Their moved, start, dirty and old bits are cleared; a piece that
+    /// runs on past a run keeps its rest as a piece of its own.
     pub(super) fn renew(&mut self, first: usize, len: usize, ps: usize, clean: bool) -> Renewed {
         let end = first + len;
         let mut r = Renewed::default();
@@ -344,12 +425,20 @@ impl Segment {
                 } else {
                     (x, m + ml)
                 };
-                let zero = self.region.renew(a * ps, (b - a) * ps).is_ok()
-                    || self.region.purge(a * ps, (b - a) * ps).is_ok();
-                if zero {
-                    self.map(Map::Dirty).clear_range(a, b - a);
-                    self.map(Map::Old).clear_range(a, b - a);
+                let (at, bytes) = (a * ps, (b - a) * ps);
+                let renewed =
+                    self.region.renew(at, bytes).is_ok() || self.region.renew(at, bytes).is_ok();
+                if !renewed && self.region.purge(at, bytes).is_err() {
+                    // A kernel before 6.12 may have unmapped the range
+                    // before it refused to map it again, and it is not
+                    // mapped now: free pages that are not there.
+                    kmem_sys::abort_with(format_args!(
+                        "kmem: the kernel unmapped {bytes} bytes of freed large pages at {:#x} and refuses to map them again; aborting",
+                        self.base() + at
+                    ));
                 }
+                self.map(Map::Dirty).clear_range(a, b - a);
+                self.map(Map::Old).clear_range(a, b - a);
                 r.gone += self.view(Map::Start).count_range(a, b - a);
                 self.map(Map::Start).clear_range(a, b - a);
                 self.map(Map::Moved).clear_range(a, b - a);
@@ -360,6 +449,32 @@ impl Segment {
             at = m + ml;
         }
         r
+    }
+
+    /// Maps pages `[first, first + len)` afresh (a second try where the
+    /// kernel refuses the first), ending any piece there; their dirty bits
+    /// stay as they are (the pages belong to a live range). The error of
+    /// the second try, where the range may now be unmapped.
+    pub(super) fn refresh(
+        &mut self,
+        first: usize,
+        len: usize,
+        ps: usize,
+    ) -> Result<Renewed, SysError> {
+        if self.region.renew(first * ps, len * ps).is_err() {
+            self.region.renew(first * ps, len * ps)?;
+        }
+        let r = Renewed {
+            pages: self.view(Map::Moved).count_range(first, len),
+            gone: self.view(Map::Start).count_range(first, len),
+            made: 0,
+        };
+        self.map(Map::Start).clear_range(first, len);
+        self.map(Map::Moved).clear_range(first, len);
+        Ok(Renewed {
+            made: usize::from(self.cut_after(first + len)),
+            ..r
+        })
     }
 
     /// Gives pages `[first, first + len)` back to the OS (the return

@@ -90,7 +90,7 @@ impl Large {
         for g in s.segs[..n].iter().flatten() {
             g.arena.check()?;
             let (base, map, old) = (g.base(), g.view(Map::Dirty), g.view(Map::Old));
-            if [&map, &old, &g.view(Map::Moved)]
+            if [&map, &old, &g.view(Map::Moved), &g.view(Map::Start)]
                 .iter()
                 .any(|m| m.find_next_bit(g.top).is_some())
             {

@@ -300,3 +300,79 @@ fn threads_moving_ranges_keep_every_byte() {
     l.check().unwrap();
     assert_eq!(l.stats().pieces, 0);
 }
+
+/// A block whose mapping the program split (advice on part of it) moves
+/// all the same: where the kernel refuses to move across the split, the
+/// run is copied into a destination mapped afresh.
+#[test]
+fn a_block_the_program_advised_in_part_keeps_its_bytes() {
+    let l = large();
+    let ps = l.page;
+    let a = l.alloc(4 * MB, ps, false).unwrap().addr;
+    let b = l.alloc(MB, ps, false).unwrap().addr;
+    assert_eq!(b, a + 4 * MB);
+    fill(a, 4 * MB, 5);
+    let half = (a + 2 * MB) as *mut libc::c_void;
+    // SAFETY: the second half of a live range of ours; the advice only
+    // keeps it out of core dumps (and splits its mapping).
+    let advised = unsafe { libc::madvise(half, 2 * MB, libc::MADV_DONTDUMP) };
+    assert_eq!(advised, 0);
+    assert_eq!(l.resize(a, 6 * MB, 0), Ok(Resize::Move(4 * MB)));
+    let q = l.remap(a, 4 * MB, 6 * MB).unwrap();
+    assert!(holds(q, 4 * MB, 5));
+    fill(q + 4 * MB, 2 * MB, 6);
+    l.check().unwrap();
+    l.free(q).unwrap();
+    l.free(b).unwrap();
+    l.trim();
+    l.check().unwrap();
+    assert_eq!(l.stats().pieces, 0);
+}
+
+/// The destination of a refused move is mapped afresh: its pieces end
+/// (the counts follow), its pages stay dirty (the range is live).
+#[test]
+fn a_refused_move_maps_its_destination_afresh() {
+    let l = large();
+    let ps = l.page;
+    let a = l.alloc(2 * MB, ps, false).unwrap().addr;
+    let _b = l.alloc(MB, ps, false).unwrap().addr;
+    assert_eq!(l.resize(a, 3 * MB, 0), Ok(Resize::Move(2 * MB)));
+    let q = l.remap(a, 2 * MB, 3 * MB).unwrap();
+    if l.stats().remaps == 0 {
+        return;
+    }
+    assert_eq!(l.stats().pieces, 1);
+    let c = l.alloc(2 * MB, ps, false).unwrap().addr;
+    fill(q, 3 * MB, 7);
+    // As if a move of q's first 1.5 MiB to c had been refused.
+    let half = (3 * MB / 2) / ps;
+    let runs = [(0, half), (half, 2 * MB / ps - half)];
+    {
+        let mut s = l.state.lock();
+        let base = s.segs[0].as_ref().unwrap().base();
+        let pq = (q - base) / ps;
+        let runs = runs.map(|(f, n)| (pq + f, n));
+        l.refresh_failed(&mut s, (q, q), &runs, 0b1);
+    }
+    // Its first 1.5 MiB read zero now, the rest of the piece kept its
+    // bytes and is a piece of its own.
+    // SAFETY: q is live and ours.
+    assert_eq!(unsafe { (q as *const usize).read() }, 0);
+    assert!(holds_from(q, 3 * MB / 2, 3 * MB, 7));
+    l.check().unwrap();
+    assert_eq!((l.stats().pieces, l.stats().moved_bytes), (1, MB / 2));
+    l.free(c).unwrap();
+    l.free(q).unwrap();
+    l.trim();
+    l.check().unwrap();
+    assert_eq!(l.stats().pieces, 0);
+}
+
+/// Checks `fill`'s pattern for offsets `[from, n)` of `a`.
+fn holds_from(a: usize, from: usize, n: usize, seed: usize) -> bool {
+    // SAFETY: as in fill.
+    (from..n)
+        .step_by(512)
+        .all(|off| unsafe { ((a + off) as *const usize).read() } == off ^ seed)
+}
