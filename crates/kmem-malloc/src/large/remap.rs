@@ -212,6 +212,13 @@ impl Large {
         }
     }
 
+    /// The segments of `p` and `q` and their first pages in them.
+    fn ends(&self, s: &State, p: usize, q: usize) -> Option<(usize, usize, usize, usize)> {
+        let first = |i: usize, a: usize| Some((a - s.segs[i].as_ref()?.base()) / self.page);
+        let (i, j) = (Self::seg_of(s, p)?, Self::seg_of(s, q)?);
+        Some((i, first(i, p)?, j, first(j, q)?))
+    }
+
     /// Under the lock, after the kernel refused to move the runs of `p`
     /// whose bits are set in `failed` to `q`: maps their destinations
     /// afresh (the kernel may have unmapped them before it refused), which
@@ -225,12 +232,9 @@ impl Large {
         runs: &[(usize, usize)],
         failed: u32,
     ) {
-        let ps = self.page;
-        let (Some(i), Some(j)) = (Self::seg_of(s, p), Self::seg_of(s, q)) else {
+        let Some((_, pf, j, qf)) = self.ends(s, p, q) else {
             return;
         };
-        let pf = s.segs[i].as_ref().map_or(0, |g| (p - g.base()) / ps);
-        let qf = s.segs[j].as_ref().map_or(0, |g| (q - g.base()) / ps);
         for (k, &(first, len)) in runs.iter().enumerate() {
             if failed & (1 << k) == 0 {
                 continue;
@@ -239,7 +243,7 @@ impl Large {
                 return;
             };
             let at = qf + (first - pf);
-            match g.refresh(at, len, ps) {
+            match g.refresh(at, len, self.page) {
                 Ok(r) => r.apply(s),
                 Err(e) => crate::out::die("realloc", q as *const u8, &e),
             }
@@ -286,15 +290,12 @@ impl Large {
         moved: u32,
         purged: bool,
     ) {
-        let ps = self.page;
-        let (Some(i), Some(j)) = (Self::seg_of(s, p), Self::seg_of(s, q)) else {
+        let Some((i, pf, j, qf)) = self.ends(s, p, q) else {
             return;
         };
-        let pf = s.segs[i].as_ref().map_or(0, |g| (p - g.base()) / ps);
-        let qf = s.segs[j].as_ref().map_or(0, |g| (q - g.base()) / ps);
         if purged {
             if let Some(g) = s.segs[i].as_mut() {
-                g.map(Map::Dirty).clear_range(pf, n / ps);
+                g.map(Map::Dirty).clear_range(pf, n / self.page);
             }
         }
         for (k, &(first, len)) in runs.iter().enumerate() {
