@@ -225,6 +225,9 @@ struct State {
 pub(crate) struct Got {
     pub addr: usize,
     pub zeroed: bool,
+    /// Pages of the range that were backed before it was handed out (a
+    /// cached range's, all of them; of the arena's, the dirty ones).
+    pub backed: usize,
 }
 
 /// What [`Large::resize`] did with a range.
@@ -335,6 +338,7 @@ impl Large {
                     return Ok(Got {
                         addr: a,
                         zeroed: zero,
+                        backed: need / ps,
                     });
                 }
                 Err(old) => given_up = old,
@@ -370,6 +374,7 @@ impl Large {
                 return Ok(Got {
                     addr: a,
                     zeroed: zero,
+                    backed: pages,
                 });
             }
         }
@@ -467,6 +472,7 @@ impl Large {
         Ok(Got {
             addr: a,
             zeroed: zero || span.is_none(),
+            backed: taken,
         })
     }
 

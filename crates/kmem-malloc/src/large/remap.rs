@@ -4,7 +4,8 @@
 //! the program's bytes being copied there.
 //!
 //! ```text
-//!   remap(p, n, new)  q = a new range of `new` bytes (as alloc)
+//!   remap(p, n, new)  q = a new range of `new` bytes (as alloc); when
+//!                     at least half of it was backed: copied, p freed
 //!                     [p, p + n) -> [q, q + n), run by run: page-table
 //!                     entries move; p reads zero (not dirty) and goes back
 //!                     to its arena; each run moved is a piece at q
@@ -47,8 +48,18 @@
 //! piece; one with more than [`MAX_RUNS`] runs is copied instead (into one
 //! mapping), and past [`MAX_PIECES`] pieces in all every range is.
 //!
-//! Below [`REMAP_MIN`] the copy costs less than the system calls and the
-//! flush of the moved pages' translations.
+//! **When not to move.** A move throws away the pages the destination
+//! had and leaves the source empty: where the destination was backed (a
+//! range freed a moment ago, as in a program that grows buffers and frees
+//! them, again and again), both are faulted in again later, where a copy
+//! would have reused them. So a destination that was at least half backed
+//! takes a copy, and the source keeps its pages for the next request:
+//! eight buffers grown to 4 MiB and freed, 200 times, took 3.4 s and 1.58 M
+//! faults with every range moved, 2.8 s and 1.18 M faults so (3.1 s and
+//! 1.37 M copied, as before the moves). Below [`REMAP_MIN`] the copy
+//! costs less than the system calls and the flush of the moved pages'
+//! translations: at 256 KiB, 16 buffers grown to 1 MiB and freed, 300
+//! times, took 0.78 s against 0.45.
 
 use core::ptr;
 use core::sync::atomic::Ordering;
@@ -94,7 +105,22 @@ impl Large {
         if self.state.lock().pieces >= MAX_PIECES {
             return None;
         }
-        let q = self.alloc(new, ps, false).ok()?.addr;
+        let got = self.alloc(new, ps, false).ok()?;
+        let q = got.addr;
+        if got.backed * 2 >= new.div_ceil(ps) {
+            // A range mostly backed already (freed a moment ago: a program
+            // that grows buffers and frees them, again and again): its
+            // pages take the copy without a fault, and p keeps its own for
+            // the next request. A move would throw q's away and leave p's
+            // empty, both faulted in again later (16 buffers grown to
+            // 1 MiB and freed, 300 times: 0.46 s copied, 2.9 s moved).
+            // SAFETY: both are live ranges of ours, apart, of n bytes at
+            // least (q of `new`).
+            unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, n) };
+            let freed = self.free(p);
+            debug_assert!(freed.is_ok());
+            return Some(q);
+        }
         let mut runs = [(0, 0); MAX_RUNS];
         let plan = {
             let mut s = self.state.lock();

@@ -378,3 +378,37 @@ fn holds_from(a: usize, from: usize, n: usize, seed: usize) -> bool {
         .step_by(512)
         .all(|off| unsafe { ((a + off) as *const usize).read() } == off ^ seed)
 }
+
+/// A new range whose pages are mostly backed already (freed a moment
+/// ago) takes a copy instead: a move would throw its pages away and leave
+/// the old range's empty, both to be faulted in again.
+#[test]
+fn a_backed_destination_takes_a_copy() {
+    let l = large();
+    let ps = l.page;
+    let a = l.alloc(2 * MB, ps, false).unwrap().addr;
+    let b = l.alloc(MB, ps, false).unwrap().addr;
+    let c = l.alloc(3 * MB, ps, false).unwrap().addr;
+    assert_eq!((b, c), (a + 2 * MB, a + 3 * MB));
+    fill(c, 3 * MB, 8);
+    // Touch every page of c, then free it: backed pages at the top, kept.
+    for off in (0..3 * MB).step_by(ps) {
+        // SAFETY: c is live and ours.
+        unsafe { ((c + off) as *mut u8).write(1) };
+    }
+    l.free(c).unwrap();
+    assert_eq!(l.stats().dirty_bytes, 3 * MB);
+    fill(a, 2 * MB, 9);
+    assert_eq!(l.resize(a, 3 * MB, 0), Ok(Resize::Move(2 * MB)));
+    let q = l.remap(a, 2 * MB, 3 * MB).unwrap();
+    assert_eq!(q, c);
+    assert!(holds(q, 2 * MB, 9));
+    l.check().unwrap();
+    let st = l.stats();
+    assert_eq!((st.remaps, st.pieces), (0, 0));
+    // a's pages stay backed, freed, for the next request.
+    assert_eq!(st.dirty_bytes, 2 * MB);
+    l.free(q).unwrap();
+    l.free(b).unwrap();
+    l.check().unwrap();
+}
