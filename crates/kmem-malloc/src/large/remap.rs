@@ -112,14 +112,8 @@ impl Large {
             // that grows buffers and frees them, again and again): its
             // pages take the copy without a fault, and p keeps its own for
             // the next request. A move would throw q's away and leave p's
-            // empty, both faulted in again later (16 buffers grown to
-            // 1 MiB and freed, 300 times: 0.46 s copied, 2.9 s moved).
-            // SAFETY: both are live ranges of ours, apart, of n bytes at
-            // least (q of `new`).
-            unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, n) };
-            let freed = self.free(p);
-            debug_assert!(freed.is_ok());
-            return Some(q);
+            // empty, both faulted in again later (see the module's head).
+            return Some(self.copy_and_free(p, n, q));
         }
         let mut runs = [(0, 0); MAX_RUNS];
         let plan = {
@@ -128,33 +122,26 @@ impl Large {
         };
         let Some((from, to, nruns)) = plan else {
             debug_assert!(false, "live ranges outside every segment");
-            // SAFETY: both are live ranges of ours, apart, of n bytes at
-            // least (q of `new`).
-            unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, n) };
-            let freed = self.free(p);
-            debug_assert!(freed.is_ok());
-            return Some(q);
+            return Some(self.copy_and_free(p, n, q));
         };
         // Where p and q lie in their regions.
         let p_at = p - from.base().as_ptr() as usize;
         let q_at = q - to.base().as_ptr() as usize;
+        // Copies `len` bytes at offset `off` of p to the same offset of q.
+        let copy = |off: usize, len: usize| {
+            // SAFETY: both are live ranges of ours, apart, of n bytes at
+            // least (q of `new`), and every caller passes a part of the
+            // first n bytes whose destination is mapped: one not moved,
+            // or mapped afresh after a refused move.
+            unsafe { ptr::copy_nonoverlapping((p + off) as *const u8, (q + off) as *mut u8, len) }
+        };
         let (mut moved, mut failed) = (0u32, 0u32);
         for (k, &(first, len)) in runs[..nruns].iter().enumerate() {
             let off = first * ps - p_at;
             match self.move_run(from, p_at + off, len * ps, to, q_at + off) {
                 Move::Moved => moved |= 1 << k,
                 Move::Failed => failed |= 1 << k,
-                Move::Untried => {
-                    // SAFETY: both are live ranges of ours, apart, of n
-                    // bytes at least (q of `new`); this run did not move.
-                    unsafe {
-                        ptr::copy_nonoverlapping(
-                            (p + off) as *const u8,
-                            (q + off) as *mut u8,
-                            len * ps,
-                        )
-                    }
-                }
+                Move::Untried => copy(off, len * ps),
             }
         }
         if failed != 0 {
@@ -166,22 +153,12 @@ impl Large {
             }
             for (k, &(first, len)) in runs[..nruns].iter().enumerate() {
                 if failed & (1 << k) != 0 {
-                    let off = first * ps - p_at;
-                    // SAFETY: as above; the run's destination is mapped
-                    // again (`refresh_failed`) and its source unchanged.
-                    unsafe {
-                        ptr::copy_nonoverlapping(
-                            (p + off) as *const u8,
-                            (q + off) as *mut u8,
-                            len * ps,
-                        )
-                    }
+                    copy(first * ps - p_at, len * ps);
                 }
             }
         }
         if nruns == 0 {
-            // SAFETY: as above; nothing moved.
-            unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, n) };
+            copy(0, n);
         }
         // What was copied goes back to the OS now, as what moved did: p
         // leaves no backed page behind (a buffer grown in steps would
@@ -207,6 +184,17 @@ impl Large {
             self.settle(&mut s);
         }
         Some(q)
+    }
+
+    /// `realloc`'s move as before pages moved: `p`'s `n` bytes copied to
+    /// `q`, and `p` freed (its pages stay for the next request). Returns q.
+    fn copy_and_free(&self, p: usize, n: usize, q: usize) -> usize {
+        // SAFETY: remap's p and q: live ranges of ours, apart, of n bytes
+        // at least.
+        unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, n) };
+        let freed = self.free(p);
+        debug_assert!(freed.is_ok());
+        q
     }
 
     /// Moves `len` bytes of pages at `from_at` in `from` to `to_at` in
