@@ -164,7 +164,8 @@ pub(crate) struct Large {
     on_growth: fn(),
     /// Whether calloc writes unbacked pages (`large/prefault.rs`).
     prefault: Prefault,
-    /// Set when the kernel refused to move pages (a kernel before 5.7):
+    /// Set when the kernel answered a move of pages with `EINVAL` (a
+    /// kernel before 5.7, or a mapping the flag does not apply to):
     /// `remap` copies from then on.
     no_remap: AtomicBool,
 }
