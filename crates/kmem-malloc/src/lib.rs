@@ -374,6 +374,11 @@ fn init_once() {
         large_grew,
         &LARGE_CPUS,
     ));
+    if !o.move_pages {
+        if let Some(l) = LARGE.get() {
+            l.forbid_moves();
+        }
+    }
     if o.engine == Engine::Pow2 {
         match make_pow2() {
             Ok(p) => POW2.set(p),

@@ -8,6 +8,7 @@
 //! | `engine=nta`    | the default: nta heaps with per-thread front caches     |
 //! | `engine=pow2`   | seed 003's power-of-two slab baseline for sizes below the large threshold |
 //! | `nocache`       | no per-thread front cache: every call is the seed's nta path |
+//! | `nomove`        | `realloc` copies large blocks instead of having the kernel move their pages (`mremap`; each moved block is a mapping of its own) |
 //! | `retain=N`      | freed bytes kept backed with no time limit, per source (`K`, `M`, `G` suffixes; default 4M) |
 //! | `decay=MS`      | milliseconds within which freed memory past `retain` goes back to the OS (default 1000; 0: at once) |
 //! | `debug`, `debug=N` | junk on allocation and free, a canary after every block checked on free, `check()` of every allocator every N calls of a thread (default 65536; 0: never) |
@@ -58,6 +59,8 @@ pub struct Options {
     pub check_every: u32,
     /// Secure mode: guard pages, random order, checked pops.
     pub secure: bool,
+    /// `realloc` may have the kernel move a large block's pages.
+    pub move_pages: bool,
 }
 
 impl Options {
@@ -71,6 +74,7 @@ impl Options {
         debug: false,
         check_every: 1 << 16,
         secure: false,
+        move_pages: true,
     };
 
     /// Parses `s`; `unknown` is called with each option it does not know.
@@ -83,6 +87,7 @@ impl Options {
                 b"stats" => o.stats = true,
                 b"verbose" => o.verbose = true,
                 b"nocache" => o.front_cache = false,
+                b"nomove" => o.move_pages = false,
                 b"engine=nta" => o.engine = Engine::Nta,
                 b"engine=pow2" => o.engine = Engine::Pow2,
                 b"debug" => o.debug = true,
@@ -145,7 +150,7 @@ impl Options {
             } else {
                 "unknown option"
             };
-            crate::out::say!("kmem: KMEM_OPTIONS: {what} '{name}{more}' ignored (known: stats, verbose, nocache, engine=nta, engine=pow2, retain=BYTES[K|M|G], decay=MS, debug[=N], secure)");
+            crate::out::say!("kmem: KMEM_OPTIONS: {what} '{name}{more}' ignored (known: stats, verbose, nocache, nomove, engine=nta, engine=pow2, retain=BYTES[K|M|G], decay=MS, debug[=N], secure)");
         })
     }
 }
@@ -183,7 +188,8 @@ mod tests {
             bad += 1;
         });
         assert_eq!(bad, 1);
-        assert!(o.stats && !o.verbose && !o.front_cache);
+        assert!(o.stats && !o.verbose && !o.front_cache && o.move_pages);
+        assert!(!Options::parse(b"nomove", |_| panic!()).move_pages);
         assert_eq!(o.engine, Engine::Pow2);
         assert_eq!(Options::parse(b"", |_| panic!()), Options::DEFAULT);
     }

@@ -186,6 +186,11 @@ impl Large {
         Some(q)
     }
 
+    /// From now on `realloc` copies (`KMEM_OPTIONS=nomove`).
+    pub(crate) fn forbid_moves(&self) {
+        self.no_remap.store(true, Ordering::Relaxed);
+    }
+
     /// `realloc`'s move as before pages moved: `p`'s `n` bytes copied to
     /// `q`, and `p` freed (its pages stay for the next request). Returns q.
     fn copy_and_free(&self, p: usize, n: usize, q: usize) -> usize {
