@@ -165,8 +165,9 @@ pub(crate) struct Large {
     /// Whether calloc writes unbacked pages (`large/prefault.rs`).
     prefault: Prefault,
     /// Set when the kernel answered a move of pages with `EINVAL` (a
-    /// kernel before 5.7, or a mapping the flag does not apply to):
-    /// `remap` copies from then on.
+    /// kernel before 5.7, or a mapping the flag does not apply to), or by
+    /// `forbid_moves` (`KMEM_OPTIONS=nomove`): `remap` declines from then
+    /// on, and `realloc` copies.
     no_remap: AtomicBool,
 }
 
@@ -226,8 +227,9 @@ struct State {
 pub(crate) struct Got {
     pub addr: usize,
     pub zeroed: bool,
-    /// Pages of the range that were backed before it was handed out (a
-    /// cached range's, all of them; of the arena's, the dirty ones).
+    /// Pages of the range that were marked dirty before it was handed out
+    /// (may hold data: backed, or handed out before and never touched): a
+    /// cached range's, all of them; of the arena's, those the map marks.
     pub backed: usize,
 }
 

@@ -93,10 +93,11 @@ impl Large {
     /// `realloc`'s move of the live range at `p`, `n` bytes long (as
     /// [`resize`](Self::resize) reported), to a new range of `new` bytes,
     /// more than `n`: the new range takes `p`'s pages, and `p` is freed.
-    /// Where the kernel cannot move them, the bytes are copied instead.
-    /// `None` (nothing changed) below [`REMAP_MIN`], past [`MAX_PIECES`],
-    /// or when no range of `new` bytes can be had: the caller copies, or
-    /// fails.
+    /// Where the kernel cannot move them, or the new range was mostly
+    /// backed already, the bytes are copied instead. `None` (nothing
+    /// changed) below [`REMAP_MIN`], past [`MAX_PIECES`], with moves off
+    /// (`nomove`, or a kernel that refused the flag), or when no range of
+    /// `new` bytes can be had: the caller copies, or fails.
     pub(crate) fn remap(&self, p: usize, n: usize, new: usize) -> Option<usize> {
         let ps = self.page;
         if n < REMAP_MIN || new <= n || n % ps != 0 || self.no_remap.load(Ordering::Relaxed) {
@@ -113,7 +114,8 @@ impl Large {
             // pages take the copy without a fault, and p keeps its own for
             // the next request. A move would throw q's away and leave p's
             // empty, both faulted in again later (see the module's head).
-            return Some(self.copy_and_free(p, n, q));
+            // SAFETY: p is live with n bytes, q live with `new` > n, apart.
+            return Some(unsafe { self.copy_and_free(p, n, q) });
         }
         let mut runs = [(0, 0); MAX_RUNS];
         let plan = {
@@ -122,17 +124,21 @@ impl Large {
         };
         let Some((from, to, nruns)) = plan else {
             debug_assert!(false, "live ranges outside every segment");
-            return Some(self.copy_and_free(p, n, q));
+            // SAFETY: p is live with n bytes, q live with `new` > n, apart.
+            return Some(unsafe { self.copy_and_free(p, n, q) });
         };
         // Where p and q lie in their regions.
         let p_at = p - from.base().as_ptr() as usize;
         let q_at = q - to.base().as_ptr() as usize;
         // Copies `len` bytes at offset `off` of p to the same offset of q.
         let copy = |off: usize, len: usize| {
+            debug_assert!(off + len <= n);
             // SAFETY: both are live ranges of ours, apart, of n bytes at
             // least (q of `new`), and every caller passes a part of the
-            // first n bytes whose destination is mapped: one not moved,
-            // or mapped afresh after a refused move.
+            // first n bytes whose source is intact (never moved, or a
+            // move the kernel refused, which leaves it) and whose
+            // destination is mapped (not moved into, or mapped afresh
+            // after the refusal).
             unsafe { ptr::copy_nonoverlapping((p + off) as *const u8, (q + off) as *mut u8, len) }
         };
         let (mut moved, mut failed) = (0u32, 0u32);
@@ -193,9 +199,12 @@ impl Large {
 
     /// `realloc`'s move as before pages moved: `p`'s `n` bytes copied to
     /// `q`, and `p` freed (its pages stay for the next request). Returns q.
-    fn copy_and_free(&self, p: usize, n: usize, q: usize) -> usize {
-        // SAFETY: remap's p and q: live ranges of ours, apart, of n bytes
-        // at least.
+    ///
+    /// # Safety
+    /// `p` and `q` are live ranges of this arena, apart, `p` of `n` bytes
+    /// (given up by the caller) and `q` of `n` bytes at least.
+    unsafe fn copy_and_free(&self, p: usize, n: usize, q: usize) -> usize {
+        // SAFETY: the caller's contract.
         unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, n) };
         let freed = self.free(p);
         debug_assert!(freed.is_ok());
