@@ -27,7 +27,10 @@
 //! its own reservation), a tiny block's slab header says its class (and
 //! whether this thread owns the slab), nta's bitmaps say how long a small allocation is
 //! (read without a lock, [`kmem_nta::Nta::lookup_unlocked`]), the vmap arena
-//! knows every busy range by its start.
+//! knows every busy range by its start. `realloc` of a large block that
+//! cannot grow in place has the kernel move its pages to the new range
+//! (`mremap`, `large/remap.rs`) rather than copy them, unless that range
+//! was mostly backed already.
 //!
 //! **Returning memory** ([`options`] has the policy in one sentence): nta's
 //! region and the large arena each keep freed memory backed up to `retain`
@@ -87,7 +90,7 @@
 //! **Introspection** ([`introspect`]): `mallinfo2`, `mallinfo`, `mallopt`
 //! and `malloc_info` answer with kmem's figures.
 //!
-//! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,engine=pow2,debug,secure`.
+//! **Options** ([`options`]): `KMEM_OPTIONS=stats,verbose,nocache,nomove,engine=pow2,debug,secure`.
 
 #![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]
