@@ -115,6 +115,34 @@ fn buffers_grown_by_realloc_peak_near_their_size() {
     );
 }
 
+/// Threads grow large blocks by realloc (moved by their pages), calloc
+/// and free them at random (`realloc_stress.c`): every block keeps its
+/// bytes and every calloc reads zero, with the return policy as it is and
+/// giving everything back at once (which leaves the new ranges unbacked,
+/// so that nearly every growth moves).
+#[test]
+fn threads_moving_large_blocks_keep_their_bytes() {
+    for (opts, args) in [
+        ("stats", ["4", "2000"]),
+        ("retain=0,decay=0,stats", ["2", "600"]),
+    ] {
+        let o = Command::new(workload("realloc_stress"))
+            .args(args)
+            .env("LD_PRELOAD", lib())
+            .env("KMEM_OPTIONS", opts)
+            .output()
+            .expect("realloc_stress");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success() && o.stdout == b"ok\n",
+            "KMEM_OPTIONS={opts}: {:?} {err}",
+            o.status
+        );
+        // (Moves need Linux 5.7; the statistics say how many there were.)
+        assert!(err.contains("moved by their pages"), "{err}");
+    }
+}
+
 /// Freed 1 MiB blocks, one of them reused by calloc: every byte reads zero
 /// (the large arena took an estimate of its freed bytes for "known zero").
 #[test]
