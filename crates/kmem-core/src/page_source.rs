@@ -58,6 +58,21 @@ pub unsafe trait PageSource: Send + Sync {
         unsafe { self.free_pages(ptr, pages) }
     }
 
+    /// Grows the live run at `ptr` from `pages` to `new_pages` pages in
+    /// place, where the source can and the pages after it are free: true
+    /// then, and the run is `new_pages` long from then on (its free takes
+    /// that length; the added pages' contents are unspecified); false, with
+    /// nothing changed, otherwise. The default cannot (false): a `realloc`
+    /// over such a source moves the block.
+    ///
+    /// # Safety
+    /// `ptr` is a live run of this source of `pages` pages, the caller's;
+    /// nothing else frees or grows it meanwhile.
+    unsafe fn grow_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        let _ = (ptr, pages, new_pages);
+        false
+    }
+
     /// Pages this source could still hand out, if it knows (quicklists size
     /// their caches by it).
     fn free_page_count(&self) -> Option<usize> {
@@ -129,6 +144,10 @@ unsafe impl<P: PageSource + ?Sized> PageSource for &P {
         // SAFETY: forwarded contract.
         unsafe { (**self).free_pages_zeroed(ptr, pages) }
     }
+    unsafe fn grow_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).grow_pages(ptr, pages, new_pages) }
+    }
     fn free_page_count(&self) -> Option<usize> {
         (**self).free_page_count()
     }
@@ -171,6 +190,10 @@ unsafe impl<P: PageSource + ?Sized> PageSource for std::sync::Arc<P> {
     unsafe fn free_pages_zeroed(&self, ptr: NonNull<u8>, pages: usize) -> Result<()> {
         // SAFETY: forwarded contract.
         unsafe { (**self).free_pages_zeroed(ptr, pages) }
+    }
+    unsafe fn grow_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).grow_pages(ptr, pages, new_pages) }
     }
     fn free_page_count(&self) -> Option<usize> {
         (**self).free_page_count()

@@ -122,6 +122,9 @@ pub struct Stats {
     pub large_runs: usize,
     /// Pages in those runs, headers included.
     pub large_pages: usize,
+    /// Large allocations that `realloc` grew in place (the page source
+    /// extended their runs), over all time.
+    pub large_grown: u64,
     /// Pages of freed large runs kept in threads' caches for reuse (not in
     /// `large_runs`; `KmemNta`'s large cache).
     pub large_parked_pages: usize,
@@ -162,6 +165,7 @@ impl core::ops::Add for Stats {
             free_bytes: self.free_bytes + o.free_bytes,
             large_runs: self.large_runs + o.large_runs,
             large_pages: self.large_pages + o.large_pages,
+            large_grown: self.large_grown + o.large_grown,
             large_parked_pages: self.large_parked_pages + o.large_parked_pages,
             remote_frees: self.remote_frees + o.remote_frees,
             remote_pending: self.remote_pending + o.remote_pending,
@@ -483,6 +487,7 @@ pub struct Nta<P: PageSource, C: CpuSource = Cpus> {
     large_parked: AtomicUsize,
     large_allocs: Counter,
     large_frees: Counter,
+    large_grown: Counter,
     large_requested: Counter,
     /// Empty nodes past every heap's reserve, kept for any heap to reuse
     /// before the source is asked (sealed as freed while here).
@@ -627,6 +632,7 @@ macro_rules! nta_new {
             large_parked: AtomicUsize::new(0),
             large_allocs: Counter::new(),
             large_frees: Counter::new(),
+            large_grown: Counter::new(),
             large_requested: Counter::new(),
             pool: Lock::new(NodePool {
                 nodes: [0; NODE_POOL],

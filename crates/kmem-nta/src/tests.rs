@@ -1373,3 +1373,56 @@ fn a_long_aligned_request_finds_its_node_behind_many_failing_runs() {
     }
     nta.check().unwrap();
 }
+
+#[test]
+fn realloc_grows_a_large_block_in_place_where_the_pages_after_it_are_free() {
+    // Over kmem-pages, which can extend a run into the free frames after it.
+    let t = kmem_core::Topology::uniform(1, 1, 1).unwrap();
+    let src = kmem_pages::PageAllocator::new(&t, Cpus::Fixed(0), 16 << 20).unwrap();
+    let nta = Nta::with_config(&src, cfg(), Cpus::Fixed(0)).unwrap();
+    let free_at_start = src.free_page_count().unwrap();
+    let fill = |p: NonNull<u8>, from: usize, to: usize| {
+        for i in from..to {
+            // SAFETY: within the live block of at least `to` bytes.
+            unsafe { p.as_ptr().add(i).write((i % 251) as u8) };
+        }
+    };
+    let holds = |p: NonNull<u8>, to: usize| {
+        // SAFETY: within the live block.
+        (0..to).all(|i| unsafe { p.as_ptr().add(i).read() } == (i % 251) as u8)
+    };
+    let a = nta.alloc(l(200 << 10)).unwrap();
+    fill(a, 0, 200 << 10);
+    // SAFETY: live allocations of nta, each used with its last layout.
+    unsafe {
+        // The top of what the source handed out: the pages after it are free.
+        let g = nta.realloc(a, l(200 << 10), 1 << 20).unwrap();
+        assert_eq!(g, a, "grown in place");
+        assert!(holds(g, 200 << 10));
+        fill(g, 0, 1 << 20);
+        assert_eq!(nta.stats().large_grown, 1);
+        // Within the pages it has: in place, nothing grown.
+        assert_eq!(nta.realloc(g, l(1 << 20), (1 << 20) - 100).unwrap(), g);
+        nta.check().unwrap();
+        // A neighbour right after it: the next growth moves the block.
+        let b = nta.alloc(l(300 << 10)).unwrap();
+        let m = nta.realloc(g, l((1 << 20) - 100), 2 << 20).unwrap();
+        assert!(holds(m, (1 << 20) - 100));
+        if m == g {
+            // Only if b did not land right after it (the source's choice).
+            assert!(
+                b.as_ptr() < g.as_ptr() || b.as_ptr() as usize >= g.as_ptr() as usize + (2 << 20)
+            );
+        }
+        nta.check().unwrap();
+        nta.free(b).unwrap();
+        nta.free(m).unwrap();
+        // The grown run frees whole, at its new length.
+        assert!(matches!(nta.free(m), Err(Error::DoubleFree { .. })));
+    }
+    nta.check().unwrap();
+    src.purge();
+    nta.trim();
+    let kept = free_at_start - src.free_page_count().unwrap();
+    assert!(kept <= 2, "{kept} pages still held");
+}

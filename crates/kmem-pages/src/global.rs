@@ -257,6 +257,13 @@ unsafe impl PageSource for GlobalPages {
         unsafe { p.free_pages_zeroed(ptr, pages) }
     }
 
+    #[inline]
+    unsafe fn grow_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: a run from us means we were built; forwarded contract.
+        self.built()
+            .is_some_and(|p| unsafe { p.grow_pages(ptr, pages, new_pages) })
+    }
+
     fn free_page_count(&self) -> Option<usize> {
         self.get().ok()?.free_page_count()
     }

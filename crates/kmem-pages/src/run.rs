@@ -211,6 +211,67 @@ impl PageAllocator<'_> {
         Ok(())
     }
 
+    /// Grows the live run at `ptr` from `pages` to `new_pages` frames in
+    /// place: true when the frames after it were free (joined first if the
+    /// region had not grown that far), and the run is `new_pages` long from
+    /// then on (its free takes that length); false, with nothing changed,
+    /// when one of them is in use or in a per-CPU cache, the run would pass
+    /// the region's end or the longest run a frame records, or `ptr` is not the head of a live
+    /// run of `pages` frames. The added frames' bytes are unspecified. What
+    /// lets `realloc` of a large block keep its address (and its pages)
+    /// where the addresses after it are free, as they are at the top of a
+    /// heap that grows.
+    ///
+    /// # Safety
+    /// `ptr` is a live run of `pages` frames of this allocator, the
+    /// caller's; nothing else frees or grows it meanwhile.
+    pub unsafe fn grow_run(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        if new_pages <= pages || pages == 0 {
+            return false;
+        }
+        let Ok(i) = self.index_of(ptr) else {
+            return false;
+        };
+        let Some(end) = i.checked_add(new_pages) else {
+            return false;
+        };
+        if new_pages > MAX_RUN || end > self.p.npages {
+            return false;
+        }
+        let grown = self.grown.load(Relaxed);
+        if end > grown && (!self.p.grow || self.grow(end - grown, 1).is_err()) {
+            return false;
+        }
+        // The head as BUSY while the tail is taken, so that a free of the
+        // run meanwhile (the caller's contract says none comes) fails.
+        let head = self.frame(i).state();
+        if self.claim(i, pages, ptr.as_ptr() as u64).is_err() {
+            return false;
+        }
+        let mut guards = self.lock_all_buckets();
+        let fr = self.frames();
+        if end > fr.len() || self.next_frame(i + pages, end, false).is_some() {
+            drop(guards);
+            fr[i].set_state(head);
+            return false;
+        }
+        for (j, f) in fr.iter().enumerate().take(end).skip(i + pages) {
+            let st = f.state();
+            debug_assert_eq!(kind(st), K_FREE);
+            let (b, z) = (bucket_of(st), st & ZERO != 0);
+            let (jfl, c) = (self.freelist_of(j), self.colour_of(j));
+            let g = guards[b].as_mut().expect("every bucket is locked");
+            g.unlink(fr, self.p.ncolours, jfl, c, j as u32, z);
+            self.unmark_listed(b, j);
+            let nf = &self.nfree[b][jfl];
+            nf.store(nf.load(Relaxed) - 1, Relaxed);
+            f.set_state(K_TAIL);
+        }
+        fr[i].set_state(head_state(new_pages, bucket_of(head)));
+        drop(guards);
+        true
+    }
+
     /// Word `w` of the union of the listed maps: the frames on any list.
     ///
     /// CONTEXT: every bucket lock.

@@ -74,6 +74,12 @@ unsafe impl PageSource for PageAllocator<'_> {
         }
     }
 
+    #[inline]
+    unsafe fn grow_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { self.grow_run(ptr, pages, new_pages) }
+    }
+
     fn free_page_count(&self) -> Option<usize> {
         Some(self.free_count())
     }

@@ -99,6 +99,11 @@ enum Op {
         pick: usize,
         zeroed: bool,
     },
+    Grow {
+        cpu: usize,
+        pick: usize,
+        more: usize,
+    },
     Flush,
 }
 
@@ -109,6 +114,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(cpu, n, align_log, zero)| Op::Run { cpu, n, align_log, zero }),
         5 => (0..4usize, any::<usize>(), any::<bool>())
             .prop_map(|(cpu, pick, zeroed)| Op::Free { cpu, pick, zeroed }),
+        2 => (0..4usize, any::<usize>(), 1..80usize)
+            .prop_map(|(cpu, pick, more)| Op::Grow { cpu, pick, more }),
         1 => Just(Op::Flush),
     ]
 }
@@ -194,6 +201,37 @@ proptest! {
                     }
                     let i = a.frame_index(q).unwrap();
                     owned[i..i + n].fill(false);
+                }
+                Op::Grow { cpu, pick, more } => {
+                    if live.is_empty() {
+                        continue;
+                    }
+                    bind_simulated_cpu(cpu);
+                    let mut keys: Vec<usize> = live.keys().copied().collect();
+                    keys.sort_unstable();
+                    let p = keys[pick % keys.len()];
+                    let n = live[&p];
+                    let q = NonNull::new(p as *mut u8).unwrap();
+                    let i = a.frame_index(q).unwrap();
+                    let new = n + more;
+                    let fits = i + new <= PAGES && owned[i + n..i + new].iter().all(|&o| !o);
+                    // SAFETY: a live run of n pages, ours.
+                    let mut grew = unsafe { a.grow_run(q, n, new) };
+                    if !grew && fits {
+                        // Only frames parked in per-CPU caches stand in its
+                        // way then: with them flushed, it grows.
+                        a.flush_caches();
+                        // SAFETY: as above.
+                        grew = unsafe { a.grow_run(q, n, new) };
+                        prop_assert!(grew, "step {}: {} -> {} pages at {} refused with the frames free", step, n, new, i);
+                    }
+                    if grew {
+                        prop_assert!(fits, "step {}: grew over frames in use", step);
+                        owned[i + n..i + new].fill(true);
+                        // SAFETY: the run is new pages long now, ours.
+                        unsafe { std::ptr::write_bytes(p as *mut u8, step as u8 | 1, new * ps) };
+                        live.insert(p, new);
+                    }
                 }
                 Op::Flush => a.flush_caches(),
             }
@@ -315,4 +353,53 @@ fn runs_freed_while_the_allocator_grows() {
 #[test]
 fn pages_freed_while_the_allocator_grows() {
     fill_while_growing(256 << 20, 1);
+}
+
+/// `grow_run` extends a live run into the free frames after it (joining
+/// frames where the region has not grown that far), keeps its bytes and
+/// address, and refuses, changing nothing, when a frame after it is in use
+/// or the region ends; the run then frees at its new length only.
+#[test]
+fn a_run_grows_in_place_into_free_frames() {
+    bind_simulated_cpu(0);
+    let pages = 8 * GROW_PAGES;
+    let a = grower(pages, 1);
+    let ps = a.page_size();
+    let r = a.alloc_run(5, 1).unwrap();
+    // SAFETY: a live run of 5 pages, ours.
+    unsafe { std::ptr::write_bytes(r.as_ptr(), 0x5a, 5 * ps) };
+    // SAFETY: r is a live run of 5 pages (so below, with its lengths).
+    unsafe {
+        assert!(a.grow_run(r, 5, 9));
+        // Past what has joined: frames join first.
+        assert!(a.grow_run(r, 9, GROW_PAGES + 3));
+        assert!(a.grown_pages() >= a.frame_index(r).unwrap() + GROW_PAGES + 3);
+        a.check().unwrap();
+        assert_eq!(a.free_count(), pages - GROW_PAGES - 3);
+        assert!(std::slice::from_raw_parts(r.as_ptr(), 5 * ps)
+            .iter()
+            .all(|&b| b == 0x5a));
+        std::ptr::write_bytes(r.as_ptr(), 0x6b, (GROW_PAGES + 3) * ps);
+        // The wrong length, no growth, the region's end: refused.
+        assert!(!a.grow_run(r, 5, 12));
+        assert!(!a.grow_run(r, GROW_PAGES + 3, GROW_PAGES + 3));
+        assert!(!a.grow_run(r, GROW_PAGES + 3, pages + 1));
+        // A run right after it: refused, nothing changed.
+        let i = a.frame_index(r).unwrap();
+        let next = a.alloc_run(2, 1).unwrap();
+        assert_eq!(
+            a.frame_index(next).unwrap(),
+            i + GROW_PAGES + 3,
+            "the lowest fit"
+        );
+        assert!(!a.grow_run(r, GROW_PAGES + 3, GROW_PAGES + 4));
+        a.check().unwrap();
+        assert_eq!(a.free_count(), pages - GROW_PAGES - 5);
+        // The old length no longer frees it; the new one does.
+        assert!(a.free_run(r, 5).is_err());
+        a.free_run(next, 2).unwrap();
+        a.free_run(r, GROW_PAGES + 3).unwrap();
+    }
+    a.check().unwrap();
+    assert_eq!(a.free_count(), pages);
 }

@@ -614,8 +614,10 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Resizes the allocation at `ptr` (allocated with `old`) to `new_size`
     /// bytes, at the same alignment: in place when the size in chunks stays,
     /// shrinks, or grows into free chunks that follow it (the bitmap says so);
-    /// otherwise by allocating, copying and freeing. On error the old
-    /// allocation is untouched.
+    /// for a large allocation, when its pages stay as many, or it grows and
+    /// the page source extends its run ([`PageSource::grow_pages`]: the
+    /// pages after it are free); otherwise by allocating, copying and
+    /// freeing. On error the old allocation is untouched.
     ///
     /// # Safety
     /// `ptr` is a live allocation of this allocator made with `old`; on
@@ -643,6 +645,17 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             let ps = self.source.page_size();
             if old.size().div_ceil(ps) == new_size.div_ceil(ps) {
                 return Ok(ptr);
+            }
+            // Growth in place where the pages after the run are free: no
+            // copy, and no second run faulted in beside the first (a
+            // vector doubled to 1 GiB took 1.9-3.6 s and peaked at 2.1 GB
+            // by copies, against the system allocator's 0.5 s and 1.05 GB).
+            if new_size > old.size() {
+                // SAFETY: forwarded contract (a live large allocation of
+                // `old.size()` bytes: both sizes are large).
+                if unsafe { self.grow_large(ptr.as_ptr() as usize, old.size(), new_size) } {
+                    return Ok(ptr);
+                }
             }
         }
         let q = self.alloc(new)?;

@@ -67,6 +67,7 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         s.pooled_nodes = self.pool.lock().n;
         s.large_runs = self.large_runs.load(Ordering::Relaxed);
         s.large_pages = self.large_pages.load(Ordering::Relaxed);
+        s.large_grown = self.large_grown.get();
         s.large_parked_pages = self.large_parked.load(Ordering::Relaxed);
         s
     }

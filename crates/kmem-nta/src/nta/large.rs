@@ -97,6 +97,47 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
     }
 
+    /// Grows the live large allocation at `addr` from `old` to `size` bytes
+    /// without moving it: true when its run already holds `size` bytes, or
+    /// the page source extended the run (the pages after it were free, as at
+    /// the top of a heap that grows; the header's lengths and the counts
+    /// follow). False, with nothing changed, when the source cannot, or
+    /// `addr` is not a live large allocation (the caller's move then finds
+    /// and reports that).
+    ///
+    /// # Safety
+    /// `addr` is a live large allocation of this allocator of `old` bytes,
+    /// the caller's; nothing else frees or resizes it meanwhile.
+    pub(super) unsafe fn grow_large(&self, addr: usize, old: usize, size: usize) -> bool {
+        let Ok(hdr) = self.large_header(addr) else {
+            return false;
+        };
+        let ps = self.source.page_size();
+        let data_pages = size.div_ceil(ps);
+        // SAFETY: a validated live header, the caller's allocation's.
+        unsafe {
+            if data_pages * ps <= (*hdr).size {
+                return true;
+            }
+            let (run, pages) = ((*hdr).run, (*hdr).pages);
+            let new_pages = (addr - run) / ps + data_pages;
+            if !self
+                .source
+                .grow_pages(NonNull::new_unchecked(run as *mut u8), pages, new_pages)
+            {
+                return false;
+            }
+            (*hdr).pages = new_pages;
+            (*hdr).size = data_pages * ps;
+            self.note_span(run, new_pages * ps);
+            self.large_pages
+                .fetch_add(new_pages - pages, Ordering::Relaxed);
+            self.large_requested.add(size.saturating_sub(old) as u64);
+            self.large_grown.add(1);
+        }
+        true
+    }
+
     /// The header of a large allocation at `addr`, if it validates.
     #[inline]
     pub(super) fn large_header(&self, addr: usize) -> Result<*mut Node> {
