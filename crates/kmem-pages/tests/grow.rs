@@ -403,3 +403,81 @@ fn a_run_grows_in_place_into_free_frames() {
     a.check().unwrap();
     assert_eq!(a.free_count(), pages);
 }
+
+/// Four threads allocating pages and runs, growing their runs in place and
+/// freeing them while the allocator grows: every run keeps the bytes its
+/// thread wrote (a frame given to two runs would show), and at the end
+/// every frame is free and the invariants hold.
+#[test]
+fn runs_grown_in_place_by_threads_keep_their_bytes() {
+    const THREADS: usize = 4;
+    let pages = (64 << 20) / kmem_sys::page_size();
+    let a = grower(pages, THREADS);
+    let ps = a.page_size();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let a = &a;
+            s.spawn(move || {
+                bind_simulated_cpu(t);
+                let mut held: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+                let mut x = t as u64 * 7919 + 1;
+                let mut grown = 0;
+                for step in 0..3000u32 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let tag = (step as u8) | 1;
+                    match x % 4 {
+                        0 | 1 if held.len() < 24 => {
+                            let n = 1 + (x >> 8) as usize % 12;
+                            let Ok(p) = a.alloc_pages(n, 1) else { continue };
+                            // SAFETY: a fresh block of n pages, ours.
+                            unsafe { std::ptr::write_bytes(p.as_ptr(), tag, n * ps) };
+                            held.push((p, n, tag));
+                        }
+                        2 if !held.is_empty() => {
+                            let k = (x >> 16) as usize % held.len();
+                            let (p, n, tag) = held[k];
+                            let more = 1 + (x >> 24) as usize % 20;
+                            // SAFETY: a live block of n pages, ours.
+                            if unsafe { a.grow_run(p, n, n + more) } {
+                                // SAFETY: the block is n + more pages now.
+                                unsafe { std::ptr::write_bytes(p.as_ptr(), tag, (n + more) * ps) };
+                                held[k].1 = n + more;
+                                grown += 1;
+                            }
+                        }
+                        _ if !held.is_empty() => {
+                            let (p, n, tag) = held.swap_remove((x >> 16) as usize % held.len());
+                            // SAFETY: a live block of n pages, ours, freed once.
+                            unsafe {
+                                let b = std::slice::from_raw_parts(p.as_ptr(), n * ps);
+                                assert!(
+                                    b.iter().all(|&v| v == tag),
+                                    "thread {t}: a block lost its bytes"
+                                );
+                                a.free_pages(p, n).unwrap();
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                for (p, n, tag) in held {
+                    // SAFETY: as above.
+                    unsafe {
+                        let b = std::slice::from_raw_parts(p.as_ptr(), n * ps);
+                        assert!(
+                            b.iter().all(|&v| v == tag),
+                            "thread {t}: a block lost its bytes"
+                        );
+                        a.free_pages(p, n).unwrap();
+                    }
+                }
+                assert!(grown > 0, "thread {t}: nothing grew");
+            });
+        }
+    });
+    a.flush_caches();
+    a.check().unwrap();
+    assert_eq!(a.free_count(), pages);
+}
