@@ -226,3 +226,47 @@ fn realloc_within_and_between_front_classes() {
     }
     KmemNta::check().unwrap();
 }
+
+/// Buffers grown by pushes to several MiB, in threads and alone: a buffer
+/// whose pages after it are free grows in place (`Stats::large_grown`),
+/// and every buffer keeps its bytes either way.
+#[test]
+fn large_buffers_grow_in_place_or_move_with_their_bytes() {
+    let grown_before = KmemNta::stats().large_grown;
+    let fill = |v: &mut Vec<u8>, bytes: usize, tag: u8| {
+        while v.len() < bytes {
+            let i = v.len();
+            v.push((i % 251) as u8 ^ tag);
+        }
+        assert!(v
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8 ^ tag));
+    };
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            s.spawn(move || {
+                let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| Vec::new()).collect();
+                for round in 1..=8 {
+                    for (k, b) in bufs.iter_mut().enumerate() {
+                        fill(b, round * (256 << 10), t ^ k as u8);
+                    }
+                }
+            });
+        }
+    });
+    // One buffer alone, pushed to 32 MiB: at the top of what the page
+    // supply handed out, its doublings find the pages after it free (a
+    // few tries: the other tests of this binary allocate meanwhile, and
+    // one of their runs may land right after it).
+    for _ in 0..4 {
+        let mut v = Vec::new();
+        fill(&mut v, 32 << 20, 0x5a);
+        drop(v);
+        if KmemNta::stats().large_grown > grown_before {
+            break;
+        }
+    }
+    assert!(KmemNta::stats().large_grown > grown_before);
+    KmemNta::check().unwrap();
+}
