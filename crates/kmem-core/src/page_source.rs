@@ -73,6 +73,19 @@ pub unsafe trait PageSource: Send + Sync {
         false
     }
 
+    /// Shrinks the live run at `ptr` from `pages` to `new_pages` pages in
+    /// place, where the source can, the pages past `new_pages` given back as
+    /// a free gives them: true then, and the run is `new_pages` long from
+    /// then on; false, with nothing changed, otherwise (the default).
+    ///
+    /// # Safety
+    /// As [`grow_pages`](Self::grow_pages), with `0 < new_pages < pages`;
+    /// the caller does not use the given-back pages afterwards.
+    unsafe fn shrink_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        let _ = (ptr, pages, new_pages);
+        false
+    }
+
     /// Pages this source could still hand out, if it knows (quicklists size
     /// their caches by it).
     fn free_page_count(&self) -> Option<usize> {
@@ -148,6 +161,10 @@ unsafe impl<P: PageSource + ?Sized> PageSource for &P {
         // SAFETY: forwarded contract.
         unsafe { (**self).grow_pages(ptr, pages, new_pages) }
     }
+    unsafe fn shrink_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).shrink_pages(ptr, pages, new_pages) }
+    }
     fn free_page_count(&self) -> Option<usize> {
         (**self).free_page_count()
     }
@@ -194,6 +211,10 @@ unsafe impl<P: PageSource + ?Sized> PageSource for std::sync::Arc<P> {
     unsafe fn grow_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
         // SAFETY: forwarded contract.
         unsafe { (**self).grow_pages(ptr, pages, new_pages) }
+    }
+    unsafe fn shrink_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).shrink_pages(ptr, pages, new_pages) }
     }
     fn free_page_count(&self) -> Option<usize> {
         (**self).free_page_count()

@@ -45,6 +45,10 @@ unsafe impl PageSource for MallocSource {
         // SAFETY: forwarded contract.
         unsafe { self.0.grow_pages(ptr, pages, new_pages) }
     }
+    unsafe fn shrink_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.shrink_pages(ptr, pages, new_pages) }
+    }
     fn free_page_count(&self) -> Option<usize> {
         self.0.free_page_count()
     }

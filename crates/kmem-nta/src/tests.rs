@@ -1375,7 +1375,7 @@ fn a_long_aligned_request_finds_its_node_behind_many_failing_runs() {
 }
 
 #[test]
-fn realloc_grows_a_large_block_in_place_where_the_pages_after_it_are_free() {
+fn realloc_resizes_a_large_block_in_place_where_the_page_source_can() {
     // Over kmem-pages, which can extend a run into the free frames after it.
     let t = kmem_core::Topology::uniform(1, 1, 1).unwrap();
     let src = kmem_pages::PageAllocator::new(&t, Cpus::Fixed(0), 16 << 20).unwrap();
@@ -1415,10 +1415,20 @@ fn realloc_grows_a_large_block_in_place_where_the_pages_after_it_are_free() {
             );
         }
         nta.check().unwrap();
+        // Shrunk in place: the pages past the new size go back.
+        let pages = nta.stats().large_pages;
+        let k = nta.realloc(m, l(2 << 20), 300 << 10).unwrap();
+        assert_eq!(k, m, "shrunk in place");
+        assert!(holds(k, 300 << 10));
+        assert_eq!(
+            nta.stats().large_pages,
+            pages - ((2 << 20) - (300 << 10)) / PAGE
+        );
+        nta.check().unwrap();
         nta.free(b).unwrap();
-        nta.free(m).unwrap();
-        // The grown run frees whole, at its new length.
-        assert!(matches!(nta.free(m), Err(Error::DoubleFree { .. })));
+        nta.free(k).unwrap();
+        // The resized run frees whole, at its new length.
+        assert!(matches!(nta.free(k), Err(Error::DoubleFree { .. })));
     }
     nta.check().unwrap();
     src.purge();

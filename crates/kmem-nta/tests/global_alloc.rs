@@ -227,9 +227,9 @@ fn realloc_within_and_between_front_classes() {
     KmemNta::check().unwrap();
 }
 
-/// Buffers grown by pushes to several MiB, in threads and alone: a buffer
-/// whose pages after it are free grows in place (`Stats::large_grown`),
-/// and every buffer keeps its bytes either way.
+/// Buffers grown by pushes to several MiB, in threads and alone, and
+/// shrunk: a buffer whose pages after it are free grows in place
+/// (`Stats::large_grown`), and every buffer keeps its bytes either way.
 #[test]
 fn large_buffers_grow_in_place_or_move_with_their_bytes() {
     let grown_before = KmemNta::stats().large_grown;
@@ -262,6 +262,10 @@ fn large_buffers_grow_in_place_or_move_with_their_bytes() {
     for _ in 0..4 {
         let mut v = Vec::new();
         fill(&mut v, 32 << 20, 0x5a);
+        // Shrunk (in place where the page supply takes the tail back).
+        v.truncate(5 << 20);
+        v.shrink_to_fit();
+        fill(&mut v, 5 << 20, 0x5a);
         drop(v);
         if KmemNta::stats().large_grown > grown_before {
             break;

@@ -264,6 +264,13 @@ unsafe impl PageSource for GlobalPages {
             .is_some_and(|p| unsafe { p.grow_pages(ptr, pages, new_pages) })
     }
 
+    #[inline]
+    unsafe fn shrink_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: a run from us means we were built; forwarded contract.
+        self.built()
+            .is_some_and(|p| unsafe { p.shrink_pages(ptr, pages, new_pages) })
+    }
+
     fn free_page_count(&self) -> Option<usize> {
         self.get().ok()?.free_page_count()
     }

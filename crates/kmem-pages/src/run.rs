@@ -174,11 +174,19 @@ impl PageAllocator<'_> {
         let i = self.index_of(ptr)?;
         // A length of 0 (or any other wrong one) fails here, changing nothing.
         self.claim(i, pages, ptr.as_ptr() as u64)?;
+        self.list_frames(i, i + pages, zero);
+        Ok(())
+    }
+
+    /// Frames `[from, to)`, claimed (the caller's, on no list), onto the
+    /// freeing CPU's bucket's lists (each frame's home in NUMA mode), as a
+    /// free gives them back.
+    fn list_frames(&self, from: usize, to: usize, zero: bool) {
         let pc = self.pcpu(self.cpu());
         let my = pc.bucket as usize;
         let nc = self.p.ncolours;
-        let mut j = i;
-        while j < i + pages {
+        let mut j = from;
+        while j < to {
             // One lock hold per stretch of frames bound for the same bucket.
             let b = if self.p.numa { self.home(j) } else { my };
             let mut g = self.buckets[b].lock();
@@ -188,7 +196,7 @@ impl PageAllocator<'_> {
             // lock), and a slice read earlier ended below them.
             let fr = self.frames();
             let mut moved = 0;
-            while j < i + pages && (!self.p.numa || self.home(j) == b) {
+            while j < to && (!self.p.numa || self.home(j) == b) {
                 let (fl, c) = (self.freelist_of(j), self.colour_of(j));
                 fr[j].set_state(free_state(b, zero));
                 g.insert(fr, nc, fl, c, j as u32, zero);
@@ -206,9 +214,37 @@ impl PageAllocator<'_> {
             }
         }
         if !zero {
-            self.note_freed(pages);
+            self.note_freed(to - from);
         }
-        Ok(())
+    }
+
+    /// Shrinks the live run at `ptr` from `pages` to `new_pages` frames in
+    /// place, the frames past `new_pages` given back as a free gives them:
+    /// true then (the run is `new_pages` long from then on; one frame is
+    /// still a run, freed with `free_run` or as a page); false, with nothing
+    /// changed, when `ptr` is not the head of a live run of `pages` frames or
+    /// `new_pages` is 0 or not smaller.
+    ///
+    /// # Safety
+    /// `ptr` is a live run of `pages` frames of this allocator, the
+    /// caller's; nothing else frees or resizes it meanwhile; the caller does
+    /// not use the given-back frames' bytes afterwards.
+    pub unsafe fn shrink_run(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        if new_pages == 0 || new_pages >= pages {
+            return false;
+        }
+        let Ok(i) = self.index_of(ptr) else {
+            return false;
+        };
+        let head = self.frame(i).state();
+        // The head as BUSY while the tail goes back, as in a free.
+        if self.claim(i, pages, ptr.as_ptr() as u64).is_err() {
+            return false;
+        }
+        self.list_frames(i + new_pages, i + pages, false);
+        self.frame(i)
+            .set_state(head_state(new_pages, bucket_of(head)));
+        true
     }
 
     /// Grows the live run at `ptr` from `pages` to `new_pages` frames in

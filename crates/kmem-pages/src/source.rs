@@ -80,6 +80,12 @@ unsafe impl PageSource for PageAllocator<'_> {
         unsafe { self.grow_run(ptr, pages, new_pages) }
     }
 
+    #[inline]
+    unsafe fn shrink_pages(&self, ptr: NonNull<u8>, pages: usize, new_pages: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { self.shrink_run(ptr, pages, new_pages) }
+    }
+
     fn free_page_count(&self) -> Option<usize> {
         Some(self.free_count())
     }

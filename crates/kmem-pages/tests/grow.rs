@@ -104,6 +104,11 @@ enum Op {
         pick: usize,
         more: usize,
     },
+    Shrink {
+        cpu: usize,
+        pick: usize,
+        keep: usize,
+    },
     Flush,
 }
 
@@ -116,6 +121,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(cpu, pick, zeroed)| Op::Free { cpu, pick, zeroed }),
         2 => (0..4usize, any::<usize>(), 1..80usize)
             .prop_map(|(cpu, pick, more)| Op::Grow { cpu, pick, more }),
+        1 => (0..4usize, any::<usize>(), any::<usize>())
+            .prop_map(|(cpu, pick, keep)| Op::Shrink { cpu, pick, keep }),
         1 => Just(Op::Flush),
     ]
 }
@@ -232,6 +239,24 @@ proptest! {
                         unsafe { std::ptr::write_bytes(p as *mut u8, step as u8 | 1, new * ps) };
                         live.insert(p, new);
                     }
+                }
+                Op::Shrink { cpu, pick, keep } => {
+                    let mut keys: Vec<usize> = live.iter().filter(|(_, &n)| n > 1).map(|(&p, _)| p).collect();
+                    if keys.is_empty() {
+                        continue;
+                    }
+                    bind_simulated_cpu(cpu);
+                    keys.sort_unstable();
+                    let p = keys[pick % keys.len()];
+                    let n = live[&p];
+                    let new = 1 + keep % (n - 1);
+                    let q = NonNull::new(p as *mut u8).unwrap();
+                    let i = a.frame_index(q).unwrap();
+                    // SAFETY: a live run of n pages, ours; its tail is not
+                    // used after.
+                    prop_assert!(unsafe { a.shrink_run(q, n, new) }, "step {}: shrink refused", step);
+                    owned[i + new..i + n].fill(false);
+                    live.insert(p, new);
                 }
                 Op::Flush => a.flush_caches(),
             }
@@ -395,6 +420,20 @@ fn a_run_grows_in_place_into_free_frames() {
         assert!(!a.grow_run(r, GROW_PAGES + 3, GROW_PAGES + 4));
         a.check().unwrap();
         assert_eq!(a.free_count(), pages - GROW_PAGES - 5);
+        // Shrunk: the tail goes back; the wrong length, 0 or no shrink is
+        // refused, changing nothing.
+        assert!(!a.shrink_run(r, GROW_PAGES + 2, 4));
+        assert!(!a.shrink_run(r, GROW_PAGES + 3, 0));
+        assert!(!a.shrink_run(r, GROW_PAGES + 3, GROW_PAGES + 3));
+        assert!(a.shrink_run(r, GROW_PAGES + 3, 7));
+        a.check().unwrap();
+        assert_eq!(a.free_count(), pages - 9);
+        assert!(std::slice::from_raw_parts(r.as_ptr(), 7 * ps)
+            .iter()
+            .all(|&b| b == 0x6b));
+        // Grown again into what it gave back, up to the run after it.
+        assert!(a.grow_run(r, 7, GROW_PAGES + 3));
+        a.check().unwrap();
         // The old length no longer frees it; the new one does.
         assert!(a.free_run(r, 5).is_err());
         a.free_run(next, 2).unwrap();
@@ -439,6 +478,14 @@ fn runs_grown_in_place_by_threads_keep_their_bytes() {
                             let k = (x >> 16) as usize % held.len();
                             let (p, n, tag) = held[k];
                             let more = 1 + (x >> 24) as usize % 20;
+                            if n > 1 && x & (1 << 40) != 0 {
+                                let keep = 1 + more % (n - 1);
+                                // SAFETY: a live block of n pages, ours;
+                                // its tail is not used after.
+                                assert!(unsafe { a.shrink_run(p, n, keep) });
+                                held[k].1 = keep;
+                                continue;
+                            }
                             // SAFETY: a live block of n pages, ours.
                             if unsafe { a.grow_run(p, n, n + more) } {
                                 // SAFETY: the block is n + more pages now.

@@ -614,10 +614,11 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
     /// Resizes the allocation at `ptr` (allocated with `old`) to `new_size`
     /// bytes, at the same alignment: in place when the size in chunks stays,
     /// shrinks, or grows into free chunks that follow it (the bitmap says so);
-    /// for a large allocation, when its pages stay as many, or it grows and
-    /// the page source extends its run ([`PageSource::grow_pages`]: the
-    /// pages after it are free); otherwise by allocating, copying and
-    /// freeing. On error the old allocation is untouched.
+    /// for a large allocation, when its pages stay as many, when it grows
+    /// and the page source extends its run ([`PageSource::grow_pages`]: the
+    /// pages after it are free), or when it shrinks and the source takes
+    /// the tail back ([`PageSource::shrink_pages`]); otherwise by
+    /// allocating, copying and freeing. On error the old allocation is untouched.
     ///
     /// # Safety
     /// `ptr` is a live allocation of this allocator made with `old`; on
@@ -650,12 +651,18 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             // copy, and no second run faulted in beside the first (a
             // vector doubled to 1 GiB took 1.9-3.6 s and peaked at 2.1 GB
             // by copies, against the system allocator's 0.5 s and 1.05 GB).
-            if new_size > old.size() {
+            // A shrink gives the pages past the new size back in place: a
+            // vector's `shrink_to_fit` or `into_boxed_slice` copies nothing.
+            let kept = if new_size > old.size() {
                 // SAFETY: forwarded contract (a live large allocation of
                 // `old.size()` bytes: both sizes are large).
-                if unsafe { self.grow_large(ptr.as_ptr() as usize, old.size(), new_size) } {
-                    return Ok(ptr);
-                }
+                unsafe { self.grow_large(ptr.as_ptr() as usize, old.size(), new_size) }
+            } else {
+                // SAFETY: as above; the caller keeps only `new_size` bytes.
+                unsafe { self.shrink_large(ptr.as_ptr() as usize, new_size) }
+            };
+            if kept {
+                return Ok(ptr);
             }
         }
         let q = self.alloc(new)?;

@@ -138,6 +138,43 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         true
     }
 
+    /// Shrinks the live large allocation at `addr` to `size` bytes without
+    /// moving it, the pages past them given back to the page source (where
+    /// it can: `PageSource::shrink_pages`): true then, or when its run
+    /// holds no more pages than `size` needs; false, with nothing changed,
+    /// otherwise (the caller then moves it).
+    ///
+    /// # Safety
+    /// `addr` is a live large allocation of this allocator of at least
+    /// `size` bytes, the caller's; nothing else frees or resizes it
+    /// meanwhile; the bytes past `size` are not used afterwards.
+    pub(super) unsafe fn shrink_large(&self, addr: usize, size: usize) -> bool {
+        let Ok(hdr) = self.large_header(addr) else {
+            return false;
+        };
+        let ps = self.source.page_size();
+        let data_pages = size.div_ceil(ps);
+        // SAFETY: a validated live header, the caller's allocation's.
+        unsafe {
+            let (run, pages) = ((*hdr).run, (*hdr).pages);
+            let new_pages = (addr - run) / ps + data_pages;
+            if new_pages >= pages {
+                return true;
+            }
+            if !self
+                .source
+                .shrink_pages(NonNull::new_unchecked(run as *mut u8), pages, new_pages)
+            {
+                return false;
+            }
+            (*hdr).pages = new_pages;
+            (*hdr).size = data_pages * ps;
+            self.large_pages
+                .fetch_sub(pages - new_pages, Ordering::Relaxed);
+        }
+        true
+    }
+
     /// The header of a large allocation at `addr`, if it validates.
     #[inline]
     pub(super) fn large_header(&self, addr: usize) -> Result<*mut Node> {
