@@ -11,11 +11,12 @@
 use core::ptr::NonNull;
 
 use kmem_core::sync::Ordering::Relaxed;
-use kmem_core::{Error, Result};
+use kmem_core::{Error, LockGuard, Result};
 
 use crate::config::{Flags, Order, Strategy};
 use crate::frame::*;
-use crate::state::PageAllocator;
+use crate::state::{BucketState, PageAllocator};
+use crate::MAX_BUCKETS;
 
 impl PageAllocator<'_> {
     /// Allocates `pages` physically contiguous frames whose address is
@@ -112,15 +113,7 @@ impl PageAllocator<'_> {
         let b = bucket_of(fr[i].state()).min(self.p.nb - 1);
         let mut dirty = 0;
         for j in i..i + n {
-            let st = fr[j].state();
-            debug_assert_eq!(kind(st), K_FREE);
-            let (b, z) = (bucket_of(st), st & ZERO != 0);
-            let (jfl, c) = (self.freelist_of(j), self.colour_of(j));
-            let g = guards[b].as_mut().expect("every bucket is locked");
-            g.unlink(fr, self.p.ncolours, jfl, c, j as u32, z);
-            self.unmark_listed(b, j);
-            let nf = &self.nfree[b][jfl];
-            nf.store(nf.load(Relaxed) - 1, Relaxed);
+            let z = self.unlist(&mut guards, fr, j);
             dirty += usize::from(!z);
             // Keep the zero flag in the BUSY state until the run is cleared.
             fr[j].set_state(K_BUSY | if z { ZERO } else { 0 });
@@ -141,6 +134,28 @@ impl PageAllocator<'_> {
             }
         }
         Some(i)
+    }
+
+    /// Takes free frame `j` off its bucket's colour list and listed map (a
+    /// run's frame about to be handed out); true when it was known zero.
+    ///
+    /// CONTEXT: every bucket lock, `guards`; `fr` read under them.
+    fn unlist(
+        &self,
+        guards: &mut [Option<LockGuard<'_, BucketState>>; MAX_BUCKETS],
+        fr: &[Frame],
+        j: usize,
+    ) -> bool {
+        let st = fr[j].state();
+        debug_assert_eq!(kind(st), K_FREE);
+        let (b, z) = (bucket_of(st), st & ZERO != 0);
+        let (fl, c) = (self.freelist_of(j), self.colour_of(j));
+        let g = guards[b].as_mut().expect("every bucket is locked");
+        g.unlink(fr, self.p.ncolours, fl, c, j as u32, z);
+        self.unmark_listed(b, j);
+        let nf = &self.nfree[b][fl];
+        nf.store(nf.load(Relaxed) - 1, Relaxed);
+        z
     }
 
     /// Frees a run of `pages` frames that [`alloc_run`](Self::alloc_run)
@@ -291,17 +306,9 @@ impl PageAllocator<'_> {
             fr[i].set_state(head);
             return false;
         }
-        for (j, f) in fr.iter().enumerate().take(end).skip(i + pages) {
-            let st = f.state();
-            debug_assert_eq!(kind(st), K_FREE);
-            let (b, z) = (bucket_of(st), st & ZERO != 0);
-            let (jfl, c) = (self.freelist_of(j), self.colour_of(j));
-            let g = guards[b].as_mut().expect("every bucket is locked");
-            g.unlink(fr, self.p.ncolours, jfl, c, j as u32, z);
-            self.unmark_listed(b, j);
-            let nf = &self.nfree[b][jfl];
-            nf.store(nf.load(Relaxed) - 1, Relaxed);
-            f.set_state(K_TAIL);
+        for j in i + pages..end {
+            self.unlist(&mut guards, fr, j);
+            fr[j].set_state(K_TAIL);
         }
         fr[i].set_state(head_state(new_pages, bucket_of(head)));
         drop(guards);

@@ -127,6 +127,18 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The `pick`th (modulo their count) of the live allocations of at least
+/// `min` pages, by address; `None` when there is none.
+fn pick_live(live: &HashMap<usize, usize>, pick: usize, min: usize) -> Option<usize> {
+    let mut keys: Vec<usize> = live
+        .iter()
+        .filter(|(_, &n)| n >= min)
+        .map(|(&p, _)| p)
+        .collect();
+    keys.sort_unstable();
+    (!keys.is_empty()).then(|| keys[pick % keys.len()])
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
@@ -189,13 +201,10 @@ proptest! {
                     }
                 }
                 Op::Free { cpu, pick, zeroed } => {
-                    if live.is_empty() {
+                    let Some(p) = pick_live(&live, pick, 1) else {
                         continue;
-                    }
+                    };
                     bind_simulated_cpu(cpu);
-                    let mut keys: Vec<usize> = live.keys().copied().collect();
-                    keys.sort_unstable();
-                    let p = keys[pick % keys.len()];
                     let n = live.remove(&p).unwrap();
                     if zeroed {
                         // SAFETY: our live allocation, cleared before its free.
@@ -210,13 +219,10 @@ proptest! {
                     owned[i..i + n].fill(false);
                 }
                 Op::Grow { cpu, pick, more } => {
-                    if live.is_empty() {
+                    let Some(p) = pick_live(&live, pick, 1) else {
                         continue;
-                    }
+                    };
                     bind_simulated_cpu(cpu);
-                    let mut keys: Vec<usize> = live.keys().copied().collect();
-                    keys.sort_unstable();
-                    let p = keys[pick % keys.len()];
                     let n = live[&p];
                     let q = NonNull::new(p as *mut u8).unwrap();
                     let i = a.frame_index(q).unwrap();
@@ -241,13 +247,10 @@ proptest! {
                     }
                 }
                 Op::Shrink { cpu, pick, keep } => {
-                    let mut keys: Vec<usize> = live.iter().filter(|(_, &n)| n > 1).map(|(&p, _)| p).collect();
-                    if keys.is_empty() {
+                    let Some(p) = pick_live(&live, pick, 2) else {
                         continue;
-                    }
+                    };
                     bind_simulated_cpu(cpu);
-                    keys.sort_unstable();
-                    let p = keys[pick % keys.len()];
                     let n = live[&p];
                     let new = 1 + keep % (n - 1);
                     let q = NonNull::new(p as *mut u8).unwrap();
@@ -458,6 +461,18 @@ fn runs_grown_in_place_by_threads_keep_their_bytes() {
             let a = &a;
             s.spawn(move || {
                 bind_simulated_cpu(t);
+                // A held block's bytes, checked, then its free.
+                let check_and_free = |p: NonNull<u8>, n: usize, tag: u8| {
+                    // SAFETY: a live block of n pages, ours, freed once.
+                    unsafe {
+                        let b = std::slice::from_raw_parts(p.as_ptr(), n * ps);
+                        assert!(
+                            b.iter().all(|&v| v == tag),
+                            "thread {t}: a block lost its bytes"
+                        );
+                        a.free_pages(p, n).unwrap();
+                    }
+                };
                 let mut held: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
                 let mut x = t as u64 * 7919 + 1;
                 let mut grown = 0;
@@ -496,29 +511,13 @@ fn runs_grown_in_place_by_threads_keep_their_bytes() {
                         }
                         _ if !held.is_empty() => {
                             let (p, n, tag) = held.swap_remove((x >> 16) as usize % held.len());
-                            // SAFETY: a live block of n pages, ours, freed once.
-                            unsafe {
-                                let b = std::slice::from_raw_parts(p.as_ptr(), n * ps);
-                                assert!(
-                                    b.iter().all(|&v| v == tag),
-                                    "thread {t}: a block lost its bytes"
-                                );
-                                a.free_pages(p, n).unwrap();
-                            }
+                            check_and_free(p, n, tag);
                         }
                         _ => {}
                     }
                 }
                 for (p, n, tag) in held {
-                    // SAFETY: as above.
-                    unsafe {
-                        let b = std::slice::from_raw_parts(p.as_ptr(), n * ps);
-                        assert!(
-                            b.iter().all(|&v| v == tag),
-                            "thread {t}: a block lost its bytes"
-                        );
-                        a.free_pages(p, n).unwrap();
-                    }
+                    check_and_free(p, n, tag);
                 }
                 assert!(grown > 0, "thread {t}: nothing grew");
             });

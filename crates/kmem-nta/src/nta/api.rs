@@ -647,20 +647,16 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
             if old.size().div_ceil(ps) == new_size.div_ceil(ps) {
                 return Ok(ptr);
             }
-            // Growth in place where the pages after the run are free: no
-            // copy, and no second run faulted in beside the first (a
-            // vector doubled to 1 GiB took 1.9-3.6 s and peaked at 2.1 GB
-            // by copies, against the system allocator's 0.5 s and 1.05 GB).
-            // A shrink gives the pages past the new size back in place: a
-            // vector's `shrink_to_fit` or `into_boxed_slice` copies nothing.
-            let kept = if new_size > old.size() {
-                // SAFETY: forwarded contract (a live large allocation of
-                // `old.size()` bytes: both sizes are large).
-                unsafe { self.grow_large(ptr.as_ptr() as usize, old.size(), new_size) }
-            } else {
-                // SAFETY: as above; the caller keeps only `new_size` bytes.
-                unsafe { self.shrink_large(ptr.as_ptr() as usize, new_size) }
-            };
+            // In place where the page source can: growth into free pages
+            // after the run copies nothing and faults in no second run
+            // beside the first (a vector doubled to 1 GiB took 1.9-3.6 s
+            // and peaked at 2.1 GB by copies, against the system
+            // allocator's 0.5 s and 1.05 GB), and a shrink (a vector's
+            // `shrink_to_fit` or `into_boxed_slice`) gives its tail back.
+            // SAFETY: forwarded contract (a live large allocation of
+            // `old.size()` bytes: both sizes are large); after a shrink the
+            // caller keeps only `new_size` bytes.
+            let kept = unsafe { self.resize_large(ptr.as_ptr() as usize, old.size(), new_size) };
             if kept {
                 return Ok(ptr);
             }

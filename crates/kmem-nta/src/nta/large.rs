@@ -97,80 +97,52 @@ impl<P: PageSource, C: CpuSource> Nta<P, C> {
         }
     }
 
-    /// Grows the live large allocation at `addr` from `old` to `size` bytes
-    /// without moving it: true when its run already holds `size` bytes, or
-    /// the page source extended the run (the pages after it were free, as at
-    /// the top of a heap that grows; the header's lengths and the counts
-    /// follow). False, with nothing changed, when the source cannot, or
+    /// Resizes the live large allocation at `addr` from `old` to `size` bytes
+    /// without moving it: true when its run already holds the pages `size`
+    /// needs and no more, or the page source extended the run (growth: the
+    /// pages after it were free, as at the top of a heap that grows;
+    /// `PageSource::grow_pages`) or took its tail back (a shrink;
+    /// `PageSource::shrink_pages`), the header's lengths and the counts
+    /// following. False, with nothing changed, when the source cannot, or
     /// `addr` is not a live large allocation (the caller's move then finds
     /// and reports that).
     ///
     /// # Safety
     /// `addr` is a live large allocation of this allocator of `old` bytes,
-    /// the caller's; nothing else frees or resizes it meanwhile.
-    pub(super) unsafe fn grow_large(&self, addr: usize, old: usize, size: usize) -> bool {
+    /// the caller's; nothing else frees or resizes it meanwhile; after a
+    /// shrink the bytes past `size` are not used.
+    pub(super) unsafe fn resize_large(&self, addr: usize, old: usize, size: usize) -> bool {
         let Ok(hdr) = self.large_header(addr) else {
             return false;
         };
         let ps = self.source.page_size();
         let data_pages = size.div_ceil(ps);
-        // SAFETY: a validated live header, the caller's allocation's.
-        unsafe {
-            if data_pages * ps <= (*hdr).size {
-                return true;
-            }
-            let (run, pages) = ((*hdr).run, (*hdr).pages);
-            let new_pages = (addr - run) / ps + data_pages;
-            if !self
-                .source
-                .grow_pages(NonNull::new_unchecked(run as *mut u8), pages, new_pages)
-            {
-                return false;
-            }
-            (*hdr).pages = new_pages;
-            (*hdr).size = data_pages * ps;
-            self.note_span(run, new_pages * ps);
-            self.large_pages
-                .fetch_add(new_pages - pages, Ordering::Relaxed);
-            self.large_requested.add(size.saturating_sub(old) as u64);
-            self.large_grown.add(1);
-        }
-        true
-    }
-
-    /// Shrinks the live large allocation at `addr` to `size` bytes without
-    /// moving it, the pages past them given back to the page source (where
-    /// it can: `PageSource::shrink_pages`): true then, or when its run
-    /// holds no more pages than `size` needs; false, with nothing changed,
-    /// otherwise (the caller then moves it).
-    ///
-    /// # Safety
-    /// `addr` is a live large allocation of this allocator of at least
-    /// `size` bytes, the caller's; nothing else frees or resizes it
-    /// meanwhile; the bytes past `size` are not used afterwards.
-    pub(super) unsafe fn shrink_large(&self, addr: usize, size: usize) -> bool {
-        let Ok(hdr) = self.large_header(addr) else {
-            return false;
-        };
-        let ps = self.source.page_size();
-        let data_pages = size.div_ceil(ps);
-        // SAFETY: a validated live header, the caller's allocation's.
+        // SAFETY: a validated live header, the caller's allocation's; the
+        // run is the caller's to resize (forwarded contract).
         unsafe {
             let (run, pages) = ((*hdr).run, (*hdr).pages);
             let new_pages = (addr - run) / ps + data_pages;
-            if new_pages >= pages {
+            let p = NonNull::new_unchecked(run as *mut u8);
+            if new_pages == pages {
                 return true;
-            }
-            if !self
-                .source
-                .shrink_pages(NonNull::new_unchecked(run as *mut u8), pages, new_pages)
-            {
-                return false;
+            } else if new_pages > pages {
+                if !self.source.grow_pages(p, pages, new_pages) {
+                    return false;
+                }
+                self.note_span(run, new_pages * ps);
+                self.large_pages
+                    .fetch_add(new_pages - pages, Ordering::Relaxed);
+                self.large_requested.add(size.saturating_sub(old) as u64);
+                self.large_grown.add(1);
+            } else {
+                if !self.source.shrink_pages(p, pages, new_pages) {
+                    return false;
+                }
+                self.large_pages
+                    .fetch_sub(pages - new_pages, Ordering::Relaxed);
             }
             (*hdr).pages = new_pages;
             (*hdr).size = data_pages * ps;
-            self.large_pages
-                .fetch_sub(pages - new_pages, Ordering::Relaxed);
         }
         true
     }
