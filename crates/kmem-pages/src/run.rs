@@ -190,12 +190,16 @@ impl PageAllocator<'_> {
         // A length of 0 (or any other wrong one) fails here, changing nothing.
         self.claim(i, pages, ptr.as_ptr() as u64)?;
         self.list_frames(i, i + pages, zero);
+        if !zero {
+            self.note_freed(pages);
+        }
         Ok(())
     }
 
     /// Frames `[from, to)`, claimed (the caller's, on no list), onto the
     /// freeing CPU's bucket's lists (each frame's home in NUMA mode), as a
-    /// free gives them back.
+    /// free gives them back; the caller then tells the return policy
+    /// (`note_freed`) of dirty ones.
     fn list_frames(&self, from: usize, to: usize, zero: bool) {
         let pc = self.pcpu(self.cpu());
         let my = pc.bucket as usize;
@@ -228,9 +232,6 @@ impl PageAllocator<'_> {
                 pc.frees_remote.add(moved);
             }
         }
-        if !zero {
-            self.note_freed(to - from);
-        }
     }
 
     /// Shrinks the live run at `ptr` from `pages` to `new_pages` frames in
@@ -259,6 +260,9 @@ impl PageAllocator<'_> {
         self.list_frames(i + new_pages, i + pages, false);
         self.frame(i)
             .set_state(head_state(new_pages, bucket_of(head)));
+        // The return policy's look (it may purge) once the run is whole
+        // again.
+        self.note_freed(pages - new_pages);
         true
     }
 
@@ -267,7 +271,8 @@ impl PageAllocator<'_> {
     /// region had not grown that far), and the run is `new_pages` long from
     /// then on (its free takes that length); false, with nothing changed,
     /// when one of them is in use or in a per-CPU cache, the run would pass
-    /// the region's end or the longest run a frame records, or `ptr` is not the head of a live
+    /// the end of its freelist's range (the region's end, for the top
+    /// one) or the longest run a frame records, or `ptr` is not the head of a live
     /// run of `pages` frames. The added frames' bytes are unspecified. What
     /// lets `realloc` of a large block keep its address (and its pages)
     /// where the addresses after it are free, as they are at the top of a
@@ -286,11 +291,9 @@ impl PageAllocator<'_> {
         let Some(end) = i.checked_add(new_pages) else {
             return false;
         };
-        if new_pages > MAX_RUN || end > self.p.npages {
-            return false;
-        }
-        let grown = self.grown.load(Relaxed);
-        if end > grown && (!self.p.grow || self.grow(end - grown, 1).is_err()) {
+        // Within the run's freelist, as a run search keeps a run.
+        let (_, fl_end) = self.freelist_range(self.freelist_of(i));
+        if new_pages > MAX_RUN || end > fl_end {
             return false;
         }
         // The head as BUSY while the tail is taken, so that a free of the
@@ -299,20 +302,35 @@ impl PageAllocator<'_> {
         if self.claim(i, pages, ptr.as_ptr() as u64).is_err() {
             return false;
         }
-        let mut guards = self.lock_all_buckets();
-        let fr = self.frames();
-        if end > fr.len() || self.next_frame(i + pages, end, false).is_some() {
+        loop {
+            let mut guards = self.lock_all_buckets();
+            let fr = self.frames();
+            // The frames that have joined first: frames join only for a
+            // growth that the ones there do not refuse.
+            if self
+                .next_frame(i + pages, end.min(fr.len()), false)
+                .is_some()
+            {
+                drop(guards);
+                fr[i].set_state(head);
+                return false;
+            }
+            if end <= fr.len() {
+                for j in i + pages..end {
+                    self.unlist(&mut guards, fr, j);
+                    fr[j].set_state(K_TAIL);
+                }
+                fr[i].set_state(head_state(new_pages, bucket_of(head)));
+                return true;
+            }
+            // The rest has not joined: join it (under every lock, taken
+            // again by `grow`), then look again.
             drop(guards);
-            fr[i].set_state(head);
-            return false;
+            if !self.p.grow || self.grow(end - fr.len(), 1).is_err() {
+                fr[i].set_state(head);
+                return false;
+            }
         }
-        for j in i + pages..end {
-            self.unlist(&mut guards, fr, j);
-            fr[j].set_state(K_TAIL);
-        }
-        fr[i].set_state(head_state(new_pages, bucket_of(head)));
-        drop(guards);
-        true
     }
 
     /// Word `w` of the union of the listed maps: the frames on any list.

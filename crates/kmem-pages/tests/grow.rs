@@ -480,7 +480,9 @@ fn runs_grown_in_place_by_threads_keep_their_bytes() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let tag = (step as u8) | 1;
+                    // Each thread's tags its own: a frame in two threads'
+                    // blocks shows.
+                    let tag = ((step as u8) << 2) | t as u8;
                     match x % 4 {
                         0 | 1 if held.len() < 24 => {
                             let n = 1 + (x >> 8) as usize % 12;
@@ -503,6 +505,12 @@ fn runs_grown_in_place_by_threads_keep_their_bytes() {
                             }
                             // SAFETY: a live block of n pages, ours.
                             if unsafe { a.grow_run(p, n, n + more) } {
+                                // SAFETY: its first n pages are the block's.
+                                let b = unsafe { std::slice::from_raw_parts(p.as_ptr(), n * ps) };
+                                assert!(
+                                    b.iter().all(|&v| v == tag),
+                                    "thread {t}: grown, lost its bytes"
+                                );
                                 // SAFETY: the block is n + more pages now.
                                 unsafe { std::ptr::write_bytes(p.as_ptr(), tag, (n + more) * ps) };
                                 held[k].1 = n + more;
