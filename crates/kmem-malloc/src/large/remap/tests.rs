@@ -41,10 +41,7 @@ fn fill(a: usize, n: usize, seed: usize) {
 
 /// Checks the pattern `fill` wrote.
 fn holds(a: usize, n: usize, seed: usize) -> bool {
-    // SAFETY: as in fill.
-    (0..n)
-        .step_by(512)
-        .all(|off| unsafe { ((a + off) as *const usize).read() } == off ^ seed)
+    holds_from(a, 0, n, seed)
 }
 
 /// A range that cannot grow in place moves by its pages: the bytes come
