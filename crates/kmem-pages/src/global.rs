@@ -36,6 +36,13 @@ use crate::{Config, PageAllocator};
 /// the seed's 224 KiB).
 const GLOBAL_COLOURS: usize = 8;
 
+/// Address space of [`GlobalPages::shared`] (reserved on first use,
+/// halved while the OS refuses; pages are backed only as they are used).
+pub const SHARED_BYTES: usize = 16 << 30;
+
+/// The supply [`GlobalPages::shared`] returns.
+static SHARED: GlobalPages = GlobalPages::new(SHARED_BYTES);
+
 /// See the module documentation.
 pub struct GlobalPages {
     bytes: usize,
@@ -70,6 +77,22 @@ impl GlobalPages {
             policy: UnsafeCell::new(ReturnPolicy::DEFAULT),
             pages: UnsafeCell::new(MaybeUninit::uninit()),
         }
+    }
+
+    /// The process's shared supply: one `GlobalPages` of [`SHARED_BYTES`],
+    /// for the crates that take their pages from kmem-pages by default and
+    /// need no address range of their own (kmem-vmap's tree nodes, through
+    /// `VmapArena::with_global_pages`). Callers that tell their pointers
+    /// apart by address (kmem-nta's global allocator, kmem-malloc) keep
+    /// supplies of their own.
+    ///
+    /// Like every `GlobalPages`, it takes no part in `fork()` by itself: a
+    /// program that forks while other threads may be inside it calls
+    /// [`fork_prepare`](Self::fork_prepare) and
+    /// [`fork_release`](Self::fork_release) around the fork.
+    #[inline]
+    pub fn shared() -> &'static GlobalPages {
+        &SHARED
     }
 
     /// The allocator, built on the first call.

@@ -156,7 +156,7 @@ mod loom_tests;
 pub use config::{CacheMode, Config, Flags, Strategy, CACHE_MAX_BYTES, CACHE_PAGES_PER_COLOUR};
 pub use frame::{FrameInfo, FrameState};
 #[cfg(feature = "os")]
-pub use global::GlobalPages;
+pub use global::{GlobalPages, SHARED_BYTES};
 pub use kmem_core::PageSource;
 pub use runs::FixedSource;
 #[cfg(feature = "os")]

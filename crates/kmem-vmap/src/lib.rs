@@ -72,9 +72,14 @@
 //! Tree nodes (48 bytes) come from an internal pool that takes 16 KiB runs of
 //! pages from the `PageSource` given at creation and keeps them until the
 //! arena is dropped; there is no global heap (the crate is `no_std` without
-//! its default `std` feature). Each allocation first makes sure two nodes are
-//! free (the busy node and a possible NE remainder), so a split never fails
-//! half way; a free never needs a node. An error leaves the arena unchanged.
+//! its default `std` feature). The pages come from kmem-pages, the
+//! workspace's page supply: with `os` (and `std`),
+//! [`VmapArena::with_global_pages`] takes them from its process-wide shared
+//! `GlobalPages`; a bare build passes its own `PageAllocator` (a kernel's,
+//! over its boot memory) or any other `PageSource` to [`VmapArena::new`].
+//! Each allocation first makes sure two nodes are free (the busy node and a
+//! possible NE remainder), so a split never fails half way; a free never
+//! needs a node. An error leaves the arena unchanged.
 //!
 //! # Locking
 //!
@@ -99,12 +104,16 @@
 extern crate std;
 
 mod arena;
+#[cfg(feature = "os")]
+mod global;
 mod node;
 mod nodes;
 mod rbtree;
 mod sync;
 
 pub use arena::{default_lazy_max, Area, Blocks, VmapArena, VmapStats};
+#[cfg(feature = "os")]
+pub use global::GlobalSource;
 pub use nodes::{VmapNodes, VmapNodesStats, BATCH, CLASSES};
 pub use sync::SyncVmapArena;
 
