@@ -12,7 +12,11 @@
 //! out, a second free, an address outside the span, a zero size, a bad
 //! alignment, a run too large, a freelist that does not exist, a resume
 //! without a pause, a bad configuration) is refused with the documented
-//! error and changes nothing; the free count is the total less the live
+//! error and changes nothing; a run grown in place (`grow_run`) takes only
+//! frames the model holds free in its freelist, keeps its bytes and is
+//! refused only while a frame it needs is in use, past its freelist or in a
+//! per-CPU cache; a run shrunk in place (`shrink_run`) gives its tail back
+//! as a free does, and bad lengths are refused for both, changing nothing; the free count is the total less the live
 //! pages and `check()` passes after every step. Everything is freed at the
 //! end and the count must come back to the total.
 
@@ -117,6 +121,24 @@ enum Op {
     Frame {
         cpu: u8,
         page: u16,
+    },
+    /// Grows a live allocation in place (`grow_run`) by 1 + `more` % 16
+    /// frames; `how` % 4 of 2 gives a wrong length, 3 a length not larger:
+    /// those are refused.
+    Grow {
+        cpu: u8,
+        pick: u16,
+        more: u8,
+        how: u8,
+    },
+    /// Shrinks a live allocation in place (`shrink_run`) to 1 + `keep` %
+    /// (its frames - 1); `how` % 4 of 2 gives a wrong length, 3 a length of
+    /// 0 or not smaller: those are refused.
+    Shrink {
+        cpu: u8,
+        pick: u16,
+        keep: u16,
+        how: u8,
     },
     /// A second free of a freed allocation, with its length.
     Twice {
@@ -881,6 +903,18 @@ impl Fz<'_, '_> {
                     );
                 }
             }
+            Op::Grow {
+                cpu,
+                pick,
+                more,
+                how,
+            } => self.grow(cpu, pick, more, how),
+            Op::Shrink {
+                cpu,
+                pick,
+                keep,
+                how,
+            } => self.shrink(cpu, pick, keep, how),
             Op::WrongLength { cpu, pick, delta } => {
                 self.bind(cpu);
                 let Some((p, len, _)) = self.live.pick(pick as usize) else {
@@ -1208,6 +1242,170 @@ impl Fz<'_, '_> {
     }
 
     /// The checks after every step.
+    /// `Op::Grow`: a growth in place succeeds only over frames the model
+    /// holds free, within the run's freelist; one refused with them free
+    /// (only frames parked in per-CPU caches then stand in its way)
+    /// succeeds after a flush; a refusal changes nothing; the old pages
+    /// keep their bytes, and the run frees with its new length.
+    fn grow(&mut self, cpu: u8, pick: u16, more: u8, how: u8) {
+        self.bind(cpu);
+        let Some((p, len, tag)) = self.live.pick(pick as usize) else {
+            return;
+        };
+        let (a, ps) = (self.a, self.ps);
+        let (i, n) = (self.index(p), len / ps);
+        let ptr = NonNull::new(p as *mut u8).unwrap();
+        let before = self.snapshot();
+        let (given, new) = match how % 4 {
+            2 => (if more % 2 == 0 { n + 1 } else { n - 1 }, n + 1),
+            3 => (n, n - (more as usize % 2).min(n - 1)),
+            _ => (n, n + 1 + more as usize % 16),
+        };
+        // SAFETY: a live run of ours (with its length or a wrong one, which
+        // must be refused); nothing else touches it.
+        let grew = unsafe { a.grow_run(ptr, given, new) };
+        if given != n || new <= n {
+            assert!(!grew, "grow_run({given} -> {new}) of a run of {n} at {i}");
+            assert_eq!(
+                self.snapshot(),
+                before,
+                "a refused growth changed the allocator"
+            );
+            return;
+        }
+        let (_, fl_end) = a.freelist_frames(a.frame_info_at(i).freelist).unwrap();
+        let fits = i + new <= fl_end && (i + n..i + new).all(|j| !self.owned[j]);
+        let grew = if grew {
+            true
+        } else {
+            assert_eq!(
+                self.snapshot(),
+                before,
+                "a refused growth changed the allocator"
+            );
+            if !fits {
+                return;
+            }
+            a.flush_caches();
+            // SAFETY: as above.
+            let again = unsafe { a.grow_run(ptr, n, new) };
+            assert!(
+                again,
+                "{n} -> {new} frames at {i} refused with the frames free"
+            );
+            again
+        };
+        assert!(
+            grew && fits,
+            "{n} -> {new} frames at {i} grew over frames not free"
+        );
+        // SAFETY: the run is ours, `new` frames long now: its old pages are
+        // checked, then every page gets the new pattern.
+        unsafe { self.verify_pages(p, len, tag) };
+        let fi = a.frame_info_at(i);
+        assert_eq!(
+            fi.state,
+            FrameState::Allocated(new),
+            "head of the grown run at {i}"
+        );
+        for j in i + n..i + new {
+            self.owned[j] = true;
+            self.ever[j] = true;
+            let fj = a.frame_info_at(j);
+            assert_eq!(
+                fj.state,
+                FrameState::Tail,
+                "frame {j} of the grown run at {i}"
+            );
+            assert_eq!(fj.freelist, fi.freelist, "a grown run across freelists");
+        }
+        self.live.remove(p);
+        let tag = self.live.insert(p, new * ps);
+        // SAFETY: as above.
+        unsafe { self.fill_pages(p, new * ps, tag) };
+        self.used += new - n;
+    }
+
+    /// `Op::Shrink`: a shrink in place of a run of two frames or more always
+    /// succeeds; its tail goes back as a free gives frames (on the lists of
+    /// the freeing CPU's bucket, NUMA: their home, not known zero unless
+    /// given back to the OS); the kept pages keep their bytes; a refusal
+    /// changes nothing.
+    fn shrink(&mut self, cpu: u8, pick: u16, keep: u16, how: u8) {
+        self.bind(cpu);
+        let Some((p, len, tag)) = self.live.pick(pick as usize) else {
+            return;
+        };
+        let (a, ps) = (self.a, self.ps);
+        let (i, n) = (self.index(p), len / ps);
+        let ptr = NonNull::new(p as *mut u8).unwrap();
+        let before = self.snapshot();
+        let (given, new) = match how % 4 {
+            2 => (n + 1, n.max(2) - 1),
+            3 => (
+                n,
+                if keep % 2 == 0 {
+                    0
+                } else {
+                    n + keep as usize % 2
+                },
+            ),
+            _ if n >= 2 => (n, 1 + keep as usize % (n - 1)),
+            _ => (n, 1),
+        };
+        // SAFETY: a live run of ours (with its length or a wrong one, which
+        // must be refused); its tail's bytes are not used after.
+        let shrank = unsafe { a.shrink_run(ptr, given, new) };
+        if given != n || new == 0 || new >= n {
+            assert!(
+                !shrank,
+                "shrink_run({given} -> {new}) of a run of {n} at {i}"
+            );
+            assert_eq!(
+                self.snapshot(),
+                before,
+                "a refused shrink changed the allocator"
+            );
+            return;
+        }
+        assert!(shrank, "{n} -> {new} frames at {i} refused");
+        // SAFETY: the kept pages are ours.
+        unsafe { self.verify_pages(p, new * ps, tag) };
+        let fi = a.frame_info_at(i);
+        assert_eq!(
+            fi.state,
+            FrameState::Allocated(new),
+            "head of the shrunk run at {i}"
+        );
+        for j in i + new..i + n {
+            self.owned[j] = false;
+            let fj = a.frame_info_at(j);
+            assert!(
+                matches!(fj.state, FrameState::Free | FrameState::Cached),
+                "frame {j} of a shrunk run's tail is {:?}",
+                fj.state
+            );
+            if !self.releases {
+                assert!(!fj.zero, "frame {j} of a shrunk run's tail known zero");
+            }
+            let want = if a.numa() {
+                a.home_bucket(self.addr(j)).unwrap()
+            } else {
+                a.bucket_of_cpu(self.cpu)
+            };
+            assert_eq!(
+                fj.bucket, want,
+                "bucket of frame {j} given back on CPU {}",
+                self.cpu
+            );
+        }
+        self.live.remove(p);
+        let tag = self.live.insert(p, new * ps);
+        // SAFETY: as above.
+        unsafe { self.fill_pages(p, new * ps, tag) };
+        self.used -= n - new;
+    }
+
     fn after(&self, step: usize) {
         let a = self.a;
         if let Err(e) = a.check() {

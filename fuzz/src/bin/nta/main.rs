@@ -1,4 +1,6 @@
 //! The network tree allocator (`kmem-nta`): an `Nta` over a `FixedSource`
+//! or kmem-pages' `PageAllocator` (which grows and shrinks large runs in
+//! place, so `realloc` of a large block keeps its address where it can)
 //! with 2 to 4 simulated CPUs (16-, 32- or 64-byte chunks, 4 to 32 KiB nodes,
 //! 0 to 2 reserve nodes, steal on or off) and two front caches, against a
 //! model of live allocations. Allocations (`alloc`, `alloc_bytes`,
@@ -31,10 +33,11 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
+use kmem_core::Topology;
 use kmem_core::{bind_simulated_cpu, Cpus, Error, PageSource};
 use kmem_fuzz::{fill, is_zero, verify, Live};
 use kmem_nta::{Config, FrontCache, Geometry, Nta, Stats, FRONT_CHUNK, FRONT_CLASSES};
-use kmem_pages::FixedSource;
+use kmem_pages::{FixedSource, PageAllocator};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 
@@ -169,6 +172,9 @@ struct Input {
     heaps: u8,
     reserve: u8,
     steal: bool,
+    /// The page source: a `FixedSource` (false) or a `PageAllocator` over
+    /// the same buffer (true).
+    pages: bool,
     ops: Vec<Op>,
 }
 
@@ -190,7 +196,7 @@ impl Input {
     }
 }
 
-type TheNta<'a> = Nta<&'a FixedSource<'a>, Cpus>;
+type TheNta<'a> = Nta<&'a dyn PageSource, Cpus>;
 
 /// Alignments up to 16 KiB, and now and then one past the arena.
 fn align_of(log: u8) -> usize {
@@ -367,13 +373,28 @@ fuzz_target!(|input: Input| {
             buf.len() * 8 - PAD * PAGE,
         )
     };
-    let src = FixedSource::new(bytes, PAGE).unwrap();
+    if input.pages {
+        let topo = Topology::single(CPUS).unwrap();
+        let config = kmem_pages::Config::new().colours(2);
+        let src = PageAllocator::from_buffer(bytes, PAGE, &topo, Cpus::Simulated, &config).unwrap();
+        one_run(&input, &src);
+        src.flush_caches();
+        src.check().unwrap();
+    } else {
+        let src = FixedSource::new(bytes, PAGE).unwrap();
+        one_run(&input, &src);
+        src.check().unwrap();
+    }
+});
+
+/// The run over `src`: every page is back with it at the end.
+fn one_run(input: &Input, src: &dyn PageSource) {
     let total = src.free_page_count().unwrap();
     let (base, npages) = src.span().expect("one range");
-    let nta = Nta::with_config(&src, input.config(), Cpus::Simulated).unwrap();
+    let nta = Nta::with_config(src, input.config(), Cpus::Simulated).unwrap();
     bind_simulated_cpu(0);
     let mut run = Run {
-        src: &src,
+        src,
         nta: &nta,
         m: Model {
             g: nta.geometry(),
@@ -397,5 +418,4 @@ fuzz_target!(|input: Input| {
     drop(run);
     drop(nta);
     assert_eq!(src.free_page_count(), Some(total), "pages lost");
-    src.check().unwrap();
-});
+}

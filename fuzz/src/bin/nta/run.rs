@@ -13,7 +13,7 @@ unsafe fn snapshot(p: usize, n: usize) -> Vec<u8> {
 }
 
 pub(super) struct Run<'a> {
-    pub(super) src: &'a FixedSource<'a>,
+    pub(super) src: &'a dyn PageSource,
     pub(super) nta: &'a TheNta<'a>,
     pub(super) m: Model,
     pub(super) caches: [FrontCache; 2],
