@@ -879,28 +879,7 @@ impl Fz<'_, '_> {
                 self.freed.push((p, n));
                 let i = self.index(p);
                 for j in i..i + n {
-                    self.owned[j] = false;
-                    let fi = a.frame_info_at(j);
-                    assert!(
-                        matches!(fi.state, FrameState::Free | FrameState::Cached),
-                        "freed frame {j} is {:?}",
-                        fi.state
-                    );
-                    // Over reserved memory a dirty free of a run may be
-                    // given back (and so become zero) at once.
-                    if zeroed || !self.releases {
-                        assert_eq!(fi.zero, zeroed, "zero flag of freed frame {j}");
-                    }
-                    let want = if a.numa() {
-                        a.home_bucket(self.addr(j)).unwrap()
-                    } else {
-                        a.bucket_of_cpu(self.cpu)
-                    };
-                    assert_eq!(
-                        fi.bucket, want,
-                        "bucket of frame {j} freed on CPU {}",
-                        self.cpu
-                    );
+                    self.given_back(j, zeroed);
                 }
             }
             Op::Grow {
@@ -1248,14 +1227,10 @@ impl Fz<'_, '_> {
     /// succeeds after a flush; a refusal changes nothing; the old pages
     /// keep their bytes, and the run frees with its new length.
     fn grow(&mut self, cpu: u8, pick: u16, more: u8, how: u8) {
-        self.bind(cpu);
-        let Some((p, len, tag)) = self.live.pick(pick as usize) else {
+        let Some((p, len, tag, i, n)) = self.pick_on(cpu, pick) else {
             return;
         };
-        let (a, ps) = (self.a, self.ps);
-        let (i, n) = (self.index(p), len / ps);
-        let ptr = NonNull::new(p as *mut u8).unwrap();
-        let before = self.snapshot();
+        let (a, ptr, before) = (self.a, self.addr(i), self.snapshot());
         let (given, new) = match how % 4 {
             2 => (if more % 2 == 0 { n + 1 } else { n - 1 }, n + 1),
             3 => (n, n - (more as usize % 2).min(n - 1)),
@@ -1319,10 +1294,7 @@ impl Fz<'_, '_> {
             );
             assert_eq!(fj.freelist, fi.freelist, "a grown run across freelists");
         }
-        self.live.remove(p);
-        let tag = self.live.insert(p, new * ps);
-        // SAFETY: as above.
-        unsafe { self.fill_pages(p, new * ps, tag) };
+        self.relen(p, new);
         self.used += new - n;
     }
 
@@ -1332,14 +1304,10 @@ impl Fz<'_, '_> {
     /// given back to the OS); the kept pages keep their bytes; a refusal
     /// changes nothing.
     fn shrink(&mut self, cpu: u8, pick: u16, keep: u16, how: u8) {
-        self.bind(cpu);
-        let Some((p, len, tag)) = self.live.pick(pick as usize) else {
+        let Some((p, _, tag, i, n)) = self.pick_on(cpu, pick) else {
             return;
         };
-        let (a, ps) = (self.a, self.ps);
-        let (i, n) = (self.index(p), len / ps);
-        let ptr = NonNull::new(p as *mut u8).unwrap();
-        let before = self.snapshot();
+        let (a, ps, ptr, before) = (self.a, self.ps, self.addr(i), self.snapshot());
         let (given, new) = match how % 4 {
             2 => (n + 1, n.max(2) - 1),
             3 => (
@@ -1378,32 +1346,56 @@ impl Fz<'_, '_> {
             "head of the shrunk run at {i}"
         );
         for j in i + new..i + n {
-            self.owned[j] = false;
-            let fj = a.frame_info_at(j);
-            assert!(
-                matches!(fj.state, FrameState::Free | FrameState::Cached),
-                "frame {j} of a shrunk run's tail is {:?}",
-                fj.state
-            );
-            if !self.releases {
-                assert!(!fj.zero, "frame {j} of a shrunk run's tail known zero");
-            }
-            let want = if a.numa() {
-                a.home_bucket(self.addr(j)).unwrap()
-            } else {
-                a.bucket_of_cpu(self.cpu)
-            };
-            assert_eq!(
-                fj.bucket, want,
-                "bucket of frame {j} given back on CPU {}",
-                self.cpu
-            );
+            self.given_back(j, false);
         }
-        self.live.remove(p);
-        let tag = self.live.insert(p, new * ps);
-        // SAFETY: as above.
-        unsafe { self.fill_pages(p, new * ps, tag) };
+        self.relen(p, new);
         self.used -= n - new;
+    }
+
+    /// Records frame `j` as given back (freed, `zeroed` or not) on the CPU
+    /// the run acts as, and checks it: free or cached, its zero flag as
+    /// freed, in that CPU's bucket (NUMA: its home).
+    fn given_back(&mut self, j: usize, zeroed: bool) {
+        let a = self.a;
+        self.owned[j] = false;
+        let fi = a.frame_info_at(j);
+        assert!(
+            matches!(fi.state, FrameState::Free | FrameState::Cached),
+            "freed frame {j} is {:?}",
+            fi.state
+        );
+        // Over reserved memory a dirty free of a run may be given back (and
+        // so become zero) at once.
+        if zeroed || !self.releases {
+            assert_eq!(fi.zero, zeroed, "zero flag of freed frame {j}");
+        }
+        let want = if a.numa() {
+            a.home_bucket(self.addr(j)).unwrap()
+        } else {
+            a.bucket_of_cpu(self.cpu)
+        };
+        assert_eq!(
+            fi.bucket, want,
+            "bucket of frame {j} freed on CPU {}",
+            self.cpu
+        );
+    }
+
+    /// The live allocation `pick` chooses, acting as CPU `cpu`: its
+    /// address, bytes and pattern tag, its first frame and its frames.
+    fn pick_on(&mut self, cpu: u8, pick: u16) -> Option<(usize, usize, u64, usize, usize)> {
+        self.bind(cpu);
+        let (p, len, tag) = self.live.pick(pick as usize)?;
+        Some((p, len, tag, self.index(p), len / self.ps))
+    }
+
+    /// Records the live allocation at `p` as `new` frames long, with a
+    /// fresh pattern in all of them.
+    fn relen(&mut self, p: usize, new: usize) {
+        self.live.remove(p);
+        let tag = self.live.insert(p, new * self.ps);
+        // SAFETY: a live allocation of ours, `new` frames long now.
+        unsafe { self.fill_pages(p, new * self.ps, tag) };
     }
 
     fn after(&self, step: usize) {
