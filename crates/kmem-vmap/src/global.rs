@@ -5,8 +5,9 @@
 //!   VmapArena::with_global_pages(start, end)
 //!     tree nodes   16 KiB runs from GlobalPages::shared() (kmem-pages: a
 //!                  PageAllocator over address space reserved on first use,
-//!                  its per-CPU cache first, free pages given back to the OS
-//!                  under the return policy); back to it when the arena drops
+//!                  runs lowest first; freed runs may go back to the OS when
+//!                  later frees of runs pass the policy's limit); back to it
+//!                  when the arena drops
 //! ```
 //!
 //! A bare build (a kernel, firmware) passes its own supply to

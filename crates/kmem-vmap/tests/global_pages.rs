@@ -2,6 +2,8 @@
 //! tree nodes come from it and go back to it when the arenas drop, alone
 //! and from several threads at once; the supply's own check passes after.
 
+#![cfg(feature = "os")]
+
 use std::sync::{Arc, Mutex};
 
 use kmem_pages::GlobalPages;
@@ -11,7 +13,8 @@ use kmem_vmap::{SyncVmapArena, VmapArena};
 /// pages in use is not another's.
 static TURN: Mutex<()> = Mutex::new(());
 
-/// Pages of the shared supply in use (handed out, cached per CPU included).
+/// Pages of the shared supply handed out (those in its per-CPU caches count
+/// as free).
 fn in_use() -> usize {
     let p = GlobalPages::shared()
         .get()

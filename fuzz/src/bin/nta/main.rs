@@ -377,18 +377,18 @@ fuzz_target!(|input: Input| {
         let topo = Topology::single(CPUS).unwrap();
         let config = kmem_pages::Config::new().colours(2);
         let src = PageAllocator::from_buffer(bytes, PAGE, &topo, Cpus::Simulated, &config).unwrap();
-        one_run(&input, &src);
+        one_run(&input, &src, true);
         src.flush_caches();
         src.check().unwrap();
     } else {
         let src = FixedSource::new(bytes, PAGE).unwrap();
-        one_run(&input, &src);
+        one_run(&input, &src, false);
         src.check().unwrap();
     }
 });
 
 /// The run over `src`: every page is back with it at the end.
-fn one_run(input: &Input, src: &dyn PageSource) {
+fn one_run(input: &Input, src: &dyn PageSource, resizes: bool) {
     let total = src.free_page_count().unwrap();
     let (base, npages) = src.span().expect("one range");
     let nta = Nta::with_config(src, input.config(), Cpus::Simulated).unwrap();
@@ -409,6 +409,7 @@ fn one_run(input: &Input, src: &dyn PageSource) {
         base: base.as_ptr() as usize,
         len: npages * PAGE,
         total,
+        resizes,
         cpu: 0,
     };
     for op in &input.ops {

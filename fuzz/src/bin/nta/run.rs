@@ -21,6 +21,9 @@ pub(super) struct Run<'a> {
     pub(super) base: usize,
     pub(super) len: usize,
     pub(super) total: usize,
+    /// The source resizes runs in place (a `PageAllocator`): a large
+    /// realloc to fewer pages must keep its address.
+    pub(super) resizes: bool,
     /// The simulated CPU the run acts as.
     pub(super) cpu: usize,
 }
@@ -207,6 +210,9 @@ impl Run<'_> {
                 }
                 if !os && !ns && m.size.div_ceil(PAGE) == new_size.div_ceil(PAGE) {
                     assert_eq!(q, p, "a large realloc of the same pages moved");
+                }
+                if !os && !ns && self.resizes && new_size.div_ceil(PAGE) < m.size.div_ceil(PAGE) {
+                    assert_eq!(q, p, "a large realloc to fewer pages moved");
                 }
                 // SAFETY: the result holds at least `keep` bytes.
                 assert!(unsafe { snapshot(q, keep) } == before, "realloc lost data");

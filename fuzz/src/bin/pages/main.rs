@@ -16,8 +16,9 @@
 //! frames the model holds free in its freelist, keeps its bytes and is
 //! refused only while a frame it needs is in use, past its freelist or in a
 //! per-CPU cache; a run shrunk in place (`shrink_run`) gives its tail back
-//! as a free does, and bad lengths are refused for both, changing nothing; the free count is the total less the live
-//! pages and `check()` passes after every step. Everything is freed at the
+//! as a free does, and bad lengths are refused for both, changing
+//! nothing; the free count is the total less the live pages and `check()`
+//! passes after every step. Everything is freed at the
 //! end and the count must come back to the total.
 
 #![no_main]

@@ -529,7 +529,10 @@ impl Fz<'_, '_> {
         };
         let (a, ptr, before) = (self.a, self.addr(i), self.snapshot());
         let (given, new) = match how % 4 {
-            2 => (if more % 2 == 0 { n + 1 } else { n - 1 }, n + 1),
+            // A wrong length with a larger size: refused by the head's
+            // record, not by the sizes.
+            2 if more % 2 == 1 && n >= 2 => (n - 1, n + 1),
+            2 => (n + 1, n + 2),
             3 => (n, n - (more as usize % 2).min(n - 1)),
             _ => (n, n + 1 + more as usize % 16),
         };
@@ -558,6 +561,14 @@ impl Fz<'_, '_> {
             if !fits {
                 return;
             }
+            // With the frames free, only one parked in a per-CPU cache may
+            // stand in its way.
+            let grown = a.grown_pages();
+            assert!(
+                (i + n..i + new)
+                    .any(|j| j < grown && a.frame_info_at(j).state == FrameState::Cached),
+                "{n} -> {new} frames at {i} refused with none of them in use or cached"
+            );
             a.flush_caches();
             // SAFETY: as above.
             let again = unsafe { a.grow_run(ptr, n, new) };
@@ -680,11 +691,7 @@ impl Fz<'_, '_> {
 
     /// The live allocation `pick` chooses, acting as CPU `cpu`: its
     /// address, bytes and pattern tag, its first frame and its frames.
-    fn pick_on(
-        &mut self,
-        cpu: u8,
-        pick: u16,
-    ) -> Option<(usize, usize, u64, usize, usize)> {
+    fn pick_on(&mut self, cpu: u8, pick: u16) -> Option<(usize, usize, u64, usize, usize)> {
         self.bind(cpu);
         let (p, len, tag) = self.live.pick(pick as usize)?;
         Some((p, len, tag, self.index(p), len / self.ps))
