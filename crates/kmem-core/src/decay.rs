@@ -11,7 +11,10 @@
 //! > times `retain`, or the memory in use, whichever is larger); free
 //! > memory that lies above the highest block in use by more than
 //! > [`ReturnPolicy::top_pad`] (a quarter of the memory in use, or
-//! > `retain`, whichever is larger) goes back at once.
+//! > `retain`, whichever is larger; after recent frees, up to the limit,
+//! > eight times the largest block freed since the last tick or what was
+//! > freed since that time's peak, [`ReturnPolicy::top_pad_after`]) goes
+//! > back at once.
 //!
 //! No thread runs in the background: the clock is read on the sources' slow
 //! paths (page-level allocations and frees), so "within the delay" means at
@@ -57,6 +60,14 @@
 //!
 //! Units: bytes and nanoseconds of any monotonic clock. A caller with no
 //! clock passes 0 as the time: then only the limit applies.
+
+/// How many times the largest block freed since the last tick the top pad
+/// covers ([`ReturnPolicy::top_pad_after`]). Eight, not two as glibc's
+/// trim threshold: several such blocks freed together coalesce at the top
+/// (mimalloc's `mstress` under kmem-malloc's large arena: with two, 33
+/// purges and 13,600 page faults; with eight, none and 4,150, mimalloc
+/// 6,900, at the same peak RSS).
+pub const RECENT_FACTOR: usize = 8;
 
 /// How much freed memory a source keeps backed, and for how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +138,44 @@ impl ReturnPolicy {
             a
         } else {
             b
+        }
+    }
+
+    /// The top pad after recent frees: [`top_pad`](Self::top_pad), or, if
+    /// larger, [`RECENT_FACTOR`] times `largest_freed` (the largest block
+    /// or run freed since the last tick) or `freed_since_peak` (the most
+    /// bytes in use since the last tick less `in_use`); the recent terms
+    /// at most [`limit`](Self::limit)`(in_use)`.
+    ///
+    /// Why: a program that frees a large block at the top and allocates
+    /// one of the same size again (a buffer made and dropped in a loop, a
+    /// batch of large blocks built and freed) would otherwise fault it in
+    /// every time, as glibc's heap did before its trim threshold followed
+    /// the largest chunk freed. A Rust program dropping an 8 MiB vector
+    /// 200 times took 52,500 page faults and 0.13 s under kmem-pages'
+    /// plain top pad, 4,300 and 0.02 s under glibc. Those pages were in
+    /// use a moment ago, so keeping them raises no peak; what is not
+    /// reused still goes back within the delay.
+    #[inline]
+    pub const fn top_pad_after(
+        &self,
+        in_use: usize,
+        largest_freed: usize,
+        freed_since_peak: usize,
+    ) -> usize {
+        let mut recent = largest_freed.saturating_mul(RECENT_FACTOR);
+        if freed_since_peak > recent {
+            recent = freed_since_peak;
+        }
+        let cap = self.limit(in_use);
+        if recent > cap {
+            recent = cap;
+        }
+        let pad = self.top_pad(in_use);
+        if recent > pad {
+            recent
+        } else {
+            pad
         }
     }
 
@@ -247,6 +296,27 @@ impl Decay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_top_pad_follows_recent_frees_up_to_the_limit() {
+        let p = ReturnPolicy {
+            retain: 100,
+            delay_ms: 10,
+        };
+        // Nothing recent: the plain pad, retain or a quarter of in_use.
+        assert_eq!(p.top_pad_after(0, 0, 0), 100);
+        assert_eq!(p.top_pad_after(4000, 0, 0), 1000);
+        // Eight times the largest block freed since the last tick.
+        assert_eq!(p.top_pad_after(0, 50, 0), 400);
+        // Or what was freed since the peak, if larger.
+        assert_eq!(p.top_pad_after(0, 50, 600), 600);
+        // At most the limit (8 x retain, or in_use if larger)...
+        assert_eq!(p.top_pad_after(0, 500, 0), 800);
+        assert_eq!(p.top_pad_after(2000, 500, 0), 2000);
+        assert_eq!(p.top_pad_after(0, usize::MAX, usize::MAX), 800);
+        // ...and never below the plain pad.
+        assert_eq!(p.top_pad_after(8000, 10, 0), 2000);
+    }
 
     const MS: u64 = 1_000_000;
 

@@ -180,14 +180,12 @@ struct State {
     busy: usize,
     decay: Decay,
     /// The largest range freed into the arena (not the cache) since the
-    /// policy's last tick: the top pad
-    /// covers eight times it (at most the policy's limit), so that a
-    /// program replacing blocks of that size at the top of the arena does
-    /// not fault them in each time. Eight, not two as glibc's trim
-    /// threshold: several such blocks freed together coalesce at the top
-    /// (mstress: with two, 33 purges and 13,600 page faults; with eight,
-    /// none and 4,150, mimalloc 6,900, at the same peak RSS). What is not
-    /// reused still goes back within the delay.
+    /// policy's last tick: the top pad covers
+    /// [`RECENT_FACTOR`](kmem_core::RECENT_FACTOR) times it, at most the
+    /// policy's limit ([`ReturnPolicy::top_pad_after`](kmem_core::ReturnPolicy::top_pad_after)),
+    /// so that a program replacing blocks of that size at the top of the
+    /// arena does not fault them in each time. What is not reused still
+    /// goes back within the delay.
     recent_max: usize,
     /// The most bytes in live ranges since the policy's last tick: the top
     /// pad also covers what was freed since then (`recent_busy - busy`, at

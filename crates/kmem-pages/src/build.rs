@@ -333,6 +333,7 @@ impl<'a> PageAllocator<'a> {
             release: Lock::new(crate::state::Release::new()),
             freed_since: AtomicUsize::new(0),
             limit_floor: AtomicUsize::new(ReturnPolicy::DEFAULT.limit(0)),
+            recent_run: AtomicUsize::new(0),
             backing,
         };
         // Every frame onto its initial bucket's colour list, lowest first.

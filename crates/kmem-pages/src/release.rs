@@ -4,7 +4,9 @@
 //! keeps freed pages backed for reuse up to the policy's `retain` bytes;
 //! what is freed beyond that and not reused goes back within its delay; at
 //! the next tick past its limit; and free pages more than its top pad above the
-//! highest frame in use go back at once.
+//! highest frame in use go back at once (the pad grows with the runs freed
+//! since the last tick, so that a buffer dropped and made again in a loop
+//! is not faulted in each time).
 //!
 //! ```text
 //!   settle()            Decay::settle: dirty free frames past the limit,
@@ -12,7 +14,9 @@
 //!                       no call may come, such as a thread's exit); no top
 //!                       trim, no look at the per-CPU caches
 //!   maintain()          the release lock, then every bucket lock
-//!     top trim          free dirty frames above (highest frame in use + pad)
+//!     top trim          free dirty frames above (highest frame in use + pad;
+//!                       the pad covers 8x the longest run freed since the
+//!                       last tick, at most the limit)
 //!     Decay::check      Now:  dirty free frames, highest first, down to `keep`
 //!                       Tick: as Now, down to the limit; then those marked
 //!                             OLD, highest first, down to retain; then every
@@ -99,13 +103,18 @@ impl PageAllocator<'_> {
         n
     }
 
-    /// A run of frames was freed dirty: past the policy's smallest limit
-    /// since the last look, look now (a burst of frees need not wait for the
-    /// next [`maintain`](Self::maintain)).
+    /// A run of frames was freed dirty: the longest since the last tick
+    /// sets the top pad; past the policy's smallest limit since the last
+    /// look, look now (a burst of frees need not wait for the next
+    /// [`maintain`](Self::maintain)).
     #[inline]
     pub(crate) fn note_freed(&self, pages: usize) {
         if !self.releases() {
             return;
+        }
+        // Read first: runs as long as the longest so far write nothing.
+        if pages > self.recent_run.load(Relaxed) {
+            self.recent_run.fetch_max(pages, Relaxed);
         }
         let n = self.freed_since.fetch_add(pages, Relaxed) + pages;
         if n * self.p.page_size > self.limit_floor.load(Relaxed) {
@@ -215,7 +224,12 @@ impl PageAllocator<'_> {
                 while top > 0 && kind(fr[top - 1].state()) == K_FREE {
                     top -= 1;
                 }
-                let pad = policy.top_pad(in_use * ps) / ps;
+                // The pad covers the runs freed since the last tick (a
+                // buffer dropped and made again). The term for what was
+                // freed since the peak is not kept here: it would take a
+                // count of frames in use on every page's allocation.
+                let recent = self.recent_run.load(Relaxed) * ps;
+                let pad = policy.top_pad_after(in_use * ps, recent, 0) / ps;
                 let from = top.saturating_add(pad);
                 if from < fr.len() {
                     self.purge_from_top(&mut g, &mut dirty, 0, false, from, &mut purge);
@@ -232,6 +246,7 @@ impl PageAllocator<'_> {
                     self.purge_from_top(&mut g, &mut dirty, keep / ps, false, 0, &mut purge)
                 }
                 Due::Tick { keep, limit } => {
+                    self.recent_run.store(0, Relaxed);
                     self.purge_from_top(&mut g, &mut dirty, limit / ps, false, 0, &mut purge);
                     self.purge_from_top(&mut g, &mut dirty, keep / ps, true, 0, &mut purge);
                     // Every dirty free frame is old now.

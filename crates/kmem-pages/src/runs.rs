@@ -47,6 +47,10 @@ struct RunMap {
     top: usize,
     /// Free pages whose dirty bit is set: freed, still backed.
     dirty_free: usize,
+    /// The longest run freed dirty since the return policy's last tick:
+    /// the top pad covers it (`ReturnPolicy::top_pad_after`).
+    #[cfg_attr(not(feature = "os"), allow(dead_code))]
+    recent_max: usize,
     /// When those go back to the OS (a `RegionSource` only).
     #[cfg_attr(not(feature = "os"), allow(dead_code))]
     decay: Decay,
@@ -157,6 +161,7 @@ impl RunMap {
         } else {
             self.map_mut(self.dirty).set_range(i, n);
             self.dirty_free += n;
+            self.recent_max = self.recent_max.max(n);
         }
         self.map_mut(self.old).clear_range(i, n);
         self.in_use -= n;
@@ -368,6 +373,7 @@ impl Runs {
             first_free: 0,
             top: 0,
             dirty_free: 0,
+            recent_max: 0,
             decay: Decay::new(kmem_core::ReturnPolicy::DEFAULT),
             base_page: base / page_size,
         };
@@ -756,13 +762,19 @@ mod region_source {
         #[inline]
         fn settle(&self, m: &mut RunMap) {
             let ps = self.page_size;
-            let (data, pad) = (&self.data, m.decay.policy().top_pad(m.in_use * ps) / ps);
+            let pad = m
+                .decay
+                .policy()
+                .top_pad_after(m.in_use * ps, m.recent_max * ps, 0)
+                / ps;
+            let data = &self.data;
             m.trim_top(pad, |s, len| data.purge(s * ps, len * ps).is_ok());
             let now = kmem_sys::clock::coarse_ns();
             match m.decay.check(m.dirty_free * ps, m.in_use * ps, now) {
                 Due::Nothing => {}
                 Due::Now { keep } => self.purge_locked(m, keep / ps, false),
                 Due::Tick { keep, limit } => {
+                    m.recent_max = 0;
                     self.purge_locked(m, limit / ps, false);
                     self.purge_locked(m, keep / ps, true);
                     m.age();

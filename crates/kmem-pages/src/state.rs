@@ -208,6 +208,9 @@ pub struct PageAllocator<'a> {
     /// policy's smallest limit in bytes (`release::note_freed`).
     pub(crate) freed_since: AtomicUsize,
     pub(crate) limit_floor: AtomicUsize,
+    /// The longest run freed dirty since the policy's last tick, in pages:
+    /// the top pad covers it (`ReturnPolicy::top_pad_after`).
+    pub(crate) recent_run: AtomicUsize,
     pub(crate) backing: Backing<'a>,
 }
 

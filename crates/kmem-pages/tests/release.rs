@@ -2,7 +2,8 @@
 //! the limit at the next tick (the first look is one), down to the limit,
 //! highest first; what stays freed a
 //! whole tick goes at the next; free pages above the highest frame in use
-//! beyond the top pad at once; `purge` gives back everything. Pages given
+//! beyond the top pad at once (the pad covers the runs freed since the
+//! last tick); `purge` gives back everything. Pages given
 //! back read zero and are handed out as known zero; `check()` after each step.
 
 use std::ptr::NonNull;
@@ -156,21 +157,31 @@ fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
         },
     );
     let low = a.alloc_run(64, 1).unwrap();
-    let high = a.alloc_run(40, 1).unwrap();
-    // SAFETY: live runs of ours, freed once.
+    // 40 pages above it, as runs of two (the longest run freed, eight
+    // times two, then reaches no further than the plain pad).
+    let high: Vec<_> = (0..20).map(|_| a.alloc_run(2, 1).unwrap()).collect();
+    assert!(high
+        .windows(2)
+        .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + 2 * ps));
+    // SAFETY: live runs of ours, each freed once.
     unsafe {
         low.as_ptr().write_bytes(1, 64 * ps);
-        high.as_ptr().write_bytes(2, 40 * ps);
-        a.free_run(high, 40).unwrap();
+        for &h in &high {
+            h.as_ptr().write_bytes(2, 2 * ps);
+        }
+        for &h in &high {
+            a.free_run(h, 2).unwrap();
+        }
     }
     a.maintain();
     a.check().unwrap();
-    // Pad: max(16 / 16, 64 / 4) = 16 pages above the highest in use stay.
+    // Pad: max(16 pages of retain, 64 / 4, 8 x 2) = 16 pages above the
+    // highest in use stay.
     assert_eq!(a.dirty_free_pages(), 16);
     // SAFETY: pages of the region, which stays mapped.
     unsafe {
-        assert_eq!(*high.as_ptr().add(15 * ps), 2);
-        assert_eq!(*high.as_ptr().add(16 * ps), 0);
+        assert_eq!(*high[7].as_ptr().add(ps), 2);
+        assert_eq!(*high[8].as_ptr(), 0);
     }
     // purge gives back the rest.
     assert_eq!(a.purge(), 16);
@@ -178,6 +189,54 @@ fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
     a.check().unwrap();
     // SAFETY: the live run, freed once.
     unsafe { a.free_pages(low, 64).unwrap() };
+    a.check().unwrap();
+}
+
+/// A run freed at the top stays backed while it is recent (the pad covers
+/// eight times the longest run freed since the last tick, at most the
+/// limit): a buffer dropped and made again in a loop is not faulted in
+/// each time. Past the delay it goes back as any freed page.
+#[test]
+fn a_run_just_freed_at_the_top_stays_until_the_delay() {
+    bind_simulated_cpu(0);
+    let ps = kmem_sys::page_size();
+    let a = allocator(
+        4096,
+        ReturnPolicy {
+            retain: 16 * ps,
+            delay_ms: 20,
+        },
+    );
+    let low = a.alloc_run(64, 1).unwrap();
+    // SAFETY: a live run of ours.
+    unsafe { low.as_ptr().write_bytes(1, 64 * ps) };
+    let mut reused = 0;
+    for round in 0..4u8 {
+        let high = a.alloc_run(40, 1).unwrap();
+        // SAFETY: a live run of ours, freed once.
+        unsafe {
+            // Still backed with the last round's bytes (not in the first).
+            if round > 0 && *high.as_ptr().add(39 * ps) == round {
+                reused += 1;
+            }
+            high.as_ptr().write_bytes(round + 1, 40 * ps);
+            a.free_run(high, 40).unwrap();
+        }
+        a.maintain();
+        a.check().unwrap();
+        // 8 x 40 pages capped at the limit (8 x retain = 128) covers all 40.
+        assert_eq!(a.dirty_free_pages(), 40);
+    }
+    assert_eq!(reused, 3);
+    // Ticks every 10 ms: no longer recent, the run goes back down to retain.
+    for _ in 0..4 {
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        a.maintain();
+    }
+    assert_eq!(a.dirty_free_pages(), 16);
+    a.check().unwrap();
+    // SAFETY: the live run, freed once.
+    unsafe { a.free_run(low, 64).unwrap() };
     a.check().unwrap();
 }
 

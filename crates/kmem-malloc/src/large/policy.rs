@@ -30,12 +30,7 @@ impl Large {
         } else {
             s.recent_busy.saturating_sub(busy)
         };
-        let recent = s
-            .recent_max
-            .saturating_mul(8)
-            .max(since_peak)
-            .min(policy.limit(busy));
-        let pad = policy.top_pad(busy).max(recent) / ps;
+        let pad = policy.top_pad_after(busy, s.recent_max, since_peak) / ps;
         let Some(g) = s.segs[i].as_mut() else {
             return;
         };

@@ -345,19 +345,25 @@ fn region_source_trims_its_top() {
     )
     .unwrap();
     let low = src.alloc_pages(192, 1).unwrap();
-    let high = src.alloc_pages(80, 1).unwrap();
-    // SAFETY: live runs of ours, freed once.
+    let high: Vec<_> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
+    // SAFETY: live runs of ours, each freed once.
     unsafe {
         low.as_ptr().write_bytes(1, 192 * page);
-        high.as_ptr().write_bytes(2, 80 * page);
-        src.free_pages(high, 80).unwrap();
+        for &h in &high {
+            h.as_ptr().write_bytes(2, page);
+        }
+        for &h in high.iter().rev() {
+            src.free_pages(h, 1).unwrap();
+        }
     }
-    // Pad: max(32, 192 / 4) = 48 pages stay, the 32 above go.
+    // Freed a page at a time (the longest run freed is one page, whose
+    // eight times do not reach the plain pad): max(32, 192 / 4) = 48
+    // pages stay, the 32 above go.
     assert_eq!(src.dirty_bytes(), 48 * page);
     // SAFETY: the region stays mapped: reading freed pages is fine.
     unsafe {
-        assert_eq!(*high.as_ptr().add(47 * page), 2);
-        assert_eq!(*high.as_ptr().add(48 * page), 0);
+        assert_eq!(*high[47].as_ptr(), 2);
+        assert_eq!(*high[48].as_ptr(), 0);
     }
     src.check().unwrap();
     // A hole below the top is not the top: it stays (under retain).
@@ -370,4 +376,52 @@ fn region_source_trims_its_top() {
     }
     src.check().unwrap();
     assert!(src.dirty_bytes() >= 8 * page);
+}
+
+/// A run freed at the top stays backed whole while it is recent (the pad
+/// covers eight times the longest run freed since the last tick, at most
+/// the limit), so a buffer dropped and made again is not faulted in each
+/// time; past the delay it goes back as any freed page.
+#[cfg(feature = "std")]
+#[test]
+fn region_source_keeps_a_run_just_freed_at_its_top() {
+    let page = kmem_sys::page_size();
+    let src = RegionSource::with_policy(
+        64 << 20,
+        usize::MAX,
+        kmem_core::ReturnPolicy {
+            retain: 32 * page,
+            delay_ms: 20,
+        },
+    )
+    .unwrap();
+    let low = src.alloc_pages(192, 1).unwrap();
+    // SAFETY: live runs of ours, each freed once.
+    unsafe { low.as_ptr().write_bytes(1, 192 * page) };
+    let mut faults_saved = 0;
+    for round in 0..4u8 {
+        let high = src.alloc_pages(80, 1).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            // Backed and dirty from the last round (not the first).
+            if round > 0 && *high.as_ptr().add(79 * page) == round {
+                faults_saved += 1;
+            }
+            high.as_ptr().write_bytes(round + 1, 80 * page);
+            src.free_pages(high, 80).unwrap();
+        }
+        // All 80 stay: 8 x 80 capped at the limit (8 x retain = 256) is
+        // more than 80.
+        assert_eq!(src.dirty_bytes(), 80 * page);
+        src.check().unwrap();
+    }
+    assert_eq!(faults_saved, 3);
+    // Ticks every 10 ms: the run is no longer recent, and its pages go
+    // back down to retain.
+    for _ in 0..4 {
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        src.maintain();
+    }
+    assert_eq!(src.dirty_bytes(), 32 * page);
+    src.check().unwrap();
 }
