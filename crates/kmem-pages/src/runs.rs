@@ -47,8 +47,10 @@ struct RunMap {
     top: usize,
     /// Free pages whose dirty bit is set: freed, still backed.
     dirty_free: usize,
-    /// The longest run freed dirty since the return policy's last tick:
-    /// the top pad covers it (`ReturnPolicy::top_pad_after`).
+    /// The longest run freed and left backed (dirty, not purged at its
+    /// free) since the return policy's last tick: the top pad covers it
+    /// (`ReturnPolicy::top_pad_after`; the term for what was freed since
+    /// the peak is not kept here). A `RegionSource`'s only.
     #[cfg_attr(not(feature = "os"), allow(dead_code))]
     recent_max: usize,
     /// When those go back to the OS (a `RegionSource` only).
@@ -161,7 +163,6 @@ impl RunMap {
         } else {
             self.map_mut(self.dirty).set_range(i, n);
             self.dirty_free += n;
-            self.recent_max = self.recent_max.max(n);
         }
         self.map_mut(self.old).clear_range(i, n);
         self.in_use -= n;
@@ -814,6 +815,9 @@ mod region_source {
                         let d = m.dirty;
                         m.map_mut(d).clear_range(i, pages);
                         m.dirty_free -= pages;
+                    } else if !zeroed {
+                        // Freed and still backed: the top pad covers it.
+                        m.recent_max = m.recent_max.max(pages);
                     }
                     self.settle(m)
                 },

@@ -23,13 +23,9 @@ impl Large {
         // every free cost 110 instructions and 64 lines that other CPUs
         // write, and changed no peak measured.)
         let busy = s.busy;
-        // Without a clock no tick resets `recent_busy`: its term would be
-        // the all-time peak.
-        let since_peak = if policy.delay_ms == 0 {
-            0
-        } else {
-            s.recent_busy.saturating_sub(busy)
-        };
+        // (Without a delay no tick resets the recent terms; the policy then
+        // leaves them out.)
+        let since_peak = s.recent_busy.saturating_sub(busy);
         let pad = policy.top_pad_after(busy, s.recent_max, since_peak) / ps;
         let Some(g) = s.segs[i].as_mut() else {
             return;

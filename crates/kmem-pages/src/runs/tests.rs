@@ -346,13 +346,16 @@ fn region_source_trims_its_top() {
     .unwrap();
     let low = src.alloc_pages(192, 1).unwrap();
     let high: Vec<_> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
+    assert!(high
+        .windows(2)
+        .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + page));
     // SAFETY: live runs of ours, each freed once.
     unsafe {
         low.as_ptr().write_bytes(1, 192 * page);
         for &h in &high {
             h.as_ptr().write_bytes(2, page);
         }
-        for &h in high.iter().rev() {
+        for &h in &high {
             src.free_pages(h, 1).unwrap();
         }
     }
@@ -378,6 +381,47 @@ fn region_source_trims_its_top() {
     assert!(src.dirty_bytes() >= 8 * page);
 }
 
+/// A run given back to the OS at its free (at least the purge threshold)
+/// is not a recent run for the top pad: only runs left backed widen it.
+#[cfg(feature = "std")]
+#[test]
+fn a_run_purged_at_its_free_does_not_widen_the_top_pad() {
+    let page = kmem_sys::page_size();
+    let src = RegionSource::with_policy(
+        64 << 20,
+        16,
+        kmem_core::ReturnPolicy {
+            retain: 32 * page,
+            delay_ms: 60_000,
+        },
+    )
+    .unwrap();
+    let low = src.alloc_pages(192, 1).unwrap();
+    let big = src.alloc_pages(64, 1).unwrap();
+    // SAFETY: live runs of ours; big freed once (purged: 64 >= 16).
+    unsafe {
+        low.as_ptr().write_bytes(1, 192 * page);
+        big.as_ptr().write_bytes(2, 64 * page);
+        src.free_pages(big, 64).unwrap();
+    }
+    assert_eq!(src.dirty_bytes(), 0);
+    // 80 pages above `low`, freed a page at a time: the plain pad (48
+    // pages) applies, as if the 64-page run had never been freed (it
+    // would have kept all 80).
+    let high: Vec<_> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
+    // SAFETY: live pages of ours, each freed once.
+    unsafe {
+        for &h in &high {
+            h.as_ptr().write_bytes(3, page);
+        }
+        for &h in &high {
+            src.free_pages(h, 1).unwrap();
+        }
+    }
+    assert_eq!(src.dirty_bytes(), 48 * page);
+    src.check().unwrap();
+}
+
 /// A run freed at the top stays backed whole while it is recent (the pad
 /// covers eight times the longest run freed since the last tick, at most
 /// the limit), so a buffer dropped and made again is not faulted in each
@@ -396,7 +440,7 @@ fn region_source_keeps_a_run_just_freed_at_its_top() {
     )
     .unwrap();
     let low = src.alloc_pages(192, 1).unwrap();
-    // SAFETY: live runs of ours, each freed once.
+    // SAFETY: a live run of ours.
     unsafe { low.as_ptr().write_bytes(1, 192 * page) };
     let mut faults_saved = 0;
     for round in 0..4u8 {
