@@ -327,6 +327,49 @@ fn region_source_with_no_delay_keeps_only_retain() {
     src.check().unwrap();
 }
 
+/// A region source under 32 pages retained and a delay of `delay_ms`,
+/// purging runs of `threshold` pages at their free, with a run of 192
+/// pages in use at its bottom (written; never freed).
+#[cfg(feature = "std")]
+fn source_over_192_pages(threshold: usize, delay_ms: u32) -> RegionSource {
+    let page = kmem_sys::page_size();
+    let src = RegionSource::with_policy(
+        64 << 20,
+        threshold,
+        kmem_core::ReturnPolicy {
+            retain: 32 * page,
+            delay_ms,
+        },
+    )
+    .unwrap();
+    let low = src.alloc_pages(192, 1).unwrap();
+    // SAFETY: a live run of ours.
+    unsafe { low.as_ptr().write_bytes(1, 192 * page) };
+    src
+}
+
+/// 80 pages at the top of `src`, each written with `fill`, then freed a
+/// page at a time, lowest first (the longest run freed is one page,
+/// whose eight times stay under the plain pad). Returns where they were.
+#[cfg(feature = "std")]
+fn free_80_pages_singly(src: &RegionSource, fill: u8) -> Vec<NonNull<u8>> {
+    let page = kmem_sys::page_size();
+    let high: Vec<_> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
+    assert!(high
+        .windows(2)
+        .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + page));
+    // SAFETY: live pages of ours, each freed once.
+    unsafe {
+        for &h in &high {
+            h.as_ptr().write_bytes(fill, page);
+        }
+        for &h in &high {
+            src.free_pages(h, 1).unwrap();
+        }
+    }
+    high
+}
+
 /// Free pages above the highest run in use go back at once beyond the
 /// top pad (a quarter of what is in use, or retain), as glibc trims
 /// the top of its heap: a working set whose top moves up and down does
@@ -335,33 +378,9 @@ fn region_source_with_no_delay_keeps_only_retain() {
 #[test]
 fn region_source_trims_its_top() {
     let page = kmem_sys::page_size();
-    let src = RegionSource::with_policy(
-        64 << 20,
-        usize::MAX,
-        kmem_core::ReturnPolicy {
-            retain: 32 * page,
-            delay_ms: 60_000,
-        },
-    )
-    .unwrap();
-    let low = src.alloc_pages(192, 1).unwrap();
-    let high: Vec<_> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
-    assert!(high
-        .windows(2)
-        .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + page));
-    // SAFETY: live runs of ours, each freed once.
-    unsafe {
-        low.as_ptr().write_bytes(1, 192 * page);
-        for &h in &high {
-            h.as_ptr().write_bytes(2, page);
-        }
-        for &h in &high {
-            src.free_pages(h, 1).unwrap();
-        }
-    }
-    // Freed a page at a time (the longest run freed is one page, whose
-    // eight times do not reach the plain pad): max(32, 192 / 4) = 48
-    // pages stay, the 32 above go.
+    let src = source_over_192_pages(usize::MAX, 60_000);
+    let high = free_80_pages_singly(&src, 2);
+    // max(32, 192 / 4) = 48 pages stay, the 32 above go.
     assert_eq!(src.dirty_bytes(), 48 * page);
     // SAFETY: the region stays mapped: reading freed pages is fine.
     unsafe {
@@ -372,7 +391,7 @@ fn region_source_trims_its_top() {
     // A hole below the top is not the top: it stays (under retain).
     let a = src.alloc_pages(8, 1).unwrap();
     let _b = src.alloc_pages(1, 1).unwrap();
-    // SAFETY: as above.
+    // SAFETY: a live run of ours, freed once.
     unsafe {
         a.as_ptr().write_bytes(3, 8 * page);
         src.free_pages(a, 8).unwrap();
@@ -387,37 +406,17 @@ fn region_source_trims_its_top() {
 #[test]
 fn a_run_purged_at_its_free_does_not_widen_the_top_pad() {
     let page = kmem_sys::page_size();
-    let src = RegionSource::with_policy(
-        64 << 20,
-        16,
-        kmem_core::ReturnPolicy {
-            retain: 32 * page,
-            delay_ms: 60_000,
-        },
-    )
-    .unwrap();
-    let low = src.alloc_pages(192, 1).unwrap();
+    let src = source_over_192_pages(16, 60_000);
     let big = src.alloc_pages(64, 1).unwrap();
-    // SAFETY: live runs of ours; big freed once (purged: 64 >= 16).
+    // SAFETY: a live run of ours, freed once (purged: 64 >= 16).
     unsafe {
-        low.as_ptr().write_bytes(1, 192 * page);
         big.as_ptr().write_bytes(2, 64 * page);
         src.free_pages(big, 64).unwrap();
     }
     assert_eq!(src.dirty_bytes(), 0);
-    // 80 pages above `low`, freed a page at a time: the plain pad (48
-    // pages) applies, as if the 64-page run had never been freed (it
-    // would have kept all 80).
-    let high: Vec<_> = (0..80).map(|_| src.alloc_pages(1, 1).unwrap()).collect();
-    // SAFETY: live pages of ours, each freed once.
-    unsafe {
-        for &h in &high {
-            h.as_ptr().write_bytes(3, page);
-        }
-        for &h in &high {
-            src.free_pages(h, 1).unwrap();
-        }
-    }
+    // The plain pad (48 pages) applies, as if the 64-page run had never
+    // been freed (as a recent run it would have kept all 80).
+    free_80_pages_singly(&src, 3);
     assert_eq!(src.dirty_bytes(), 48 * page);
     src.check().unwrap();
 }
@@ -430,22 +429,11 @@ fn a_run_purged_at_its_free_does_not_widen_the_top_pad() {
 #[test]
 fn region_source_keeps_a_run_just_freed_at_its_top() {
     let page = kmem_sys::page_size();
-    let src = RegionSource::with_policy(
-        64 << 20,
-        usize::MAX,
-        kmem_core::ReturnPolicy {
-            retain: 32 * page,
-            delay_ms: 20,
-        },
-    )
-    .unwrap();
-    let low = src.alloc_pages(192, 1).unwrap();
-    // SAFETY: a live run of ours.
-    unsafe { low.as_ptr().write_bytes(1, 192 * page) };
+    let src = source_over_192_pages(usize::MAX, 20);
     let mut faults_saved = 0;
     for round in 0..4u8 {
         let high = src.alloc_pages(80, 1).unwrap();
-        // SAFETY: as above.
+        // SAFETY: a live run of ours, freed once.
         unsafe {
             // Backed and dirty from the last round (not the first).
             if round > 0 && *high.as_ptr().add(79 * page) == round {
