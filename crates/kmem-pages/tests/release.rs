@@ -145,18 +145,28 @@ fn pages_freed_a_whole_tick_ago_go_back_at_the_next() {
     a.check().unwrap();
 }
 
-#[test]
-fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
+/// An allocator under 16 pages retained and a delay of `delay_ms`, with a
+/// run of 64 pages in use at its bottom (written), which it returns.
+fn allocator_over_64_pages(delay_ms: u32) -> (PageAllocator<'static>, NonNull<u8>) {
     bind_simulated_cpu(0);
     let ps = kmem_sys::page_size();
     let a = allocator(
         4096,
         ReturnPolicy {
             retain: 16 * ps,
-            delay_ms: 60_000,
+            delay_ms,
         },
     );
     let low = a.alloc_run(64, 1).unwrap();
+    // SAFETY: a live run of ours.
+    unsafe { low.as_ptr().write_bytes(1, 64 * ps) };
+    (a, low)
+}
+
+#[test]
+fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
+    let ps = kmem_sys::page_size();
+    let (a, low) = allocator_over_64_pages(60_000);
     // 40 pages above it, as runs of two (the longest run freed, eight
     // times two, then reaches no further than the plain pad).
     let high: Vec<_> = (0..20).map(|_| a.alloc_run(2, 1).unwrap()).collect();
@@ -165,7 +175,6 @@ fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
         .all(|w| w[1].as_ptr() as usize == w[0].as_ptr() as usize + 2 * ps));
     // SAFETY: live runs of ours, each freed once.
     unsafe {
-        low.as_ptr().write_bytes(1, 64 * ps);
         for &h in &high {
             h.as_ptr().write_bytes(2, 2 * ps);
         }
@@ -198,18 +207,8 @@ fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
 /// each time. Past the delay it goes back as any freed page.
 #[test]
 fn a_run_just_freed_at_the_top_stays_until_the_delay() {
-    bind_simulated_cpu(0);
     let ps = kmem_sys::page_size();
-    let a = allocator(
-        4096,
-        ReturnPolicy {
-            retain: 16 * ps,
-            delay_ms: 20,
-        },
-    );
-    let low = a.alloc_run(64, 1).unwrap();
-    // SAFETY: a live run of ours.
-    unsafe { low.as_ptr().write_bytes(1, 64 * ps) };
+    let (a, low) = allocator_over_64_pages(20);
     let mut reused = 0;
     for round in 0..4u8 {
         let high = a.alloc_run(40, 1).unwrap();
