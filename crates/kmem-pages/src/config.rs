@@ -289,6 +289,8 @@ impl Order {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
 
     #[test]

@@ -273,6 +273,8 @@ pub(crate) fn decode_state(s: u32) -> FrameState {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
     use std::vec::Vec;
 
