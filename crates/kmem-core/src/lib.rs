@@ -42,7 +42,7 @@ pub mod sync;
 pub mod topology;
 
 pub use bitmap::{AtomicWords, Bitmap, Words, WordsMut};
-pub use decay::{Decay, Due, ReturnPolicy, RECENT_FACTOR};
+pub use decay::{Decay, Due, ReturnPolicy, PEAK_SLACK, RECENT_FACTOR};
 pub use error::{Error, Result};
 pub use fork::ForkSet;
 pub use list::{Link, List};

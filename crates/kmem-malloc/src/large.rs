@@ -25,8 +25,11 @@
 //!            else the range merges with its free neighbours; its pages count as
 //!            freed-and-backed, under the ReturnPolicy (kmem_core::decay):
 //!            past `retain` they go back within the delay, past the limit
-//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED));
-//!            the policy's side is `large/policy.rs`
+//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED)),
+//!            and, after an allocation that faults pages in, as far as
+//!            they would raise the peak past the policy's slack
+//!            (`ReturnPolicy::peak_cap`); the policy's side is
+//!            `large/policy.rs`
 //! ```
 //!
 //! A program that frees and allocates large blocks in turn reuses backed
@@ -197,6 +200,9 @@ struct State {
     /// back above eight times the largest block). What is not reused goes
     /// back within the delay.
     recent_busy: usize,
+    /// The most bytes in live ranges so far, as allocations that took
+    /// unbacked pages saw it (see [`Large::hold_peak`]).
+    high_water: usize,
     /// Freed ranges of 16 to 256 pages kept whole for the next request of
     /// their class (see `cache`): busy in their arenas, not in `busy`.
     cache: Cache,
@@ -287,6 +293,7 @@ impl Large {
                 decay: Decay::new(policy),
                 recent_max: 0,
                 recent_busy: 0,
+                high_water: 0,
                 cache: Cache::new(),
                 purges: 0,
                 purged_pages: 0,
@@ -441,6 +448,11 @@ impl Large {
         s.busy += need;
         s.recent_busy = s.recent_busy.max(s.busy);
         Self::grow_by(&mut s, (n - taken) * ps);
+        // Pages faulted in beside freed ones kept: no more of those than
+        // the policy's peak slack.
+        if taken < n {
+            self.hold_peak(&mut s);
+        }
         self.settle(&mut s);
         let look = core::mem::take(&mut s.look);
         drop(s);

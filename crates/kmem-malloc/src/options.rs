@@ -23,7 +23,9 @@
 //! nta's region and the large arena; what is freed beyond that and not
 //! reused goes back to the OS within `decay` milliseconds, at the first
 //! allocator slow path after it (no background thread), and at once when it
-//! passes eight times `retain` or the memory in use, whichever is larger. `malloc_trim(0)` gives everything back at once.
+//! passes eight times `retain` or the memory in use, whichever is larger;
+//! and the large arena's freed pages never take its peak more than a sixth
+//! of the memory in use (or `retain`) past the most ever in use. `malloc_trim(0)` gives everything back at once.
 //!
 //! An unknown option or a bad value is named in one line on stderr and
 //! otherwise ignored.

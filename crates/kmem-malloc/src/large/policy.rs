@@ -64,6 +64,23 @@ impl Large {
         }
     }
 
+    /// After an allocation that took pages not backed (the program's first
+    /// touch faults them in): freed-and-backed pages go back, highest
+    /// first, as far as live and freed pages together pass the policy's
+    /// [`peak_cap`](ReturnPolicy::peak_cap) over the most bytes ever live,
+    /// so that the pages kept for reuse raise the peak by at most that
+    /// slack.
+    pub(super) fn hold_peak(&self, s: &mut State) {
+        let ps = self.page;
+        s.high_water = s.high_water.max(s.busy);
+        let cap = s.decay.policy().peak_cap(s.high_water, s.busy);
+        let foot = s.busy + s.dirty_pages * ps;
+        if foot > cap {
+            let over = (foot - cap).div_ceil(ps);
+            self.purge_down_to(s, s.dirty_pages.saturating_sub(over), Map::Dirty);
+        }
+    }
+
     /// Asks the policy what must go back after a change, and gives it back.
     pub(super) fn settle(&self, s: &mut State) {
         let ps = self.page;

@@ -107,6 +107,68 @@ fn a_batch_freed_keeps_its_pages_for_the_next() {
     assert!(large.stats().purged_bytes >= (blocks * size) as u64);
 }
 
+/// Freed pages kept for reuse raise the peak by at most the policy's slack
+/// (`ReturnPolicy::peak_cap`): a block that no hole holds faults its pages
+/// in, and the holes' pages go back (highest first) as far as live and
+/// freed pages together pass the most ever live plus a sixth of what is
+/// live now. A block that a hole holds faults nothing in and keeps them.
+#[test]
+fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    // No tick in the test's time; a limit (8 MiB or the memory in use)
+    // above what is freed here.
+    let policy = ReturnPolicy {
+        retain: 1 << 20,
+        delay_ms: 60_000,
+    };
+    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
+    let mib = 1usize << 20;
+    // 12 blocks of 2 MiB and one above them: 26 MiB live, the peak.
+    let v: Vec<usize> = (0..12)
+        .map(|_| large.alloc(2 * mib, 4096, false).unwrap().addr)
+        .collect();
+    let top = large.alloc(2 * mib, 4096, false).unwrap().addr;
+    // Every other one freed: six holes of 2 MiB, kept (below a live block,
+    // past the cache's classes).
+    for &a in v.iter().step_by(2) {
+        large.free(a).unwrap();
+    }
+    let st = large.stats();
+    assert_eq!((st.dirty_bytes, st.purges), (12 * mib, 0));
+    // A block of 2 MiB takes a hole: nothing faulted in, nothing given back.
+    let again = large.alloc(2 * mib, 4096, false).unwrap().addr;
+    let st = large.stats();
+    assert_eq!((st.dirty_bytes, st.purges), (10 * mib, 0));
+    large.free(again).unwrap();
+    // A block of 8 MiB fits no hole: 22 MiB live after it, 12 MiB freed and
+    // kept; the cap is the peak (26 MiB) plus 22/6 MiB, so 34 - 29.67 MiB
+    // of the holes' pages go back.
+    let big = large.alloc(8 * mib, 4096, false).unwrap().addr;
+    let st = large.stats();
+    let live = 22 * mib;
+    let cap = policy.peak_cap(26 * mib, live);
+    assert!(st.purges > 0);
+    assert!(
+        live + st.dirty_bytes <= cap,
+        "{} + {} > {cap}",
+        live,
+        st.dirty_bytes
+    );
+    assert!(
+        live + st.dirty_bytes + 4096 > cap,
+        "gave back more than needed"
+    );
+    large.check().unwrap();
+    for a in [big, top]
+        .into_iter()
+        .chain(v.iter().skip(1).step_by(2).copied())
+    {
+        large.free(a).unwrap();
+    }
+    large.trim();
+    large.check().unwrap();
+}
+
 /// A freed range of 64 KiB to 1 MiB comes back for the next request of
 /// its class that it fits; while it waits, a second free of it and any
 /// look at it as live are refused and change nothing; `malloc_trim`
