@@ -200,8 +200,8 @@ struct State {
     /// back above eight times the largest block). What is not reused goes
     /// back within the delay.
     recent_busy: usize,
-    /// The most bytes in live ranges so far, as allocations that took
-    /// unbacked pages saw it (see [`Large::hold_peak`]).
+    /// The most bytes in live ranges so far, brought up to date when an
+    /// allocation takes unbacked pages (see [`Large::hold_peak`]).
     high_water: usize,
     /// Freed ranges of 16 to 256 pages kept whole for the next request of
     /// their class (see `cache`): busy in their arenas, not in `busy`.

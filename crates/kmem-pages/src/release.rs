@@ -6,7 +6,9 @@
 //! the next tick past its limit; and free pages more than its top pad above the
 //! highest frame in use go back at once (the pad grows with the runs freed
 //! since the last tick, so that a buffer dropped and made again in a loop
-//! is not faulted in each time).
+//! is not faulted in each time); and after a run takes frames not backed,
+//! free dirty frames go back as far as the kept ones would raise the peak
+//! past the policy's slack.
 //!
 //! ```text
 //!   settle()            Decay::settle: dirty free frames past the limit,
@@ -21,6 +23,10 @@
 //!                       Tick: as Now, down to the limit; then those marked
 //!                             OLD, highest first, down to retain; then every
 //!                             dirty free frame is marked OLD
+//!   hold_peak()         after a run took frames not backed (fresh, or
+//!                       given back): free dirty frames past the policy's
+//!                       peak_cap (the most frames in use seen, plus a
+//!                       sixth of those in use or retain), highest first
 //!   a purge             madvise(MADV_DONTNEED) of a run of frames; each
 //!                       becomes known zero (ZERO, the zeroed end of its list)
 //! ```
@@ -62,6 +68,8 @@ enum How {
     Policy,
     Settle,
     Everything,
+    /// Only the peak slack (`hold_peak`).
+    Peak,
 }
 
 impl PageAllocator<'_> {
@@ -136,6 +144,24 @@ impl PageAllocator<'_> {
                 self.cool_caches();
             }
             self.apply(&mut r, now, How::Policy);
+        }
+    }
+
+    /// After a run took frames that were not backed (fresh, or given back:
+    /// the caller's first touch faults them in): free dirty frames go
+    /// back, highest first, as far as the frames in use and the free dirty
+    /// frames together pass the policy's
+    /// [`peak_cap`](ReturnPolicy::peak_cap) over the most frames in use
+    /// seen, so that the pages kept for reuse raise the peak by at most
+    /// that slack, as kmem-malloc's large arena does. A run of pages kept
+    /// (a buffer freed and made again) takes no such frame and keeps them.
+    /// Skipped while another thread applies the policy.
+    pub(crate) fn hold_peak(&self) {
+        #[cfg(feature = "os")]
+        if self.releases() {
+            if let Some(mut r) = self.release.try_lock() {
+                self.apply(&mut r, 0, How::Peak);
+            }
         }
     }
 
@@ -214,46 +240,54 @@ impl PageAllocator<'_> {
                 .sum::<usize>()
                 + self.cached_pages();
             let in_use = fr.len().saturating_sub(free);
-            // Not for a settle: the scan down to the highest frame in use
-            // is as long as the free space above it (after a peak of a few
-            // GiB, most of the frames), and a settle runs at every thread
-            // exit (6 GB peak, then 5000 threads made and joined: 29 us
-            // more per thread with the scan). The periodic looks do it.
-            if how == How::Policy {
-                let mut top = fr.len();
-                while top > 0 && kind(fr[top - 1].state()) == K_FREE {
-                    top -= 1;
-                }
-                // The pad covers the runs freed since the last tick (a
-                // buffer dropped and made again). The term for what was
-                // freed since the peak is not kept here: it would take a
-                // count of frames in use on every page's allocation.
-                let recent = self.recent_run.load(Relaxed) * ps;
-                let pad = policy.top_pad_after(in_use * ps, recent, 0) / ps;
-                let from = top.saturating_add(pad);
-                if from < fr.len() {
-                    self.purge_from_top(&mut g, &mut dirty, 0, false, from, &mut purge);
-                }
-            }
-            let due = if how == How::Settle {
-                r.decay.settle(dirty * ps, in_use * ps)
+            r.high_water = r.high_water.max(in_use);
+            if how == How::Peak {
+                // Only the peak slack: past it, highest first.
+                let cap = policy.peak_cap(r.high_water * ps, in_use * ps) / ps;
+                let keep = cap.saturating_sub(in_use);
+                self.purge_from_top(&mut g, &mut dirty, keep, false, 0, &mut purge);
             } else {
-                r.decay.check(dirty * ps, in_use * ps, now)
-            };
-            match due {
-                Due::Nothing => {}
-                Due::Now { keep } => {
-                    self.purge_from_top(&mut g, &mut dirty, keep / ps, false, 0, &mut purge)
+                // Not for a settle: the scan down to the highest frame in use
+                // is as long as the free space above it (after a peak of a few
+                // GiB, most of the frames), and a settle runs at every thread
+                // exit (6 GB peak, then 5000 threads made and joined: 29 us
+                // more per thread with the scan). The periodic looks do it.
+                if how == How::Policy {
+                    let mut top = fr.len();
+                    while top > 0 && kind(fr[top - 1].state()) == K_FREE {
+                        top -= 1;
+                    }
+                    // The pad covers the runs freed since the last tick (a
+                    // buffer dropped and made again). The term for what was
+                    // freed since the peak is not kept here: it would take a
+                    // count of frames in use on every page's allocation.
+                    let recent = self.recent_run.load(Relaxed) * ps;
+                    let pad = policy.top_pad_after(in_use * ps, recent, 0) / ps;
+                    let from = top.saturating_add(pad);
+                    if from < fr.len() {
+                        self.purge_from_top(&mut g, &mut dirty, 0, false, from, &mut purge);
+                    }
                 }
-                Due::Tick { keep, limit } => {
-                    self.recent_run.store(0, Relaxed);
-                    self.purge_from_top(&mut g, &mut dirty, limit / ps, false, 0, &mut purge);
-                    self.purge_from_top(&mut g, &mut dirty, keep / ps, true, 0, &mut purge);
-                    // Every dirty free frame is old now.
-                    for f in fr {
-                        let s = f.state();
-                        if kind(s) == K_FREE && s & ZERO == 0 {
-                            f.set_state(s | OLD);
+                let due = if how == How::Settle {
+                    r.decay.settle(dirty * ps, in_use * ps)
+                } else {
+                    r.decay.check(dirty * ps, in_use * ps, now)
+                };
+                match due {
+                    Due::Nothing => {}
+                    Due::Now { keep } => {
+                        self.purge_from_top(&mut g, &mut dirty, keep / ps, false, 0, &mut purge)
+                    }
+                    Due::Tick { keep, limit } => {
+                        self.recent_run.store(0, Relaxed);
+                        self.purge_from_top(&mut g, &mut dirty, limit / ps, false, 0, &mut purge);
+                        self.purge_from_top(&mut g, &mut dirty, keep / ps, true, 0, &mut purge);
+                        // Every dirty free frame is old now.
+                        for f in fr {
+                            let s = f.state();
+                            if kind(s) == K_FREE && s & ZERO == 0 {
+                                f.set_state(s | OLD);
+                            }
                         }
                     }
                 }

@@ -54,8 +54,14 @@ impl PageAllocator<'_> {
             return self.alloc(flags, strategy);
         }
         for attempt in 0..3 {
-            if let Some(i) = self.take_run(pages, align, order, flags.zero()) {
-                return Ok(self.hand_out(i, false));
+            if let Some((i, unbacked)) = self.take_run(pages, align, order, flags.zero()) {
+                let p = self.hand_out(i, false);
+                if unbacked {
+                    // Pages the caller's first touch faults in, beside the
+                    // freed ones kept: the peak slack's look.
+                    self.hold_peak();
+                }
+                return Ok(p);
             }
             // Fresh frames first (they join above the highest), then the
             // pages parked in per-CPU caches.
@@ -72,7 +78,9 @@ impl PageAllocator<'_> {
     }
 
     /// Finds, unlinks and marks a run; zeroes its dirty frames if asked.
-    fn take_run(&self, n: usize, align: usize, order: Order, zero: bool) -> Option<usize> {
+    /// Returns its first frame and whether any of its frames was known zero
+    /// (not backed: fresh, or given back).
+    fn take_run(&self, n: usize, align: usize, order: Order, zero: bool) -> Option<(usize, bool)> {
         let mut guards = self.lock_all_buckets();
         let mut found = None;
         let grown = self.frames().len();
@@ -133,7 +141,7 @@ impl PageAllocator<'_> {
                 f.next.store(NIL, Relaxed); // no owning CPU (see `cache`)
             }
         }
-        Some(i)
+        Some((i, dirty < n))
     }
 
     /// Takes free frame `j` off its bucket's colour list and listed map (a

@@ -402,6 +402,10 @@ pub(crate) struct Release {
     /// When `maintain` last looked at the per-CPU caches (ns).
     #[cfg_attr(not(feature = "os"), allow(dead_code))]
     pub(crate) cooled: u64,
+    /// The most frames in use that a look of the policy saw (see
+    /// `release::hold_peak`).
+    #[cfg_attr(not(feature = "os"), allow(dead_code))]
+    pub(crate) high_water: usize,
 }
 
 impl Release {
@@ -411,6 +415,7 @@ impl Release {
             purges: 0,
             purged: 0,
             cooled: 0,
+            high_water: 0,
         }
     }
 }

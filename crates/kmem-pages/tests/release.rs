@@ -163,6 +163,69 @@ fn allocator_over_64_pages(delay_ms: u32) -> (PageAllocator<'static>, NonNull<u8
     (a, low)
 }
 
+/// Free pages kept for reuse raise the peak by at most the policy's slack
+/// (`ReturnPolicy::peak_cap`): a run that no hole holds takes frames not
+/// backed, and the holes' pages go back, highest first, as far as frames in
+/// use and free dirty frames together pass the most frames in use seen plus
+/// a sixth of those in use (or `retain`). A run that a hole holds takes no
+/// such frame and keeps them.
+#[test]
+fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
+    bind_simulated_cpu(0);
+    let ps = kmem_sys::page_size();
+    let a = allocator(
+        4096,
+        ReturnPolicy {
+            retain: 4 * ps,
+            delay_ms: 60_000,
+        },
+    );
+    let run = |n: usize| {
+        let r = a.alloc_run(n, 1).unwrap();
+        // SAFETY: a live run of ours.
+        unsafe { r.as_ptr().write_bytes(3, n * ps) };
+        r
+    };
+    // 12 runs of 16 pages and one above them: 208 pages in use, the peak.
+    let v: Vec<_> = (0..12).map(|_| run(16)).collect();
+    let top = run(16);
+    // Every other one freed: six holes of 16 dirty pages below a live run.
+    for &r in v.iter().step_by(2) {
+        // SAFETY: live runs, freed once.
+        unsafe { a.free_run(r, 16).unwrap() };
+    }
+    assert_eq!(a.dirty_free_pages(), 96);
+    let purged = a.purge_stats().1;
+    // A run of 16 takes a hole: nothing given back.
+    let again = run(16);
+    assert_eq!(a.dirty_free_pages(), 80);
+    assert_eq!(a.purge_stats().1, purged);
+    // SAFETY: as above.
+    unsafe { a.free_run(again, 16).unwrap() };
+    // A run of 64 fits no hole: 176 pages in use after it and 96 kept; the
+    // cap is the peak (208) plus a sixth of 176 (29), so 35 go back.
+    let big = run(64);
+    let cap = ReturnPolicy {
+        retain: 4 * ps,
+        delay_ms: 60_000,
+    }
+    .peak_cap(208 * ps, 176 * ps)
+        / ps;
+    assert_eq!(cap, 237);
+    assert_eq!(a.dirty_free_pages(), cap - 176);
+    assert_eq!(a.purge_stats().1, purged + 35);
+    a.check().unwrap();
+    // SAFETY: as above.
+    unsafe {
+        a.free_run(big, 64).unwrap();
+        a.free_run(top, 16).unwrap();
+        for &r in v.iter().skip(1).step_by(2) {
+            a.free_run(r, 16).unwrap();
+        }
+    }
+    a.check().unwrap();
+}
+
 #[test]
 fn free_pages_above_the_highest_in_use_go_back_past_the_pad() {
     let ps = kmem_sys::page_size();

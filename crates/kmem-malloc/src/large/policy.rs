@@ -72,7 +72,9 @@ impl Large {
     /// slack.
     pub(super) fn hold_peak(&self, s: &mut State) {
         let ps = self.page;
-        s.high_water = s.high_water.max(s.busy);
+        // (`recent_busy` holds the peaks that reuse of kept ranges reached
+        // since the last tick, which take no unbacked page.)
+        s.high_water = s.high_water.max(s.busy).max(s.recent_busy);
         let cap = s.decay.policy().peak_cap(s.high_water, s.busy);
         let foot = s.busy + s.dirty_pages * ps;
         if foot > cap {
