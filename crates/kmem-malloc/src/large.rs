@@ -200,8 +200,10 @@ struct State {
     /// back above eight times the largest block). What is not reused goes
     /// back within the delay.
     recent_busy: usize,
-    /// The most bytes in live ranges so far, brought up to date when an
-    /// allocation takes unbacked pages (see [`Large::hold_peak`]).
+    /// The most bytes in live ranges so far, brought up to date (with
+    /// `recent_busy`, the peak since the last tick) when an allocation or
+    /// a growth in place takes unbacked pages (see [`Large::hold_peak`]).
+    /// The ranges the CPUs' caches keep count as busy there.
     high_water: usize,
     /// Freed ranges of 16 to 256 pages kept whole for the next request of
     /// their class (see `cache`): busy in their arenas, not in `busy`.
@@ -818,6 +820,10 @@ impl Large {
             s.busy += need - n;
             s.recent_busy = s.recent_busy.max(s.busy);
             Self::grow_by(s, (more - taken) * self.page);
+            if taken < more {
+                // As an allocation that took unbacked pages (`alloc`).
+                self.hold_peak(s);
+            }
             return true;
         }
         // Take the old range back: it is free, and an arena split never

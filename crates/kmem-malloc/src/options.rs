@@ -24,8 +24,10 @@
 //! reused goes back to the OS within `decay` milliseconds, at the first
 //! allocator slow path after it (no background thread), and at once when it
 //! passes eight times `retain` or the memory in use, whichever is larger;
-//! and the large arena's freed pages never take its peak more than a sixth
-//! of the memory in use (or `retain`) past the most ever in use. `malloc_trim(0)` gives everything back at once.
+//! and when a block takes pages not backed, freed ones go back as far as
+//! they would take the large arena's or the page supply's footprint more
+//! than a sixth of the memory in use (or `retain`) past the most in use
+//! seen. `malloc_trim(0)` gives everything back at once.
 //!
 //! An unknown option or a bad value is named in one line on stderr and
 //! otherwise ignored.

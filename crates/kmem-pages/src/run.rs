@@ -79,7 +79,9 @@ impl PageAllocator<'_> {
 
     /// Finds, unlinks and marks a run; zeroes its dirty frames if asked.
     /// Returns its first frame and whether any of its frames was known zero
-    /// (not backed: fresh, or given back).
+    /// (fresh or given back, so not backed; or freed zeroed by its caller,
+    /// `free_run_zeroed`, and backed: the peak slack's look is then one
+    /// too many, and it counts those as neither dirty nor in use).
     fn take_run(&self, n: usize, align: usize, order: Order, zero: bool) -> Option<(usize, bool)> {
         let mut guards = self.lock_all_buckets();
         let mut found = None;
@@ -324,11 +326,17 @@ impl PageAllocator<'_> {
                 return false;
             }
             if end <= fr.len() {
+                let mut unbacked = false;
                 for j in i + pages..end {
-                    self.unlist(&mut guards, fr, j);
+                    unbacked |= self.unlist(&mut guards, fr, j);
                     fr[j].set_state(K_TAIL);
                 }
                 fr[i].set_state(head_state(new_pages, bucket_of(head)));
+                drop(guards);
+                if unbacked {
+                    // As a run that took such frames (`alloc_run_with`).
+                    self.hold_peak();
+                }
                 return true;
             }
             // The rest has not joined: join it (under every lock, taken

@@ -122,31 +122,33 @@ fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
         delay_ms: 60_000,
     };
     let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
-    let mib = 1usize << 20;
-    // 12 blocks of 2 MiB and one above them: 26 MiB live, the peak.
+    let ps = large.page;
+    // Blocks of 512 pages: past the cache's classes (16 to 256 pages).
+    let u = 512 * ps;
+    // 12 blocks and one above them: 13 units live, the peak.
     let v: Vec<usize> = (0..12)
-        .map(|_| large.alloc(2 * mib, 4096, false).unwrap().addr)
+        .map(|_| large.alloc(u, ps, false).unwrap().addr)
         .collect();
-    let top = large.alloc(2 * mib, 4096, false).unwrap().addr;
-    // Every other one freed: six holes of 2 MiB, kept (below a live block,
-    // past the cache's classes).
+    let top = large.alloc(u, ps, false).unwrap().addr;
+    // Every other one freed: six holes of a unit, kept (below a live
+    // block).
     for &a in v.iter().step_by(2) {
         large.free(a).unwrap();
     }
     let st = large.stats();
-    assert_eq!((st.dirty_bytes, st.purges), (12 * mib, 0));
-    // A block of 2 MiB takes a hole: nothing faulted in, nothing given back.
-    let again = large.alloc(2 * mib, 4096, false).unwrap().addr;
+    assert_eq!((st.dirty_bytes, st.purges), (6 * u, 0));
+    // A block of a unit takes a hole: nothing faulted in, nothing given back.
+    let again = large.alloc(u, ps, false).unwrap().addr;
     let st = large.stats();
-    assert_eq!((st.dirty_bytes, st.purges), (10 * mib, 0));
+    assert_eq!((st.dirty_bytes, st.purges), (5 * u, 0));
     large.free(again).unwrap();
-    // A block of 8 MiB fits no hole: 22 MiB live after it, 12 MiB freed and
-    // kept; the cap is the peak (26 MiB) plus 22/6 MiB, so 34 - 29.67 MiB
-    // of the holes' pages go back.
-    let big = large.alloc(8 * mib, 4096, false).unwrap().addr;
+    // A block of four units fits no hole: 11 units live after it, 6 freed
+    // and kept; the cap is the peak (13 units) plus a sixth of 11, so the
+    // holes' pages go back down to it.
+    let big = large.alloc(4 * u, ps, false).unwrap().addr;
     let st = large.stats();
-    let live = 22 * mib;
-    let cap = policy.peak_cap(26 * mib, live);
+    let live = 11 * u;
+    let cap = policy.peak_cap(13 * u, live);
     assert!(st.purges > 0);
     assert!(
         live + st.dirty_bytes <= cap,
@@ -155,7 +157,7 @@ fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
         st.dirty_bytes
     );
     assert!(
-        live + st.dirty_bytes + 4096 > cap,
+        live + st.dirty_bytes + ps > cap,
         "gave back more than needed"
     );
     large.check().unwrap();
