@@ -173,13 +173,11 @@ fn allocator_over_64_pages(delay_ms: u32) -> (PageAllocator<'static>, NonNull<u8
 fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
     bind_simulated_cpu(0);
     let ps = kmem_sys::page_size();
-    let a = allocator(
-        4096,
-        ReturnPolicy {
-            retain: 4 * ps,
-            delay_ms: 60_000,
-        },
-    );
+    let policy = ReturnPolicy {
+        retain: 4 * ps,
+        delay_ms: 60_000,
+    };
+    let a = allocator(4096, policy);
     let run = |n: usize| {
         let r = a.alloc_run(n, 1).unwrap();
         // SAFETY: a live run of ours.
@@ -205,12 +203,7 @@ fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
     // A run of 64 fits no hole: 176 pages in use after it and 96 kept; the
     // cap is the peak (208) plus a sixth of 176 (29), so 35 go back.
     let big = run(64);
-    let cap = ReturnPolicy {
-        retain: 4 * ps,
-        delay_ms: 60_000,
-    }
-    .peak_cap(208 * ps, 176 * ps)
-        / ps;
+    let cap = policy.peak_cap(208 * ps, 176 * ps) / ps;
     assert_eq!(cap, 237);
     assert_eq!(a.dirty_free_pages(), cap - 176);
     assert_eq!(a.purge_stats().1, purged + 35);
