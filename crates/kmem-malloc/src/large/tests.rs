@@ -16,6 +16,20 @@ fn cpus() -> &'static CpuCaches {
     Box::leak(Box::new(CpuCaches::new()))
 }
 
+/// The policy of the tests that watch what stays backed: 1 MiB retained
+/// (a limit of eight times that, 8 MiB, or the memory in use) and a delay
+/// longer than any test, so that no tick comes but those a test asks for.
+const QUIET: ReturnPolicy = ReturnPolicy {
+    retain: 1 << 20,
+    delay_ms: 60_000,
+};
+
+/// An arena under [`QUIET`] without CPU caches (every free reaches it).
+fn quiet_large() -> Large {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    Large::new(QUIET, nodes, || {}, cpus()).without_cpu_caches()
+}
+
 /// The unit of [`holes`]: the smallest request placed by best fit.
 const U: u64 = BEST_FIT_MIN;
 
@@ -114,14 +128,8 @@ fn a_batch_freed_keeps_its_pages_for_the_next() {
 /// live now. A block that a hole holds faults nothing in and keeps them.
 #[test]
 fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
-    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
-    // No tick in the test's time; a limit (8 MiB or the memory in use)
-    // above what is freed here.
-    let policy = ReturnPolicy {
-        retain: 1 << 20,
-        delay_ms: 60_000,
-    };
-    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
+    // The limit (the memory in use) is above what is freed here.
+    let large = quiet_large();
     let ps = large.page;
     // Blocks of 512 pages: past the cache's classes (16 to 256 pages).
     let u = 512 * ps;
@@ -148,7 +156,7 @@ fn freed_pages_raise_the_peak_by_at_most_the_policy_slack() {
     let big = large.alloc(4 * u, ps, false).unwrap().addr;
     let st = large.stats();
     let live = 11 * u;
-    let cap = policy.peak_cap(13 * u, live);
+    let cap = QUIET.peak_cap(13 * u, live);
     assert!(st.purges > 0);
     assert!(
         live + st.dirty_bytes <= cap,
@@ -653,13 +661,8 @@ fn hits_on_a_cpu_cache_keep_the_policy_clock_going() {
 /// pool's next workers faulted it in again.)
 #[test]
 fn an_exit_keeps_young_pages_within_four_times_the_limit() {
-    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
     // The limit is eight times `retain`: 8 MiB; no tick in the test's time.
-    let policy = ReturnPolicy {
-        retain: 1 << 20,
-        delay_ms: 60_000,
-    };
-    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
+    let large = quiet_large();
     let ps = large.page;
     let (size, limit) = (3 << 19, 8 << 20);
     // The policy's first tick comes at the first free: here, with nothing
@@ -706,14 +709,9 @@ fn an_exit_keeps_young_pages_within_four_times_the_limit() {
 /// exiting one reuse those.
 #[test]
 fn an_exit_gives_back_old_pages_down_to_the_limit() {
-    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
     // The limit is eight times `retain`: 8 MiB; no tick in the test's
     // time but the one it asks for (`set_policy` makes the next one due).
-    let policy = ReturnPolicy {
-        retain: 1 << 20,
-        delay_ms: 60_000,
-    };
-    let large = Large::new(policy, nodes, || {}, cpus()).without_cpu_caches();
+    let large = quiet_large();
     let (ps, size) = (large.page, 3 << 19);
     let block = || large.alloc(size, ps, false).unwrap().addr;
     // 4 blocks (6 MiB), then 8 (12 MiB), then a live range above them all.
@@ -725,7 +723,7 @@ fn an_exit_gives_back_old_pages_down_to_the_limit() {
     }
     // A tick: a's pages, free since before it, become old (6 MiB is under
     // the limit, so the tick gives nothing back).
-    large.set_policy(policy);
+    large.set_policy(QUIET);
     large.maintain();
     let ticked = large.stats();
     assert_eq!(ticked.dirty_bytes, 4 * size);
