@@ -96,6 +96,16 @@ impl PageAllocator<'_> {
         (r.purges, r.purged)
     }
 
+    /// Free frames on the buckets' lists (exact under every bucket lock,
+    /// a snapshot without).
+    #[cfg(feature = "os")]
+    fn listed_free(&self) -> usize {
+        (0..self.p.nb)
+            .flat_map(|b| (0..self.p.nfl).map(move |f| (b, f)))
+            .map(|(b, f)| self.nfree[b][f].load(Relaxed))
+            .sum()
+    }
+
     /// CONTEXT: every bucket lock.
     fn dirty_locked(&self, g: &mut Guards<'_>) -> usize {
         let nc = self.p.ncolours;
@@ -218,6 +228,22 @@ impl PageAllocator<'_> {
         let ps = self.p.page_size;
         let policy = r.decay.policy();
         self.limit_floor.store(policy.limit(0), Relaxed);
+        if how == How::Peak {
+            // Most runs that take fresh frames find too few free ones to
+            // pass the cap (a heap that grows): known without the bucket
+            // locks, from the lists' counts (the dirty ones are among them),
+            // so that growing heaps on many CPUs do not take every lock.
+            let listed = self.listed_free();
+            let in_use = self
+                .frames()
+                .len()
+                .saturating_sub(listed + self.cached_pages());
+            r.high_water = r.high_water.max(in_use);
+            let cap = policy.peak_cap(r.high_water * ps, in_use * ps) / ps;
+            if listed <= cap.saturating_sub(in_use) {
+                return;
+            }
+        }
         let mut g = self.lock_all_buckets();
         let mut done = 0usize;
         let mut purge = |lo: usize, n: usize| {
@@ -234,11 +260,7 @@ impl PageAllocator<'_> {
         } else {
             // Free frames above the highest one in use: placement reaches
             // them last (as glibc trims its heap's top).
-            let free = (0..self.p.nb)
-                .flat_map(|b| (0..self.p.nfl).map(move |f| (b, f)))
-                .map(|(b, f)| self.nfree[b][f].load(Relaxed))
-                .sum::<usize>()
-                + self.cached_pages();
+            let free = self.listed_free() + self.cached_pages();
             let in_use = fr.len().saturating_sub(free);
             r.high_water = r.high_water.max(in_use);
             if how == How::Peak {
