@@ -113,5 +113,5 @@ pub use global::KmemNta;
 pub use node::{Geometry, MAX_NODE_CHUNKS};
 pub use nta::{Config, LookupKey, Nta, Stats, LARGE_PARKED_MAX, LONG_LEN, MAINTAIN_MS, MAX_HEAPS};
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, feature = "std", not(loom)))]
 mod tests;

@@ -613,5 +613,5 @@ fn count(head: *mut Slab) -> usize {
 mod arena;
 mod cache;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 mod tests;

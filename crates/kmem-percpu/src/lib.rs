@@ -1097,5 +1097,5 @@ impl<B: Backend> Drop for PerCpuAllocator<B> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, feature = "std", not(loom)))]
 mod tests;

@@ -140,7 +140,7 @@ mod quicklists;
 pub use policy::{Config, Policy, DEFAULT_BATCH, DEFAULT_MIN_PAGES, FRACTION_OF_NODE_MEM};
 pub use quicklists::{Ctor, Dtor, FreeError, Meminfo, PageRef, Quicklists, Stats};
 
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 mod tests;
 
 #[cfg(all(test, loom))]

@@ -646,5 +646,5 @@ impl MediumCache {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 mod tests;
