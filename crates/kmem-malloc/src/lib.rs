@@ -182,7 +182,7 @@ static NTA: Nta<MallocSource, Cpus> = Nta::const_new(
 static SLABS: SlabArena<MallocSource> =
     SlabArena::with_tick(MallocSource(GlobalPages::new(TINY_RESERVE)), small_tick);
 
-/// The slabs' tick (once in 64 frees a thread makes into its own slabs):
+/// The slabs' tick (once in 256 frees a thread makes into its own slabs):
 /// nta's clock, whose maintenance also applies the return policy of the
 /// large arena and of the slabs' own page supply (see [`MallocSource`]).
 fn small_tick() {

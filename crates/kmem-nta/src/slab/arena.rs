@@ -19,7 +19,7 @@ impl<P: PageSource> SlabArena<P> {
         SlabArena::build(source, None)
     }
 
-    /// As [`new`](Self::new), with `tick` called once in 64 frees a thread
+    /// As [`new`](Self::new), with `tick` called once in 256 frees a thread
     /// makes into its own slabs. An allocator whose memory goes back to
     /// the OS on a clock that its calls read (kmem-malloc's, `KmemNta`'s)
     /// passes its clock's tick: a program whose calls after a phase of
