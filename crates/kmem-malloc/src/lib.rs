@@ -37,7 +37,7 @@
 //! bytes; what is freed beyond that and not reused goes back to the OS
 //! (`madvise(MADV_DONTNEED)`) within `decay` ms, at the next tick past a limit, and
 //! at once when it lies well above the highest block in use. The clock is
-//! read on slow paths, every 63 frees into a front cache and every 64
+//! read on slow paths, every 63 frees into a front cache and every 256
 //! frees into a thread's own slabs (nta's maintenance, which also finishes
 //! frees stranded on idle heaps, and applies the large arena's and the
 //! slabs' supply's policies); there is

@@ -387,6 +387,13 @@ impl PageAllocator<'_> {
                 });
             }
         }
+        // Counted free before they join: a reader without the locks that
+        // loads `grown` and then the counts (`release::hold_peak`) never
+        // takes a joined frame that no count holds for one in use. Whoever
+        // takes a bucket lock waits for the lists below.
+        for i in g..end {
+            self.nfree[self.initial_bucket(i)][self.freelist_of(i)].fetch_add(1, Relaxed);
+        }
         self.grown.store(end, Release);
         let fr = self.frames();
         let zero = self.p.zeroed;
@@ -397,7 +404,6 @@ impl PageAllocator<'_> {
             let bg = guards[b].as_mut().expect("every bucket is locked");
             bg.insert(fr, self.p.ncolours, fl, c, i as u32, zero);
             self.mark_listed(b, i);
-            self.nfree[b][fl].fetch_add(1, Relaxed);
         }
         drop(guards);
         Ok(())

@@ -233,11 +233,17 @@ impl PageAllocator<'_> {
             // pass the cap (a heap that grows): known without the bucket
             // locks, from the lists' counts (the dirty ones are among them),
             // so that growing heaps on many CPUs do not take every lock.
+            // The counts are read without the locks, in this order: the
+            // frames joined (a grow counts its frames free before they
+            // join), the caches, then the lists (a cache drained between
+            // the two is counted twice, which only lowers `in_use`). One
+            // drain under way while both are read can leave its pages out
+            // of both: `in_use`, and the peak recorded, high by at most
+            // what one CPU's stacks of one freelist hold.
+            let joined = self.frames().len();
+            let cached = self.cached_pages();
             let listed = self.listed_free();
-            let in_use = self
-                .frames()
-                .len()
-                .saturating_sub(listed + self.cached_pages());
+            let in_use = joined.saturating_sub(listed + cached);
             r.high_water = r.high_water.max(in_use);
             let cap = policy.peak_cap(r.high_water * ps, in_use * ps) / ps;
             if listed <= cap.saturating_sub(in_use) {
