@@ -403,8 +403,9 @@ pub struct SlabArena<P: PageSource> {
 /// Local frees of a thread between two calls of its arena's tick (a power
 /// of two, at most 256: a byte's count wraps). The tick's look at the clock
 /// (a call and the vDSO's coarse clock) was 1.8 % of sh6bench's samples
-/// once in 64 frees (its wall time fell 4 % at 256); once in 256, a thread that frees a tiny block every 10 ms
-/// and does nothing else looks every 2.6 s.
+/// once in 64 frees (its wall time fell 4 % at 256). Once in 256, a thread
+/// that frees a tiny block every 10 ms and does nothing else looks every
+/// 2.6 s.
 const TICK_FREES: u32 = 256;
 /// What each local free adds to the byte that counts them.
 const TICK_STEP: u8 = (256 / TICK_FREES) as u8;

@@ -387,10 +387,10 @@ impl PageAllocator<'_> {
                 });
             }
         }
-        // Counted free before they join: a reader without the locks that
-        // loads `grown` and then the counts (`release::hold_peak`) never
-        // takes a joined frame that no count holds for one in use. Whoever
-        // takes a bucket lock waits for the lists below.
+        // Counted free before they join, so that a reader without the locks
+        // that loads `grown` and then the counts (`release::hold_peak`)
+        // never takes a joined frame that no count has reached yet for one
+        // in use. Whoever takes a bucket lock waits for the lists below.
         for i in g..end {
             self.nfree[self.initial_bucket(i)][self.freelist_of(i)].fetch_add(1, Relaxed);
         }
