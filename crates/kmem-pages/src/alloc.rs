@@ -133,6 +133,15 @@ impl<'a> PageAllocator<'a> {
                 break;
             }
         }
+        // Frames a purge holds off the lists come back when it ends. (No
+        // cache held while waiting: the purge may look at the caches.)
+        drop(h);
+        if self.wait_purge() {
+            if let Some((i, z, _)) = self.find_page(pc, None, order, colour, zero) {
+                self.frame(i).next.store(cpu as u32, Relaxed);
+                return Ok(self.hand_out(i, zero && !z));
+            }
+        }
         Err(Error::OutOfMemory { size: 1 })
     }
 
@@ -404,11 +413,12 @@ impl<'a> PageAllocator<'a> {
 
     // ----- counts -----
 
-    /// Free pages: the buckets' counts plus the per-CPU caches (derived; no
-    /// global counter is kept). Exact when nothing runs concurrently.
+    /// Free pages: the buckets' counts plus the per-CPU caches and the
+    /// frames a purge holds off the lists (derived; no global counter is
+    /// kept). Exact when nothing runs concurrently.
     pub fn free_count(&self) -> usize {
         // Frames that have not joined yet are free too.
-        let mut n = self.p.npages - self.grown.load(Acquire);
+        let mut n = self.p.npages - self.grown.load(Acquire) + self.purging.load(Relaxed);
         for b in 0..self.p.nb {
             for f in 0..self.p.nfl {
                 n += self.nfree[b][f].load(Relaxed);

@@ -334,6 +334,7 @@ impl<'a> PageAllocator<'a> {
             freed_since: AtomicUsize::new(0),
             limit_floor: AtomicUsize::new(ReturnPolicy::DEFAULT.limit(0)),
             recent_run: AtomicUsize::new(0),
+            purging: AtomicUsize::new(0),
             backing,
         };
         // Every frame onto its initial bucket's colour list, lowest first.

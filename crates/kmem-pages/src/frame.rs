@@ -22,6 +22,8 @@
 //!          HEAD    first frame of an allocation of `len` frames (from `bkt`)
 //!          TAIL    any other frame of an allocation
 //!          BUSY    being freed (between the validating CAS and the list insert)
+//!          PURGE   free, off its list while a purge gives its memory back to
+//!                  the OS (`release`); its other bits are those it had listed
 //!   zero   the page is known to hold only zero bytes (FREE and CACHED only)
 //!   old    (in len's place, FREE only) freed before the return policy's
 //!          last tick (see `release`)
@@ -51,6 +53,7 @@ pub(crate) const K_CACHED: u32 = 2;
 pub(crate) const K_HEAD: u32 = 3;
 pub(crate) const K_TAIL: u32 = 4;
 pub(crate) const K_BUSY: u32 = 5;
+pub(crate) const K_PURGE: u32 = 6;
 pub(crate) const ZERO: u32 = 1 << 3;
 pub(crate) const MARK: u32 = 1 << 4;
 pub(crate) const BUCKET_SHIFT: u32 = 5;
@@ -241,6 +244,9 @@ pub enum FrameState {
     Tail,
     /// Being freed by another thread right now.
     Busy,
+    /// Free, off its list while a purge gives its memory back to the OS
+    /// (it goes back on its list, known zero, when the purge ends).
+    Purging,
 }
 
 /// One frame's record, decoded.
@@ -267,6 +273,7 @@ pub(crate) fn decode_state(s: u32) -> FrameState {
         K_CACHED => FrameState::Cached,
         K_HEAD => FrameState::Allocated(run_len(s)),
         K_TAIL => FrameState::Tail,
+        K_PURGE => FrameState::Purging,
         _ => FrameState::Busy,
     }
 }

@@ -28,7 +28,10 @@
 //!                       peak_cap (the most frames in use seen, plus a
 //!                       sixth of those in use or retain), highest first
 //!   a purge             madvise(MADV_DONTNEED) of a run of frames; each
-//!                       becomes known zero (ZERO, the zeroed end of its list)
+//!                       becomes known zero (ZERO, the zeroed end of its list).
+//!                       Up to PURGE_BATCH frames at a time leave their
+//!                       lists under the locks (PURGE), are given back
+//!                       without them, and return under them
 //! ```
 //!
 //! Only frames on the buckets' lists are given back: a per-CPU cache holds
@@ -59,6 +62,14 @@ use crate::MAX_BUCKETS;
 const COOL_NS: u64 = 1_000_000_000;
 
 type Guards<'a> = [Option<LockGuard<'a, BucketState>>; MAX_BUCKETS];
+
+/// Most frames one batch of a purge holds off the lists (see
+/// `purge_from_top`): 4 MiB of 4 KiB pages.
+#[cfg(feature = "os")]
+const PURGE_BATCH: usize = 1024;
+/// Most runs of frames in one batch.
+#[cfg(feature = "os")]
+const PURGE_RUNS: usize = 32;
 
 /// What [`apply`](PageAllocator::apply) does: the policy at `now`, its
 /// limit at once, or everything back.
@@ -334,46 +345,121 @@ impl PageAllocator<'_> {
     /// answers whether the OS took it (a refusal stops the pass: the frames
     /// stay dirty). Each frame given back becomes known zero.
     ///
-    /// CONTEXT: every bucket lock (`g`).
+    /// The bucket locks are not held across the system calls: in batches
+    /// of at most [`PURGE_BATCH`] frames, the runs are taken off their lists
+    /// under the locks (PURGE frames, counted in `purging`), the locks are
+    /// let go while `purge` gives them back, then taken again to put the
+    /// frames back on their lists. A `madvise` of a few MiB takes a
+    /// millisecond or more, and every CPU that needs a frame from a bucket
+    /// (a cache refill, a run, a drain) would wait for it. Meanwhile the
+    /// frames are on no list, so nothing takes them; an allocation that
+    /// finds nothing else waits for the purge before it fails
+    /// ([`wait_purge`](Self::wait_purge)).
+    ///
+    /// CONTEXT: every bucket lock (`g`), held again on return; the release
+    /// lock, so that one purge runs at a time.
     #[cfg(feature = "os")]
-    fn purge_from_top(
-        &self,
-        g: &mut Guards<'_>,
+    fn purge_from_top<'s>(
+        &'s self,
+        g: &mut Guards<'s>,
         dirty: &mut usize,
         keep: usize,
         only_old: bool,
         from: usize,
         purge: &mut impl FnMut(usize, usize) -> bool,
     ) {
-        let fr = self.frames();
         let nc = self.p.ncolours;
         let candidate = |s: u32| kind(s) == K_FREE && s & ZERO == 0 && (!only_old || s & OLD != 0);
-        let mut j = fr.len();
-        while *dirty > keep && j > from {
-            j -= 1;
-            if !candidate(fr[j].state()) {
-                continue;
+        let mut j = self.frames().len();
+        loop {
+            // 1. Under the locks: runs off their lists, highest first.
+            let fr = self.frames();
+            let mut runs = [(0usize, 0usize); PURGE_RUNS];
+            let (mut nr, mut taken) = (0, 0);
+            while *dirty > keep && j > from && nr < PURGE_RUNS && taken < PURGE_BATCH {
+                j -= 1;
+                if !candidate(fr[j].state()) {
+                    continue;
+                }
+                let want = (*dirty - keep).min(PURGE_BATCH - taken);
+                let hi = j + 1;
+                let mut lo = j;
+                while lo > from && hi - lo < want && candidate(fr[lo - 1].state()) {
+                    lo -= 1;
+                }
+                // Counted before they leave the lists (see `purging`).
+                self.purging.fetch_add(hi - lo, Relaxed);
+                for (k, f) in fr.iter().enumerate().take(hi).skip(lo) {
+                    let s = f.state();
+                    let (b, fl, c) = (bucket_of(s), self.freelist_of(k), self.colour_of(k));
+                    let bg = g[b].as_mut().expect("every bucket is locked");
+                    bg.unlink(fr, nc, fl, c, k as u32, false);
+                    self.unmark_listed(b, k);
+                    let nf = &self.nfree[b][fl];
+                    nf.store(nf.load(Relaxed) - 1, Relaxed);
+                    f.set_state((s & !KIND_MASK) | K_PURGE);
+                }
+                runs[nr] = (lo, hi);
+                nr += 1;
+                taken += hi - lo;
+                *dirty -= hi - lo;
+                j = lo;
             }
-            let hi = j + 1;
-            let mut lo = j;
-            while lo > from && hi - lo < *dirty - keep && candidate(fr[lo - 1].state()) {
-                lo -= 1;
-            }
-            if !purge(lo, hi - lo) {
+            if nr == 0 {
                 return;
             }
-            for (k, f) in fr.iter().enumerate().take(hi).skip(lo) {
-                let s = f.state();
-                let b = bucket_of(s);
-                let (fl, c) = (self.freelist_of(k), self.colour_of(k));
-                let bg = g[b].as_mut().expect("every bucket is locked");
-                let list = bg.list(fl, c, nc);
-                list.unlink(fr, k as u32, false);
-                f.set_state(free_state(b, true) | (s & FRESH));
-                list.insert(fr, k as u32, true);
+            // 2. Without them: the system calls.
+            for bg in g.iter_mut() {
+                *bg = None;
             }
-            *dirty -= hi - lo;
-            j = lo;
+            let mut given = [false; PURGE_RUNS];
+            for (r, &(lo, hi)) in runs[..nr].iter().enumerate() {
+                given[r] = purge(lo, hi - lo);
+                if !given[r] {
+                    break;
+                }
+            }
+            // 3. Under the locks again: every frame back on its list, at
+            // the zero end if it was given back.
+            *g = self.lock_all_buckets();
+            let fr = self.frames();
+            for (r, &(lo, hi)) in runs[..nr].iter().enumerate() {
+                for (k, f) in fr.iter().enumerate().take(hi).skip(lo) {
+                    let s = f.state();
+                    debug_assert_eq!(kind(s), K_PURGE);
+                    let (b, fl, c) = (bucket_of(s), self.freelist_of(k), self.colour_of(k));
+                    f.set_state(if given[r] {
+                        free_state(b, true) | (s & FRESH)
+                    } else {
+                        (s & !KIND_MASK) | K_FREE
+                    });
+                    let bg = g[b].as_mut().expect("every bucket is locked");
+                    bg.insert(fr, nc, fl, c, k as u32, given[r]);
+                    self.mark_listed(b, k);
+                    let nf = &self.nfree[b][fl];
+                    nf.store(nf.load(Relaxed) + 1, Relaxed);
+                }
+            }
+            self.purging.fetch_sub(taken, Relaxed);
+            if given[..nr].iter().any(|&x| !x) {
+                return;
+            }
+            // Frames came and went while the locks were out.
+            *dirty = self.dirty_locked(g);
         }
+    }
+
+    /// Waits for a purge under way (its frames are on no list while it
+    /// runs); true when there was one, so that an allocation that found no
+    /// frame looks again before it fails.
+    ///
+    /// CONTEXT: no bucket lock, no cache held.
+    pub(crate) fn wait_purge(&self) -> bool {
+        if self.purging.load(Relaxed) == 0 {
+            return false;
+        }
+        // The purge holds the release lock until its frames are back.
+        drop(self.release.lock());
+        true
     }
 }

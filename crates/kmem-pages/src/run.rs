@@ -53,7 +53,7 @@ impl PageAllocator<'_> {
         if pages == 1 && align == 1 {
             return self.alloc(flags, strategy);
         }
-        for attempt in 0..3 {
+        for attempt in 0..4 {
             if let Some((i, unbacked)) = self.take_run(pages, align, order, flags.zero()) {
                 let p = self.hand_out(i, false);
                 if unbacked {
@@ -70,7 +70,11 @@ impl PageAllocator<'_> {
             }
             if attempt < 2 && self.cached_pages() > 0 {
                 self.flush_caches();
-            } else {
+                continue;
+            }
+            // Frames a purge holds off the lists come back when it ends:
+            // waited for once, then one more search.
+            if attempt == 3 || !self.wait_purge() {
                 break;
             }
         }

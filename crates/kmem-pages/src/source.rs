@@ -18,7 +18,7 @@ use core::ptr::NonNull;
 use kmem_core::{PageSource, Result};
 
 use crate::config::{Flags, Strategy};
-use crate::frame::{kind, FRESH, K_CACHED, K_FREE};
+use crate::frame::{kind, FRESH, K_CACHED, K_FREE, K_PURGE};
 use crate::state::PageAllocator;
 
 // SAFETY: every page handed out is a frame of the region this allocator owns,
@@ -110,7 +110,7 @@ unsafe impl PageSource for PageAllocator<'_> {
     fn was_freed(&self, ptr: NonNull<u8>) -> bool {
         self.index_of(ptr).is_ok_and(|i| {
             let s = self.frame(i).state();
-            matches!(kind(s), K_FREE | K_CACHED) && s & FRESH == 0
+            matches!(kind(s), K_FREE | K_CACHED | K_PURGE) && s & FRESH == 0
         })
     }
 

@@ -211,6 +211,11 @@ pub struct PageAllocator<'a> {
     /// The longest run freed dirty since the policy's last tick, in pages:
     /// the top pad covers it (`ReturnPolicy::top_pad_after`).
     pub(crate) recent_run: AtomicUsize,
+    /// Frames a purge has taken off the lists while it gives their memory
+    /// back (`release::purge_from_top`): free, but on no list. Raised before
+    /// they leave the lists and lowered after they are back, under every
+    /// bucket lock.
+    pub(crate) purging: AtomicUsize,
     pub(crate) backing: Backing<'a>,
 }
 
@@ -644,7 +649,7 @@ pub(crate) fn free_error(s: u32, n: usize, addr: u64) -> Error {
             actual: run_len(s) as u64,
         },
         K_TAIL => Error::NotAllocated { addr },
-        K_FREE | K_CACHED if s & FRESH != 0 => Error::NotAllocated { addr },
+        K_FREE | K_CACHED | K_PURGE if s & FRESH != 0 => Error::NotAllocated { addr },
         _ => Error::DoubleFree { addr },
     }
 }

@@ -408,6 +408,7 @@ impl PageAllocator<'_> {
         }
         // 3. Every frame: its state, the listed maps, runs of head and tails.
         let (mut nfree_frames, mut ncached, mut run_left) = (0usize, 0usize, 0usize);
+        let mut npurging = 0usize;
         for (j, f) in fr.iter().enumerate() {
             let s = f.state();
             if run_left > 0 {
@@ -449,12 +450,26 @@ impl PageAllocator<'_> {
                     }
                     run_left = n - 1;
                 }
+                K_PURGE => {
+                    npurging += 1;
+                    if s & ZERO != 0 {
+                        return Err("a known-zero frame being purged");
+                    }
+                    if !busy(j) {
+                        return Err("frame being purged in a listed map");
+                    }
+                }
                 K_TAIL => return Err("tail frame outside any run"),
                 K_BUSY => return Err("frame being freed (check() during a free?)"),
                 _ => return Err("frame in no state"),
             }
         }
+        // Read under the locks, which its changes hold.
+        let purging = self.purging.load(Relaxed);
         drop(guards);
+        if npurging != purging {
+            return Err("frames being purged differ from their count");
+        }
         if run_left > 0 {
             return Err("run runs past the last frame");
         }

@@ -309,3 +309,66 @@ fn a_buffer_keeps_everything() {
     assert_eq!(a.purge(), 0);
     a.check().unwrap();
 }
+
+#[test]
+fn a_purge_lets_others_allocate_and_an_allocation_that_needs_its_frames_waits() {
+    // A purge takes its frames off the lists in batches and gives them back
+    // without the bucket locks, so another thread allocates meanwhile; one
+    // whose request can be met only with the frames being purged waits for
+    // them instead of failing. 4096 frames; one thread takes 512 of them,
+    // writes them and frees them, then purges (every dirty free frame, in
+    // batches of 1024), over and over, while another takes all but 600
+    // page by page and frees them: more than a batch leaves on the lists.
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    let n = 4096;
+    let t = Topology::single(2).unwrap();
+    let cfg = Config::new().colours(1).cache(kmem_pages::CacheMode::Off);
+    let a = Arc::new(
+        PageAllocator::with_config(&t, Cpus::Real, n * kmem_sys::page_size(), &cfg).unwrap(),
+    );
+    let ps = a.page_size();
+    let done = Arc::new(AtomicBool::new(false));
+    struct Done(Arc<AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
+    let purger = {
+        let (a, done) = (a.clone(), Done(done.clone()));
+        std::thread::spawn(move || {
+            let _done = done; // set when this thread ends, a panic included
+            let mut purged = 0;
+            for k in 0..100u8 {
+                let some: Vec<_> = (0..512).map(|_| a.alloc_page().expect("a page")).collect();
+                for &p in &some {
+                    // SAFETY: a live page of ours, written so that it is
+                    // dirty, then freed once.
+                    unsafe {
+                        p.as_ptr().write_bytes(k | 1, ps);
+                        a.free_page(p).unwrap();
+                    }
+                }
+                purged += PageAllocator::purge(&a);
+            }
+            purged
+        })
+    };
+    let mut rounds = 0u64;
+    while !done.load(Relaxed) {
+        let mine: Vec<_> = (0..n - 600)
+            .map(|_| a.alloc_page().expect("a page"))
+            .collect();
+        for p in mine {
+            // SAFETY: live, ours, freed once.
+            unsafe { a.free_page(p).unwrap() };
+        }
+        rounds += 1;
+    }
+    let purged = purger.join().unwrap();
+    assert!(purged >= 100 * 512, "purged {purged}");
+    assert!(rounds > 0);
+    a.check().unwrap();
+    assert_eq!(a.free_count(), n);
+}
