@@ -83,7 +83,7 @@ impl SlabCache {
                 return fresh_block(s, c);
             }
             let next = (*b).next ^ arena.link();
-            if !link_aligned(next) {
+            if !links_in_slab(b, next) {
                 // A jump, not a call (see `refuse_link`).
                 return refuse_link(b).as_ptr();
             }
