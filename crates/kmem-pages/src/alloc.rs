@@ -133,11 +133,13 @@ impl<'a> PageAllocator<'a> {
                 break;
             }
         }
-        // Frames a purge holds off the lists come back when it ends. (No
-        // cache held while waiting: the purge may look at the caches.)
+        // Frames a purge holds off the lists come back when it ends: one
+        // more look with no purge under way (no cache held while waiting:
+        // a purge may look at the caches).
         drop(h);
-        if self.wait_purge() {
+        if let Some(quiet) = self.no_purge() {
             if let Some((i, z, _)) = self.find_page(pc, None, order, colour, zero) {
+                drop(quiet);
                 self.frame(i).next.store(cpu as u32, Relaxed);
                 return Ok(self.hand_out(i, zero && !z));
             }

@@ -83,7 +83,10 @@
 //!   union of the buckets' listed bitmaps with every bucket lock held (a slower path); frames in caches are not
 //!   eligible, so a failed search flushes the caches and tries once more.
 //! - **Failure**: when every bucket is empty, the per-CPU caches are flushed
-//!   and the search repeated once; then [`Error::OutOfMemory`](kmem_core::Error).
+//!   and the search repeated once; over reserved memory (which purges),
+//!   once more under the release lock, which no purge then holds (its
+//!   frames are on no list while it runs); then
+//!   [`Error::OutOfMemory`](kmem_core::Error).
 //! - The per-CPU cache is on only when CPUs share a bucket
 //!   ([`CacheMode::Auto`]); [`PageAllocator::pause_cache`] empties and stops
 //!   every cache (nested), [`PageAllocator::resume_cache`] restarts them.
@@ -93,7 +96,9 @@
 //! - A frame is in exactly one place: on the colour list of its freelist, its
 //!   colour and the bucket in its state (`FREE`); on one cache stack of its
 //!   freelist and colour of a CPU of that bucket (`CACHED`); or allocated, as
-//!   the `HEAD` of a run of `len` frames or one of its `TAIL`s.
+//!   the `HEAD` of a run of `len` frames or one of its `TAIL`s; or, while a
+//!   purge gives its memory back without the bucket locks, on no list and
+//!   in no map (`PURGE`, counted in `purging`).
 //! - A frame's bit is set in the listed map of bucket b exactly when it is
 //!   `FREE` on one of b's lists.
 //! - `nfree[b][f]` is the length of bucket b's lists of freelist f; bit c of
@@ -114,9 +119,13 @@
 //!   sequence there steps aside (and fenced the CPU, unless it runs there). A
 //!   thread may move CPUs at any moment: a sequence reads the CPU inside
 //!   itself, and a free pushes only on the CPU whose bucket it chose.
-//! - Order: the control lock (pause), then a CPU's cache lock, then bucket
-//!   locks, several of them only in ascending order (runs, check). No two
-//!   cache locks are ever held together.
+//! - Order: the release lock (the return policy's state; one purge at a
+//!   time), then the control lock (pause), then a CPU's cache lock, then
+//!   bucket locks, several of them only in ascending order (runs, check). No two
+//!   cache locks are ever held together (but by `fork_prepare`). A purge
+//!   lets the bucket locks go around its system calls, keeping the
+//!   release lock; an allocation takes the release lock only holding
+//!   nothing else, and nothing allocates under it.
 //! - A free claims its frame with one compare-exchange `HEAD(n) -> BUSY`
 //!   before taking any lock, so a double free racing the first free fails
 //!   cleanly; every other frame-state change happens under a lock.

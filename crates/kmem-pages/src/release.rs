@@ -50,9 +50,7 @@ use kmem_core::{LockGuard, ReturnPolicy};
 
 #[cfg(feature = "os")]
 use crate::frame::*;
-#[cfg(feature = "os")]
-use crate::state::Release;
-use crate::state::{BucketState, PageAllocator};
+use crate::state::{BucketState, PageAllocator, Release};
 use crate::MAX_BUCKETS;
 
 /// How often [`maintain`](PageAllocator::maintain) looks at the per-CPU
@@ -354,7 +352,8 @@ impl PageAllocator<'_> {
     /// (a cache refill, a run, a drain) would wait for it. Meanwhile the
     /// frames are on no list, so nothing takes them; an allocation that
     /// finds nothing else waits for the purge before it fails
-    /// ([`wait_purge`](Self::wait_purge)).
+    /// ([`no_purge`](Self::no_purge)). A run that would grow in place
+    /// into frames under a purge does not (`grow_run` answers false).
     ///
     /// CONTEXT: every bucket lock (`g`), held again on return; the release
     /// lock, so that one purge runs at a time.
@@ -441,25 +440,29 @@ impl PageAllocator<'_> {
                 }
             }
             self.purging.fetch_sub(taken, Relaxed);
+            // Frames came and went while the locks were out (and a refused
+            // run is back dirty).
+            *dirty = self.dirty_locked(g);
             if given[..nr].iter().any(|&x| !x) {
                 return;
             }
-            // Frames came and went while the locks were out.
-            *dirty = self.dirty_locked(g);
         }
     }
 
-    /// Waits for a purge under way (its frames are on no list while it
-    /// runs); true when there was one, so that an allocation that found no
-    /// frame looks again before it fails.
+    /// The release lock, for an allocator that gives memory back: while
+    /// it is held no purge runs (a purge holds it until its frames are back
+    /// on their lists) and none starts, so an allocation that found no
+    /// frame looks once more under it before it fails. None for an
+    /// allocator that never purges.
     ///
-    /// CONTEXT: no bucket lock, no cache held.
-    pub(crate) fn wait_purge(&self) -> bool {
-        if self.purging.load(Relaxed) == 0 {
-            return false;
+    /// CONTEXT: no bucket lock, no cache held (a purge under way may
+    /// look at the caches); nothing that takes the release lock (`lock`,
+    /// not `try_lock`) may run while the guard is held.
+    pub(crate) fn no_purge(&self) -> Option<LockGuard<'_, Release>> {
+        #[cfg(feature = "os")]
+        if self.releases() {
+            return Some(self.release.lock());
         }
-        // The purge holds the release lock until its frames are back.
-        drop(self.release.lock());
-        true
+        None
     }
 }

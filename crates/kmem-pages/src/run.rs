@@ -53,7 +53,7 @@ impl PageAllocator<'_> {
         if pages == 1 && align == 1 {
             return self.alloc(flags, strategy);
         }
-        for attempt in 0..4 {
+        for attempt in 0..3 {
             if let Some((i, unbacked)) = self.take_run(pages, align, order, flags.zero()) {
                 let p = self.hand_out(i, false);
                 if unbacked {
@@ -70,12 +70,20 @@ impl PageAllocator<'_> {
             }
             if attempt < 2 && self.cached_pages() > 0 {
                 self.flush_caches();
-                continue;
-            }
-            // Frames a purge holds off the lists come back when it ends:
-            // waited for once, then one more search.
-            if attempt == 3 || !self.wait_purge() {
+            } else {
                 break;
+            }
+        }
+        // Frames a purge holds off the lists come back when it ends: one
+        // more search with no purge under way.
+        if let Some(quiet) = self.no_purge() {
+            if let Some((i, unbacked)) = self.take_run(pages, align, order, flags.zero()) {
+                drop(quiet); // `hold_peak` takes the release lock
+                let p = self.hand_out(i, false);
+                if unbacked {
+                    self.hold_peak();
+                }
+                return Ok(p);
             }
         }
         Err(Error::OutOfMemory { size: pages as u64 })
@@ -284,7 +292,8 @@ impl PageAllocator<'_> {
     /// place: true when the frames after it were free (joined first if the
     /// region had not grown that far), and the run is `new_pages` long from
     /// then on (its free takes that length); false, with nothing changed,
-    /// when one of them is in use or in a per-CPU cache, the run would pass
+    /// when one of them is in use, in a per-CPU cache or under a purge
+    /// (the caller then moves the block, as when one is in use), the run would pass
     /// the end of its freelist's range (the region's end, for the top
     /// one) or the longest run a frame records, or `ptr` is not the head of a live
     /// run of `pages` frames. The added frames' bytes are unspecified. What

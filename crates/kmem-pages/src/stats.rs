@@ -113,7 +113,10 @@ impl PageAllocator<'_> {
             s.frees_local += pc.frees_local.get() + cache_frees;
             s.frees_remote += pc.frees_remote.get();
         }
-        s.free_pages = s.free_per_bucket.iter().sum::<usize>() + s.cached_pages;
+        // Frames a purge holds off the lists are free too.
+        s.free_pages = s.free_per_bucket.iter().sum::<usize>()
+            + s.cached_pages
+            + self.purging.load(kmem_core::sync::Ordering::Relaxed);
         s
     }
 

@@ -311,11 +311,11 @@ fn a_buffer_keeps_everything() {
 }
 
 #[test]
-fn a_purge_lets_others_allocate_and_an_allocation_that_needs_its_frames_waits() {
+fn an_allocation_that_needs_frames_a_purge_holds_waits_for_them() {
     // A purge takes its frames off the lists in batches and gives them back
-    // without the bucket locks, so another thread allocates meanwhile; one
-    // whose request can be met only with the frames being purged waits for
-    // them instead of failing. 4096 frames; one thread takes 512 of them,
+    // without the bucket locks (another thread allocates meanwhile); an
+    // allocation whose request can be met only with the frames being
+    // purged waits for them instead of failing. 4096 frames; one thread takes 512 of them,
     // writes them and frees them, then purges (every dirty free frame, in
     // batches of 1024), over and over, while another takes all but 600
     // page by page and frees them: more than a batch leaves on the lists.
