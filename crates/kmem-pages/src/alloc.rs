@@ -138,9 +138,11 @@ impl<'a> PageAllocator<'a> {
         // a purge may look at the caches).
         drop(h);
         if let Some(quiet) = self.no_purge() {
-            if let Some((i, z, _)) = self.find_page(pc, None, order, colour, zero) {
+            if let Some((i, z, c)) = self.find_page(pc, None, order, colour, zero) {
                 drop(quiet);
                 self.frame(i).next.store(cpu as u32, Relaxed);
+                pc.next_colour
+                    .store(((c + 1) & self.colour_mask) as u32, Relaxed);
                 return Ok(self.hand_out(i, zero && !z));
             }
         }
