@@ -390,12 +390,7 @@ impl PageAllocator<'_> {
                 self.purging.fetch_add(hi - lo, Relaxed);
                 for (k, f) in fr.iter().enumerate().take(hi).skip(lo) {
                     let s = f.state();
-                    let (b, fl, c) = (bucket_of(s), self.freelist_of(k), self.colour_of(k));
-                    let bg = g[b].as_mut().expect("every bucket is locked");
-                    bg.unlink(fr, nc, fl, c, k as u32, false);
-                    self.unmark_listed(b, k);
-                    let nf = &self.nfree[b][fl];
-                    nf.store(nf.load(Relaxed) - 1, Relaxed);
+                    self.unlist(g, fr, k);
                     f.set_state((s & !KIND_MASK) | K_PURGE);
                 }
                 runs[nr] = (lo, hi);

@@ -162,7 +162,7 @@ impl PageAllocator<'_> {
     /// run's frame about to be handed out); true when it was known zero.
     ///
     /// CONTEXT: every bucket lock, `guards`; `fr` read under them.
-    fn unlist(
+    pub(crate) fn unlist(
         &self,
         guards: &mut [Option<LockGuard<'_, BucketState>>; MAX_BUCKETS],
         fr: &[Frame],
