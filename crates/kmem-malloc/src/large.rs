@@ -25,7 +25,8 @@
 //!            else the range merges with its free neighbours; its pages count as
 //!            freed-and-backed, under the ReturnPolicy (kmem_core::decay):
 //!            past `retain` they go back within the delay, past the limit
-//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED)),
+//!            at the next tick, highest addresses first (madvise(MADV_DONTNEED),
+//!            with the lock released: `large/purge.rs`),
 //!            and, after an allocation that faults pages in, as far as
 //!            they would raise the peak past the policy's slack
 //!            (`ReturnPolicy::peak_cap`); the policy's side is
@@ -46,6 +47,7 @@
 //! Files: this one the arena's requests and frees; `large/segment.rs` the
 //! segments and their maps; `large/percpu.rs` and `large/cache.rs` the
 //! caches of freed ranges; `large/policy.rs` the return policy's side;
+//! `large/purge.rs` its purges, made with the lock released;
 //! `large/prefault.rs` whether calloc writes a block's unbacked pages;
 //! `large/stats.rs` the statistics and `check`.
 
@@ -58,6 +60,7 @@ mod cache;
 mod percpu;
 mod policy;
 mod prefault;
+mod purge;
 mod remap;
 mod segment;
 mod stats;
@@ -65,6 +68,7 @@ mod stats;
 use cache::{class_of, Cache};
 pub(crate) use percpu::CpuCaches;
 use prefault::{Prefault, Zero, PREFAULT_MAX};
+use purge::Out;
 pub(crate) use segment::reserve_rw;
 use segment::{Map, SegPtr};
 
@@ -133,6 +137,14 @@ pub(crate) struct Large {
     /// Published segments (Release after their bounds).
     nsegs: AtomicUsize,
     state: Lock<State>,
+    /// Held by the thread that gives back the runs a purge took out of
+    /// their arenas, while it works (`large/purge.rs`); taken before
+    /// `state` (by a fork, and by a request that found no fit).
+    gate: Lock<()>,
+    /// Called by the finisher with its runs in flight, before it gives
+    /// them back (tests look at the arena then).
+    #[cfg(test)]
+    before_purge: std::sync::Mutex<Option<fn(&Large)>>,
     /// Each segment's length words, one a page (`u32`): the length in
     /// pages of the live range that starts there, 0 for any other page
     /// (free, inside a range, or a range kept freed by a cache). Written
@@ -227,6 +239,10 @@ struct State {
     /// critical section (`alloc`, `resize`), whose caller then calls the
     /// hook.
     look: bool,
+    /// Runs taken out of their arenas to be given back to the OS with the
+    /// lock released (`large/purge.rs`): busy in their arenas, counted in
+    /// neither `busy` nor `dirty_pages`.
+    out: Out,
 }
 
 /// An allocation: its address, and whether its memory is known zero.
@@ -287,6 +303,9 @@ impl Large {
             any_held: AtomicBool::new(false),
             cpu_set: kmem_core::ForkSet::new(),
             next_tick: AtomicU64::new(0),
+            gate: Lock::new(()),
+            #[cfg(test)]
+            before_purge: std::sync::Mutex::new(None),
             state: Lock::new(State {
                 segs: [const { SegPtr(None) }; MAX_SEGMENTS],
                 n: 0,
@@ -304,6 +323,7 @@ impl Large {
                 pieces: 0,
                 grown: 0,
                 look: false,
+                out: Out::new(),
             }),
         }
     }
@@ -355,7 +375,7 @@ impl Large {
             }
         }
         let align = align.max(ps);
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         // A range the CPU's cache gave up on its miss: freed first (it may
         // merge into what this request takes).
         if let Some(old) = given_up {
@@ -388,6 +408,7 @@ impl Large {
                 });
             }
         }
+        let mut waits = 0;
         let (si, a, taken) = loop {
             let n = s.n;
             let found = s.segs[..n].iter_mut().enumerate().find_map(|(i, g)| {
@@ -428,6 +449,15 @@ impl Large {
             if s.cache.ranges > 0 || self.cpus_hold() {
                 self.flush_cache(&mut s);
                 self.flush_cpus(&mut s);
+                continue;
+            }
+            // Runs out of their arenas for a purge come back first (a few
+            // tries: others may take runs out meanwhile).
+            if s.out.any() && waits < 4 {
+                waits += 1;
+                drop(s);
+                self.wait_for_purges();
+                s = self.lock();
                 continue;
             }
             if self.add_segment(&mut s, need, align).is_err() {
@@ -507,7 +537,7 @@ impl Large {
         if let Some(pages) = self.live_pages(p) {
             return Ok(pages * self.page);
         }
-        let s = self.state.lock();
+        let s = self.lock();
         self.live(&s, p).map(|(_, n)| n)
     }
 
@@ -575,7 +605,7 @@ impl Large {
             .seg_word(p)
             .map_or((0, 0), |(i, w)| (i, w.swap(0, Ordering::AcqRel) as usize));
         if claimed == 0 {
-            let s = self.state.lock();
+            let s = self.lock();
             return match Self::busy_range(&s, p) {
                 Err(e) => Err(e),
                 Ok(_) => Err(Error::DoubleFree { addr: p as u64 }),
@@ -588,7 +618,7 @@ impl Large {
             self.cpu_put(p, claimed);
             return Ok(());
         }
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         self.free_claimed(&mut s, p);
         Ok(())
     }
@@ -668,7 +698,7 @@ impl Large {
         if new > min && self.live_pages(p) == Some(pages) {
             return Ok(Resize::InPlace);
         }
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         let (i, n) = self.live(&s, p)?;
         if new <= n {
             if new > min {
@@ -716,23 +746,8 @@ impl Large {
             return n;
         }
         let ps = self.page;
-        let Some(g) = s.segs[i].as_mut() else {
-            return n;
-        };
-        let off = p - g.base();
-        // The tail reads zero after this: it leaves the map clean. (Its
-        // pieces become fresh mappings again; only after the purge, so that
-        // a refused purge leaves the tail as it was, live and dirty.)
-        let mut renewed = remap::Renewed::default();
-        if g.purge_pages((off + keep) / ps, (n - keep) / ps, ps, &mut renewed)
-            .is_err()
-        {
-            return n;
-        }
-        g.map(Map::Dirty)
-            .clear_range((off + keep) / ps, (n - keep) / ps);
-        renewed.apply(s);
-        let Some(g) = s.segs[i].as_mut() else {
+        let State { segs, out, .. } = &mut *s;
+        let Some(g) = segs[i].as_mut() else {
             return n;
         };
         // Free the whole range and take its head back: the arena's
@@ -749,6 +764,22 @@ impl Large {
         if again.is_err() {
             // Never (an arena split never lacks a node); the books stay.
             return n;
+        }
+        // The tail (every page of a live range is dirty) goes back to the
+        // OS after the lock (`large/purge.rs`), or now; it reads zero
+        // after, and its pieces become fresh mappings again. Refused, it
+        // stays free and dirty, for the policy.
+        let (first, len) = ((p - g.base() + keep) / ps, (n - keep) / ps);
+        if !out.stash(g, i, first, len, ps) {
+            let mut renewed = remap::Renewed::default();
+            if g.purge_pages(first, len, ps, &mut renewed).is_ok() {
+                g.map(Map::Dirty).clear_range(first, len);
+                s.purges += 1;
+                s.purged_pages += len as u64;
+            } else {
+                s.dirty_pages += len;
+            }
+            renewed.apply(s);
         }
         s.busy -= n - keep;
         self.publish_top(s, i);
@@ -833,9 +864,11 @@ impl Large {
         false
     }
 
-    /// Takes the locks for `fork()`: the arena's, then those of the CPUs'
-    /// caches that have been used.
+    /// Takes the locks for `fork()`: the purges' gate (no run is then in
+    /// flight), the arena's, then those of the CPUs' caches that have been
+    /// used.
     pub(crate) fn fork_prepare(&self) {
+        core::mem::forget(self.gate.lock());
         core::mem::forget(self.state.lock());
         self.cpus_fork_prepare();
     }
@@ -849,6 +882,7 @@ impl Large {
         unsafe {
             self.cpus_fork_release();
             self.state.force_unlock();
+            self.gate.force_unlock();
         }
     }
 

@@ -551,6 +551,9 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     // The child has one thread, the one that took the locks.
     fork_parent();
+    if let Some(l) = LARGE.get() {
+        l.fork_child();
+    }
 }
 
 // ---- allocation -----------------------------------------------------------

@@ -313,7 +313,7 @@ impl Large {
             self.any_held.store(true, Ordering::SeqCst);
         }
         if gone > 0 {
-            let mut s = self.state.lock();
+            let mut s = self.lock();
             for &(x, _) in &out[..gone] {
                 self.free_claimed(&mut s, x);
             }

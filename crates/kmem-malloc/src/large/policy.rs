@@ -27,7 +27,8 @@ impl Large {
         // leaves them out.)
         let since_peak = s.recent_busy.saturating_sub(busy);
         let pad = policy.top_pad_after(busy, s.recent_max, since_peak) / ps;
-        let Some(g) = s.segs[i].as_mut() else {
+        let State { segs, out, .. } = s;
+        let Some(g) = segs[i].as_mut() else {
             return;
         };
         let (base, end) = (g.base(), g.base() + g.region.len());
@@ -39,28 +40,31 @@ impl Large {
         let Some(w) = top else {
             return;
         };
-        let lo = ((w.start as usize - base) / ps).saturating_add(pad);
-        let mut at = lo;
-        let mut done = 0;
+        let mut at = ((w.start as usize - base) / ps).saturating_add(pad);
+        let (mut done, mut here) = (0, 0);
         let mut renewed = Renewed::default();
         while let Some((d, len)) = g.view(Map::Dirty).next_set_run(at, g.top) {
+            at = d + len;
+            done += len;
+            // Given back after the lock (`large/purge.rs`), or now.
+            if out.stash(g, i, d, len, ps) {
+                continue;
+            }
             // A failed madvise leaves the pages backed and dirty.
             if g.purge_pages(d, len, ps, &mut renewed).is_err() {
+                done -= len;
                 break;
             }
             g.map(Map::Dirty).clear_range(d, len);
             g.map(Map::Old).clear_range(d, len);
-            done += len;
-            at = d + len;
-        }
-        if at >= g.top {
-            g.top = g.top.min(lo);
+            here += len;
         }
         renewed.apply(s);
-        if done > 0 {
-            s.dirty_pages -= done;
+        self.lower_top(s, i);
+        s.dirty_pages -= done;
+        if here > 0 {
             s.purges += 1;
-            s.purged_pages += done as u64;
+            s.purged_pages += here as u64;
         }
     }
 
@@ -129,9 +133,13 @@ impl Large {
         }
         let ps = self.page;
         let mut left = s.dirty_pages - keep;
-        let mut done = 0;
+        let (mut done, mut here) = (0, 0);
         let mut renewed = Renewed::default();
-        for g in s.segs[..s.n].iter_mut().rev().flatten() {
+        let State { segs, n, out, .. } = &mut *s;
+        for (i, g) in segs[..*n].iter_mut().enumerate().rev() {
+            let Some(g) = g.as_mut() else {
+                continue;
+            };
             let mut refused = false;
             g.each_free_block_down(ps, |g, first, n| {
                 let mut end = first + n;
@@ -145,13 +153,17 @@ impl Large {
                         .map_or(first, |z| z + 1);
                     let len = (last + 1 - lo).min(left);
                     let at = last + 1 - len;
-                    // A failed madvise leaves the pages backed and dirty.
-                    if g.purge_pages(at, len, ps, &mut renewed).is_err() {
-                        refused = true;
-                        break;
+                    // Given back after the lock (`large/purge.rs`), or now.
+                    if !out.stash(g, i, at, len, ps) {
+                        // A failed madvise leaves the pages backed and dirty.
+                        if g.purge_pages(at, len, ps, &mut renewed).is_err() {
+                            refused = true;
+                            break;
+                        }
+                        g.map(Map::Dirty).clear_range(at, len);
+                        g.map(Map::Old).clear_range(at, len);
+                        here += len;
                     }
-                    g.map(Map::Dirty).clear_range(at, len);
-                    g.map(Map::Old).clear_range(at, len);
                     left -= len;
                     done += len;
                     end = at;
@@ -163,25 +175,28 @@ impl Large {
             }
         }
         renewed.apply(s);
-        if done > 0 {
-            s.dirty_pages -= done;
+        s.dirty_pages -= done;
+        if here > 0 {
             s.purges += 1;
-            s.purged_pages += done as u64;
+            s.purged_pages += here as u64;
         }
     }
 
     /// Gives every freed range back to the OS now (`malloc_trim`).
     pub(crate) fn trim(&self) {
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         self.flush_cache(&mut s);
         self.flush_cpus(&mut s);
         self.purge_down_to(&mut s, 0, Map::Dirty);
+        drop(s);
+        // Returns once they are given back, by this thread or another.
+        self.wait_for_purges();
     }
 
     /// Changes the return policy (`mallopt(M_TRIM_THRESHOLD)`); it applies
     /// from the next free or tick.
     pub(crate) fn set_policy(&self, policy: ReturnPolicy) {
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         s.decay.set_policy(policy);
         self.cpu_bound.store(
             Self::cpu_bound_for(policy),
@@ -212,7 +227,7 @@ impl Large {
     /// at most the slack times the limit of freed large memory (nta's page
     /// supply, which serves small blocks, still settles at the limit).
     pub(crate) fn settle_exit(&self) {
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         self.settle(&mut s);
         let ps = self.page;
         let mut cpu_bytes = 0;
@@ -238,7 +253,7 @@ impl Large {
 
     /// Applies the return policy now (from nta's periodic maintenance).
     pub(crate) fn maintain(&self) {
-        if let Some(mut s) = self.state.try_lock() {
+        if let Some(mut s) = self.try_lock() {
             self.settle(&mut s);
         }
     }

@@ -103,7 +103,7 @@ impl Large {
         if n < REMAP_MIN || new <= n || n % ps != 0 || self.no_remap.load(Ordering::Relaxed) {
             return None;
         }
-        if self.state.lock().pieces >= MAX_PIECES {
+        if self.lock().pieces >= MAX_PIECES {
             return None;
         }
         let got = self.alloc(new, ps, false).ok()?;
@@ -119,7 +119,7 @@ impl Large {
         }
         let mut runs = [(0, 0); MAX_RUNS];
         let plan = {
-            let mut s = self.state.lock();
+            let mut s = self.lock();
             self.plan(&mut s, p, n, q, &mut runs)
         };
         let Some((from, to, nruns)) = plan else {
@@ -154,7 +154,7 @@ impl Large {
             // The kernel may have unmapped the destination before it
             // refused: those runs are mapped afresh first, then copied.
             {
-                let mut s = self.state.lock();
+                let mut s = self.lock();
                 self.refresh_failed(&mut s, (p, q), &runs[..nruns], failed);
             }
             for (k, &(first, len)) in runs[..nruns].iter().enumerate() {
@@ -183,7 +183,7 @@ impl Large {
             .seg_word(p)
             .is_some_and(|(_, w)| w.swap(0, Ordering::AcqRel) != 0);
         debug_assert!(claimed, "the range being moved is not live");
-        let mut s = self.state.lock();
+        let mut s = self.lock();
         self.moved(&mut s, (p, n), q, &runs[..nruns], moved, purged);
         if claimed {
             self.release(&mut s, p, n);
@@ -296,11 +296,8 @@ impl Large {
         let g = s.segs[i].as_ref()?;
         let nruns = g.runs((p - g.base()) / ps, n / ps, runs).unwrap_or(0);
         let region = |k: usize| -> Option<&'r Region> {
-            let g = s.segs[k].as_ref()?;
-            // SAFETY: segment records are never freed or moved, and their
-            // `region` is not written after `add_segment`: it outlives any
-            // borrow of the state (the lock orders the arenas and maps).
-            Some(unsafe { &*(&g.region as *const Region) })
+            // (Shared for the process's life: see `Segment::region`.)
+            Some(s.segs[k].as_ref()?.region)
         };
         Some((region(i)?, region(j)?, nruns))
     }

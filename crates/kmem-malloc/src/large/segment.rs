@@ -19,7 +19,10 @@ const MIN_SEGMENT: usize = 256 << 20;
 /// (so that the static holds a pointer per segment, not the records: the
 /// library's `.bss` stays small and untouched until a large request).
 pub(super) struct Segment {
-    pub(super) region: Region,
+    /// The segment's address space: at the start of the metadata
+    /// reservation, before this record, never written again, so that a
+    /// purge may use it without the state's lock (`large/purge.rs`).
+    pub(super) region: &'static Region,
     /// Four bitmaps of one bit per page of `region`, one after the other:
     /// `dirty`, the page may hold data; `old`, the page is free, dirty, and
     /// was freed before the return policy's last tick; `moved`, the page
@@ -184,10 +187,11 @@ impl Large {
         let region = reserve_rw(SEGMENT.max(min), min)?;
         let pages = region.len() / self.page;
         let words = Bitmap::<&[u64]>::words_for(pages);
-        let head = core::mem::size_of::<Segment>().next_multiple_of(64);
-        // The record, the bitmaps, then the length words (4 bytes a
-        // page: backed only where ranges start, a page of them for each
-        // 4 MiB of the segment that holds ranges).
+        let rec_at = core::mem::size_of::<Region>().next_multiple_of(64);
+        let head = rec_at + core::mem::size_of::<Segment>().next_multiple_of(64);
+        // The region, the record, the bitmaps, then the length words (4
+        // bytes a page: backed only where ranges start, a page of them for
+        // each 4 MiB of the segment that holds ranges).
         let lens_at = head + MAPS * words * 8;
         let meta = Region::reserve((lens_at + pages * 4).next_multiple_of(self.page))?;
         meta.commit(0, meta.len())?;
@@ -199,9 +203,18 @@ impl Large {
         // The reservation holds the record and its maps for the life of the
         // process (segments are never released).
         let (at, _) = meta.leak();
-        let rec = at.cast::<Segment>();
+        let held = at.cast::<Region>();
         // SAFETY: `at` starts a committed, page-aligned reservation of ours
-        // of head + MAPS * words * 8 bytes at least; the record fits in `head`.
+        // of head + MAPS * words * 8 bytes at least; the region fits before
+        // `rec_at`, and is never written again: shared for the process's life.
+        let region: &'static Region = unsafe {
+            held.as_ptr().write(region);
+            &*held.as_ptr()
+        };
+        // SAFETY: inside the same reservation, 64-byte aligned, after the
+        // region; the record fits before `head`.
+        let rec = unsafe { NonNull::new_unchecked(at.as_ptr().add(rec_at)) }.cast::<Segment>();
+        // SAFETY: as above: committed, ours, aligned, room for the record.
         unsafe {
             rec.as_ptr().write(Segment {
                 region,

@@ -33,7 +33,7 @@ impl Large {
     /// Arena counters (summed over segments), freed bytes still backed,
     /// purges, the lock.
     pub(crate) fn stats(&self) -> LargeStats {
-        let s = self.state.lock();
+        let s = self.lock();
         let mut a = VmapStats::default();
         for g in s.segs[..s.n].iter().flatten() {
             let t = g.arena.stats();
@@ -80,7 +80,7 @@ impl Large {
 
     /// The arenas' invariants, and the exact count of freed backed pages.
     pub(crate) fn check(&self) -> core::result::Result<(), &'static str> {
-        let s = self.state.lock();
+        let s = self.lock();
         let ps = self.page;
         let mut dirty = 0;
         let mut busy = 0;
@@ -181,7 +181,31 @@ impl Large {
         if !cached_ok {
             return Err("large: a cached range is not a busy range of its size, or looks live");
         }
-        if busy != s.busy + s.cache.bytes {
+        if !s.out.consistent() {
+            return Err("large: the purges' slot counts differ from the slots");
+        }
+        let mut out_bytes = 0;
+        let mut out_ok = true;
+        s.out.each(|i, first, pages| {
+            let Some(g) = s.segs[i].as_ref() else {
+                out_ok = false;
+                return;
+            };
+            let a = g.base() + first * ps;
+            let area = g.arena.find(a as u64);
+            out_ok &= area.is_some_and(|r| r.start == a as u64 && r.size as usize == pages * ps);
+            out_ok &= self
+                .len_word(a)
+                .is_some_and(|w| w.load(Ordering::Acquire) == 0);
+            out_ok &= g.view(Map::Old).count_range(first, pages) == 0;
+            out_bytes += pages * ps;
+        });
+        if !out_ok {
+            return Err(
+                "large: a run out for a purge is not a busy range of its size, or looks live",
+            );
+        }
+        if busy != s.busy + s.cache.bytes + out_bytes {
             return Err("large: busy byte count differs from the arenas");
         }
         Ok(())

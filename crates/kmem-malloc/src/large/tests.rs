@@ -887,3 +887,164 @@ fn a_fork_takes_only_the_cpu_caches_in_use() {
     large.free(b).unwrap();
     large.check().unwrap();
 }
+
+/// A purge gives its pages back with the arena's lock free: while its
+/// run is in flight another thread allocates and frees, the checks pass,
+/// and a free of the run's first page is refused, changing nothing.
+#[test]
+fn a_purge_gives_pages_back_without_the_arenas_lock() {
+    use std::sync::atomic::AtomicUsize;
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let large = quiet_large();
+    let ps = large.page;
+    *large.before_purge.lock().unwrap() = Some(|l: &Large| {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        assert!(!l.state.is_locked(), "the arena's lock is held");
+        l.check().unwrap();
+        let mut out = Vec::new();
+        l.state
+            .lock()
+            .out
+            .each(|i, first, pages| out.push((i, first, pages)));
+        assert!(!out.is_empty());
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                let a = l.alloc(300 * l.page, l.page, false).unwrap().addr;
+                l.free(a).unwrap();
+            });
+        });
+        let (i, first, _) = out[0];
+        let a = l.state.lock().segs[i].as_ref().unwrap().base() + first * l.page;
+        assert_eq!(l.free(a), Err(Error::DoubleFree { addr: a as u64 }));
+        l.check().unwrap();
+    });
+    // 64 MiB at the top of the arena, written and freed: what lies past
+    // the top pad (at most the policy's limit) goes back at the free.
+    let big = 64 << 20;
+    let a = large.alloc(big, ps, false).unwrap().addr;
+    // SAFETY: the range is ours, `big` bytes.
+    unsafe { core::ptr::write_bytes(a as *mut u8, 1, big) };
+    large.free(a).unwrap();
+    assert!(CALLS.load(Ordering::Relaxed) >= 1);
+    let st = large.stats();
+    assert!(
+        st.purged_bytes >= (big - 8 * QUIET.retain) as u64,
+        "{}",
+        st.purged_bytes
+    );
+    assert!(st.dirty_bytes <= 8 * QUIET.retain);
+    assert!(!large.state.lock().out.any());
+    large.check().unwrap();
+    // The pages read zero and the range serves again.
+    let b = large.alloc(big, ps, false).unwrap().addr;
+    assert_eq!(b, a);
+    // SAFETY: ours again; its last page was given back.
+    assert_eq!(unsafe { *((b + big - 1) as *const u8) }, 0);
+    large.free(b).unwrap();
+    large.trim();
+    large.check().unwrap();
+}
+
+/// A run left waiting by a thread that had taken the finisher's part and
+/// is not in the child of a fork is given back at the child's next unlock.
+#[test]
+fn runs_left_waiting_at_a_fork_are_given_back_in_the_child() {
+    let large = quiet_large();
+    let ps = large.page;
+    let a = large.alloc(1024 * ps, ps, false).unwrap().addr;
+    let b = large.alloc(1024 * ps, ps, false).unwrap().addr;
+    // SAFETY: ours, 1024 pages.
+    unsafe { core::ptr::write_bytes(a as *mut u8, 1, 1024 * ps) };
+    large.free(a).unwrap();
+    assert_eq!(
+        large.stats().dirty_bytes,
+        1024 * ps,
+        "below a live block: kept"
+    );
+    let mut s = large.lock();
+    large.purge_down_to(&mut s, 0, Map::Dirty);
+    assert!(s.out.any());
+    // As if another thread had taken the finisher's part, then forked.
+    s.out.finisher = true;
+    drop(s);
+    large.check().unwrap();
+    large.fork_prepare();
+    // SAFETY: this thread took them just above.
+    unsafe { large.fork_release() };
+    large.fork_child();
+    assert!(large.state.lock().out.any(), "nothing gives it back yet");
+    // The child's next unlock of the arena.
+    drop(large.lock());
+    let st = large.stats();
+    assert!(!large.state.lock().out.any());
+    assert_eq!((st.dirty_bytes, st.purged_bytes), (0, 1024 * ps as u64));
+    large.check().unwrap();
+    large.free(b).unwrap();
+    large.check().unwrap();
+}
+
+/// Threads that allocate, write and free large blocks of many sizes and
+/// give memory back (`malloc_trim`) while others run: the arena's
+/// invariants hold throughout, and nothing is lost.
+#[test]
+fn purges_beside_other_threads_lose_nothing() {
+    let nodes: NodeSource = Box::leak(Box::new(kmem_pages::RegionSource::new(1 << 20).unwrap()));
+    let large = Large::new(
+        ReturnPolicy {
+            retain: 1 << 20,
+            delay_ms: 1,
+        },
+        nodes,
+        || {},
+        cpus(),
+    );
+    let ps = large.page;
+    std::thread::scope(|t| {
+        for k in 0..4usize {
+            let large = &large;
+            t.spawn(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ k as u64;
+                let mut held: Vec<(usize, usize)> = Vec::new();
+                for round in 0..400 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let pages = 16 + (x % 2048) as usize;
+                    let a = large.alloc(pages * ps, ps, false).unwrap().addr;
+                    // SAFETY: ours, `pages` pages: its first and last bytes.
+                    unsafe {
+                        *(a as *mut u8) = k as u8;
+                        *((a + pages * ps - 1) as *mut u8) = k as u8;
+                    }
+                    held.push((a, pages));
+                    if held.len() > 6 || x % 3 == 0 {
+                        let (b, n) = held.swap_remove((x >> 8) as usize % held.len());
+                        // SAFETY: still ours.
+                        unsafe {
+                            assert_eq!(*(b as *const u8), k as u8);
+                            assert_eq!(*((b + n * ps - 1) as *const u8), k as u8);
+                        }
+                        large.free(b).unwrap();
+                    }
+                    if round % 50 == k {
+                        large.trim();
+                    }
+                    if round % 64 == 0 {
+                        large.check().unwrap();
+                    }
+                }
+                for (b, _) in held {
+                    large.free(b).unwrap();
+                }
+            });
+        }
+    });
+    large.trim();
+    large.check().unwrap();
+    let st = large.stats();
+    assert_eq!(
+        st.arena.busy_bytes,
+        st.cached_bytes as u64 + st.cpu_bytes as u64
+    );
+    assert!(!large.state.lock().out.any());
+}
