@@ -40,27 +40,29 @@ impl Large {
         let Some(w) = top else {
             return;
         };
-        let mut at = ((w.start as usize - base) / ps).saturating_add(pad);
+        let lo = ((w.start as usize - base) / ps).saturating_add(pad);
+        let mut at = lo;
         let (mut done, mut here) = (0, 0);
         let mut renewed = Renewed::default();
         while let Some((d, len)) = g.view(Map::Dirty).next_set_run(at, g.top) {
-            at = d + len;
+            // Given back after the lock (`large/purge.rs`, which lowers
+            // the top then), or now.
+            if !out.stash(g, i, d, len, ps) {
+                // A failed madvise leaves the pages backed and dirty.
+                if g.purge_pages(d, len, ps, &mut renewed).is_err() {
+                    break;
+                }
+                g.map(Map::Dirty).clear_range(d, len);
+                g.map(Map::Old).clear_range(d, len);
+                here += len;
+            }
             done += len;
-            // Given back after the lock (`large/purge.rs`), or now.
-            if out.stash(g, i, d, len, ps) {
-                continue;
-            }
-            // A failed madvise leaves the pages backed and dirty.
-            if g.purge_pages(d, len, ps, &mut renewed).is_err() {
-                done -= len;
-                break;
-            }
-            g.map(Map::Dirty).clear_range(d, len);
-            g.map(Map::Old).clear_range(d, len);
-            here += len;
+            at = d + len;
+        }
+        if at >= g.top && done == here {
+            g.top = g.top.min(lo);
         }
         renewed.apply(s);
-        self.lower_top(s, i);
         s.dirty_pages -= done;
         if here > 0 {
             s.purges += 1;
