@@ -50,7 +50,9 @@
 //! checked path, seal first.
 //! Links are stored encoded under a key and checked to stay in their slab
 //! when decoded, so a use after free that overwrites a link aborts instead
-//! of handing out foreign memory.
+//! of handing out foreign memory. A list ends at its slab's header
+//! ([`end_of`]), not at null, so that one test checks every link, the
+//! last one too.
 
 use core::num::NonZeroUsize;
 use core::ptr;
@@ -141,7 +143,8 @@ struct Block {
 /// owner's line. Fields other threads read (to check a pointer) are atomics.
 #[repr(C, align(64))]
 struct Slab {
-    /// The owner's free list (first block, a plain pointer; links encoded).
+    /// The owner's free list (first block, a plain pointer; links encoded),
+    /// ending at [`end_of`] the slab.
     free: *mut Block,
     /// Blocks handed out and not yet back on `free` (remote frees not yet
     /// taken count as used).
@@ -322,6 +325,16 @@ fn link_key(secret: usize) -> usize {
 #[inline(always)]
 fn slab_of(addr: usize) -> *mut Slab {
     (addr & !(SLAB_SIZE - 1)) as *mut Slab
+}
+
+/// Where slab `s`'s lists end (the owner's, and the remote one's last
+/// link): its header's address. No block starts there, and it lies in the
+/// slab at a granule, so [`links_in_slab`] passes it with the one test it
+/// makes of every link: with null as the end, each pop tested for null
+/// too (the tiny `malloc` hit: two instructions more).
+#[inline(always)]
+fn end_of(s: *mut Slab) -> *mut Block {
+    s.cast()
 }
 
 /// The next fresh block of slab `s` (one never handed out, past those
@@ -515,8 +528,9 @@ fn encode(next: *mut Block, key: usize) -> usize {
     next as usize ^ key
 }
 
-/// The link stored in block `b` under `key`: null, or a block of `b`'s slab
-/// at a granule; anything else was overwritten, and aborts.
+/// The link stored in block `b` under `key`: a block of `b`'s slab at a
+/// granule, or the slab's [`end_of`]; anything else was overwritten, and
+/// aborts.
 #[inline(always)]
 fn decode(b: *mut Block, stored: usize, key: usize) -> *mut Block {
     let next = stored ^ key;
@@ -526,13 +540,14 @@ fn decode(b: *mut Block, stored: usize, key: usize) -> *mut Block {
     next as *mut Block
 }
 
-/// True when the decoded link `next` of block `b` is null or a block of
-/// `b`'s slab at a granule. `b` lies at a granule, so `next ^ b` has the
-/// bits of `next`'s slab that differ from `b`'s and `next`'s offset in its
-/// granule: one test of both against [`LINK_MASK`].
+/// True when the decoded link `next` of block `b` is a block of `b`'s slab
+/// at a granule, or the slab's [`end_of`] (its header, at offset 0). `b`
+/// lies at a granule, so `next ^ b` has the bits of `next`'s slab that
+/// differ from `b`'s and `next`'s offset in its granule: one test of both
+/// against [`LINK_MASK`].
 #[inline(always)]
 fn links_in_slab(b: *mut Block, next: usize) -> bool {
-    next == 0 || (next ^ b as usize) & LINK_MASK == 0
+    (next ^ b as usize) & LINK_MASK == 0
 }
 
 /// The bits of `next ^ b` that must be zero for a link `next` out of block

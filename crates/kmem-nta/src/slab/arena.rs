@@ -260,7 +260,7 @@ impl<P: PageSource> SlabArena<P> {
                 return;
             }
             (*s).class = c as u8;
-            (*s).free = ptr::null_mut();
+            (*s).free = end_of(s);
             (*s).bump.store(0, Ordering::Relaxed);
             (*s).cap = ((SLAB_SIZE - HDR) / (c * SLAB_GRANULE)) as u16;
             (*s).div.store(c as u16, Ordering::Relaxed);
@@ -286,7 +286,7 @@ impl<P: PageSource> SlabArena<P> {
         // SAFETY: SLAB_SIZE fresh bytes of ours, aligned to SLAB_SIZE.
         unsafe {
             s.write(Slab {
-                free: ptr::null_mut(),
+                free: end_of(s),
                 used: 0,
                 state: S_CUR,
                 class: c as u8,
@@ -370,7 +370,7 @@ impl<P: PageSource> SlabArena<P> {
             let mut tail = head;
             loop {
                 let next = decode(tail, (*tail).next, link);
-                if next.is_null() {
+                if next == end_of(s) {
                     break;
                 }
                 tail = next;
@@ -463,9 +463,11 @@ impl<P: PageSource> SlabArena<P> {
         let r = unsafe { &(*s).remote.0 };
         let mut h = r.load(Ordering::Relaxed);
         loop {
+            // (An empty list's last link is the slab's end.)
+            let next = if h.is_null() { end_of(s) } else { h };
             // SAFETY: b is ours until the push succeeds; after it, neither
             // b nor the slab is touched (its owner may release it).
-            unsafe { (*b).next = encode(h, link) };
+            unsafe { (*b).next = encode(next, link) };
             match r.compare_exchange_weak(h, b, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return h.is_null(),
                 Err(x) => h = x,
@@ -530,7 +532,7 @@ impl<P: PageSource> SlabArena<P> {
                     self.release(s);
                     continue;
                 }
-                if !(*s).free.is_null() || (*s).bump.load(Ordering::Relaxed) < (*s).cap as u32 {
+                if (*s).free != end_of(s) || (*s).bump.load(Ordering::Relaxed) < (*s).cap as u32 {
                     return Some(s);
                 }
                 // Every block still out: back to the orphans' tail.
@@ -670,7 +672,7 @@ impl<P: PageSource> SlabArena<P> {
             let link = self.link();
             let mut b = (*s).free;
             let mut n = 0u32;
-            while !b.is_null() {
+            while b != end_of(s) {
                 let off = (b as usize).wrapping_sub(s as usize + HDR);
                 if off % size != 0 || off / size >= bump as usize {
                     return Err("slab: foreign block on the free list");

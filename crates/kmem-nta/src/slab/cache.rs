@@ -79,7 +79,7 @@ impl SlabCache {
         // free blocks of it.
         unsafe {
             let b = (*s).free;
-            if b.is_null() {
+            if b == end_of(s) {
                 return fresh_block(s, c);
             }
             let next = (*b).next ^ arena.link();
@@ -171,7 +171,7 @@ impl SlabCache {
                 unsafe {
                     if !(*s).remote.0.load(Ordering::Relaxed).is_null() {
                         arena.collect(s);
-                        if !(*s).free.is_null() {
+                        if (*s).free != end_of(s) {
                             remove(&mut cl.full, s);
                             arena.raise_hint(self.id, c);
                             return s;
@@ -602,7 +602,7 @@ unsafe fn sweep<P: PageSource>(
                 arena.release(s);
                 released += 1;
             } else if let Some(avail) = to_avail.as_deref_mut() {
-                if !(*s).free.is_null() {
+                if (*s).free != end_of(s) {
                     remove(list, s);
                     set_state(s, S_AVAIL);
                     push(avail, s);
