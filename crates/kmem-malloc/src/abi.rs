@@ -11,7 +11,7 @@ use crate::out::say;
 use crate::thread::Thread;
 use crate::{
     aligned, alloc_slow, flush_thread_cache, free_fast, free_in, free_slow, realloc_in, set_errno,
-    started, thread, usable, LARGE, MIN_ALIGN, NTA, POW2, SLABS, T_FAST, T_SECURE,
+    started, thread, usable, MIN_ALIGN, NTA, POW2, SLABS, T_FAST, T_SECURE,
 };
 
 /// `malloc(3)`.
@@ -310,7 +310,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
     flush_thread_cache();
     NTA.trim();
-    if let Some(l) = LARGE.get() {
+    for l in crate::shards::built() {
         l.trim();
     }
     1
@@ -363,8 +363,7 @@ pub(crate) extern "C" fn print_stats() {
         (NTA.source().0.dirty_bytes() + SLABS.source().0.dirty_bytes()) >> 10,
         (NTA.source().0.grown_bytes() + SLABS.source().0.grown_bytes()) >> 10
     );
-    if let Some(l) = LARGE.get() {
-        let st = l.stats();
+    if let Some(st) = crate::shards::stats() {
         say!(
             "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB) and {} on CPUs ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back), {} moved by their pages ({} KiB still in {} mappings apart); lock {} taken, {} contended",
             (st.arena.busy_blocks as usize).saturating_sub(st.cached_ranges + st.cpu_ranges),

@@ -30,7 +30,7 @@ use core::fmt::{self, Write};
 
 use kmem_core::PageSource;
 
-use crate::{options, started, LARGE, NTA, SLABS};
+use crate::{options, started, NTA, SLABS};
 
 /// glibc's `struct mallinfo2`.
 #[repr(C)]
@@ -98,8 +98,7 @@ pub fn info() -> Mallinfo2 {
         keepcost: NTA.source().0.dirty_bytes() + SLABS.source().0.dirty_bytes(),
         ..Mallinfo2::default()
     };
-    if let Some(l) = LARGE.get() {
-        let st = l.stats();
+    if let Some(st) = crate::shards::stats() {
         m.hblks += (st.arena.busy_blocks as usize).saturating_sub(st.cached_ranges + st.cpu_ranges);
         m.hblkhd += (st.arena.busy_bytes as usize).saturating_sub(st.cached_bytes + st.cpu_bytes);
         m.keepcost += st.dirty_bytes + st.cached_bytes + st.cpu_bytes;
@@ -232,7 +231,5 @@ fn set_retain(retain: usize) {
     };
     NTA.source().0.set_policy(policy);
     SLABS.source().0.set_policy(policy);
-    if let Some(l) = LARGE.get() {
-        l.set_policy(policy);
-    }
+    crate::shards::set_policy(policy);
 }

@@ -71,6 +71,7 @@ use prefault::{Prefault, Zero, PREFAULT_MAX};
 use purge::Out;
 pub(crate) use segment::reserve_rw;
 use segment::{Map, SegPtr};
+pub(crate) use stats::LargeStats;
 
 /// Address space reserved per segment (less where the OS refuses as much).
 pub const SEGMENT: usize = 64 << 30;

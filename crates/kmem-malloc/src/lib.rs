@@ -104,6 +104,7 @@ mod once;
 pub mod options;
 mod out;
 mod realloc;
+mod shards;
 mod source;
 mod thread;
 
@@ -129,7 +130,6 @@ pub use abi::{
     posix_memalign, pvalloc, realloc, reallocarray, valloc,
 };
 use free::{free_fast, free_in, free_slow};
-use large::Large;
 use once::Once;
 use out::{die, say};
 use realloc::realloc_in;
@@ -195,9 +195,6 @@ const READY: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static OPTS: Once<Options> = Once::new();
-static LARGE: Once<Large> = Once::new();
-/// The large arena's CPU caches (see `large::CpuCaches`).
-static LARGE_CPUS: large::CpuCaches = large::CpuCaches::new();
 static POW2: Once<Pow2Slab<'static>> = Once::new();
 static KEY: Once<libc::pthread_key_t> = Once::new();
 
@@ -239,6 +236,8 @@ fn thread_start() -> &'static Thread {
     };
     // SAFETY: a new block of Thread's size and alignment, ours alone.
     unsafe { b.as_ptr().write(Thread::new(mode, lookup)) };
+    // SAFETY: as above.
+    unsafe { (*b.as_ptr()).shard.set(shards::next_index()) };
     if mode == T_FAST {
         // `free`'s tiny path reads the slabs' keys from the thread's cache.
         // SAFETY: the block just written, ours alone.
@@ -371,17 +370,7 @@ fn init_once() {
         // slabs unbuilt, and tiny requests then go to nta (`alloc_tiny`).
         let _ = SLABS.source().0.get();
     }
-    LARGE.set(Large::new(
-        o.policy,
-        &NTA.source().0,
-        large_grew,
-        &LARGE_CPUS,
-    ));
-    if !o.move_pages {
-        if let Some(l) = LARGE.get() {
-            l.forbid_moves();
-        }
-    }
+    shards::init(o.policy, o.move_pages);
     if o.engine == Engine::Pow2 {
         match make_pow2() {
             Ok(p) => POW2.set(p),
@@ -403,7 +392,7 @@ fn init_once() {
             if o.front_cache { "on" } else { "off" },
             kmem_sys::cpu_id_method().name(),
             NTA_RESERVE >> 30,
-            LARGE.get().map_or(0, |l| l.reserved() >> 30),
+            shards::reserved() >> 30,
         );
     }
 }
@@ -481,7 +470,7 @@ extern "C" fn thread_exit(b: *mut c_void) {
 fn settle_after_exit() {
     NTA.maintain_waiting();
     settle_small_supplies();
-    if let Some(l) = LARGE.get() {
+    for l in shards::built() {
         l.settle_exit();
     }
 }
@@ -505,7 +494,7 @@ fn settle_small_supplies() {
 /// blocks (the arena has its own address space), so kept for reuse they
 /// would only add to the peak of a program that frees its small blocks
 /// and then allocates large ones.
-fn large_grew() {
+pub(crate) fn large_grew() {
     NTA.maintain();
     settle_small_supplies();
 }
@@ -525,9 +514,7 @@ extern "C" fn fork_prepare() {
     // a large free holds no lock when it reaches the CPUs' caches).
     NTA.fork_prepare();
     SLABS.fork_prepare();
-    if let Some(l) = LARGE.get() {
-        l.fork_prepare();
-    }
+    shards::fork_prepare();
     NTA.source().0.fork_prepare();
     SLABS.source().0.fork_prepare();
 }
@@ -537,9 +524,7 @@ extern "C" fn fork_parent() {
     unsafe {
         SLABS.source().0.fork_release();
         NTA.source().0.fork_release();
-        if let Some(l) = LARGE.get() {
-            l.fork_release();
-        }
+        shards::fork_release();
         SLABS.fork_release();
         NTA.fork_release();
         if let Some(p) = POW2.get() {
@@ -551,9 +536,7 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     // The child has one thread, the one that took the locks.
     fork_parent();
-    if let Some(l) = LARGE.get() {
-        l.fork_child();
-    }
+    shards::fork_child();
 }
 
 // ---- allocation -----------------------------------------------------------
@@ -667,7 +650,7 @@ fn alloc_in(t: &Thread, size: usize, align: usize, zero: bool) -> (*mut u8, bool
     if size > isize::MAX as usize - MAX_NTA_ALIGN {
         return (ptr::null_mut(), false);
     }
-    match LARGE.get() {
+    match shards::get(t.shard.get() as usize) {
         Some(l) if harden::modes() & harden::SECURE != 0 => {
             // A guard page after the block's last page.
             let ps = kmem_sys::page_size();
@@ -770,7 +753,7 @@ pub fn check() -> core::result::Result<(), &'static str> {
         // SAFETY: this thread's slabs, all SLABS'; no other borrow is live.
         unsafe { (*t.slabs.get()).check(&SLABS)? };
     }
-    if let Some(l) = LARGE.get() {
+    for l in shards::built() {
         l.check()?;
     }
     Ok(())

@@ -10,7 +10,7 @@ use kmem_pages::GlobalPages;
 use kmem_pow2::Pow2Slab;
 
 use crate::large::Large;
-use crate::{LARGE, NTA, POW2, SLABS};
+use crate::{NTA, POW2, SLABS};
 
 /// The process's page supply: kmem-pages' `GlobalPages` (a page-frame
 /// allocator over address space reserved on first use), under nta's nodes
@@ -66,7 +66,7 @@ unsafe impl PageSource for MallocSource {
     }
     fn maintain(&self) {
         self.0.maintain();
-        if let Some(l) = LARGE.get() {
+        for l in crate::shards::built() {
             l.maintain();
         }
         // The tiny slabs' supply (the inner one: no recursion), which
@@ -158,7 +158,7 @@ pub(crate) static TINY_ON: AtomicBool = AtomicBool::new(false);
 
 #[inline(always)]
 pub(crate) fn large_of(a: usize) -> Option<&'static Large> {
-    LARGE.get().filter(|l| l.owns(a))
+    crate::shards::owner(a)
 }
 
 #[inline(always)]

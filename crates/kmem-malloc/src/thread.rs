@@ -50,6 +50,9 @@ pub(crate) struct Thread {
     pub(crate) medium: UnsafeCell<MediumCache>,
     /// The thread's random sequence (secure mode).
     pub(crate) rng: Cell<u64>,
+    /// The large arena this thread allocates from (`shards`; 0 in the
+    /// shared blocks).
+    pub(crate) shard: Cell<u8>,
 }
 
 /// True when `mode` uses the thread's front cache.
@@ -138,6 +141,7 @@ impl Thread {
             mode: Cell::new(mode),
             calls: Cell::new(0),
             rng: Cell::new(0),
+            shard: Cell::new(0),
             front: UnsafeCell::new(FrontCache::new()),
             medium: UnsafeCell::new(MediumCache::new()),
             slabs: UnsafeCell::new(SlabCache::new()),

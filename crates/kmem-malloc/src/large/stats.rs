@@ -29,6 +29,39 @@ pub(crate) struct LargeStats {
     pub lock: LockStats,
 }
 
+impl LargeStats {
+    /// The counters of two arenas together (the largest free block is the
+    /// larger of the two).
+    pub(crate) fn sum(a: LargeStats, b: LargeStats) -> LargeStats {
+        let (x, y) = (a.arena, b.arena);
+        LargeStats {
+            arena: VmapStats {
+                size: x.size + y.size,
+                free_bytes: x.free_bytes + y.free_bytes,
+                largest_free: x.largest_free.max(y.largest_free),
+                free_blocks: x.free_blocks + y.free_blocks,
+                busy_blocks: x.busy_blocks + y.busy_blocks,
+                busy_bytes: x.busy_bytes + y.busy_bytes,
+                nodes: x.nodes + y.nodes,
+                node_pages: x.node_pages + y.node_pages,
+                ..x
+            },
+            segments: a.segments + b.segments,
+            dirty_bytes: a.dirty_bytes + b.dirty_bytes,
+            purges: a.purges + b.purges,
+            purged_bytes: a.purged_bytes + b.purged_bytes,
+            remaps: a.remaps + b.remaps,
+            moved_bytes: a.moved_bytes + b.moved_bytes,
+            pieces: a.pieces + b.pieces,
+            cached_ranges: a.cached_ranges + b.cached_ranges,
+            cached_bytes: a.cached_bytes + b.cached_bytes,
+            cpu_ranges: a.cpu_ranges + b.cpu_ranges,
+            cpu_bytes: a.cpu_bytes + b.cpu_bytes,
+            lock: a.lock + b.lock,
+        }
+    }
+}
+
 impl Large {
     /// Arena counters (summed over segments), freed bytes still backed,
     /// purges, the lock.
