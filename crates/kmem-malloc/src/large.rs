@@ -44,6 +44,9 @@
 //! changes. Segments are published with their bounds in atomics, so
 //! [`Large::owns`] takes no lock.
 //!
+//! kmem-malloc keeps one `Large` for each group of threads (`shards.rs`);
+//! everything here is one arena's.
+//!
 //! Files: this one the arena's requests and frees; `large/segment.rs` the
 //! segments and their maps; `large/percpu.rs` and `large/cache.rs` the
 //! caches of freed ranges; `large/policy.rs` the return policy's side;

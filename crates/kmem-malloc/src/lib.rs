@@ -15,12 +15,16 @@
 //!   (the same)          kmem-nta: the calling CPU's heap, whole 64-byte
 //!     (any, when the      chunks, bitmaps, frees from other CPUs queued on
 //!      cache misses)      the owner's semi-free list
-//!   larger              the large arena: kmem-vmap over 64 GiB segments of
-//!     or align > 4 KiB  reserved space (more as needed), lowest-address
-//!                       first fit, an exact map of pages that may hold
-//!                       data; in front of its lock, each CPU's cache of
-//!                       freed ranges up to `retain` (4 MiB), and a cache
-//!                       of freed ranges to 1 MiB by class
+//!   larger              the thread's large arena (one for each group of
+//!     or align > 4 KiB  threads, as many as the CPUs, at most 8: `shards`;
+//!                       a block is freed into the arena that made it):
+//!                       kmem-vmap over 64 GiB segments of reserved space
+//!                       (more as needed), lowest-address first fit, an
+//!                       exact map of pages that may hold data; in front
+//!                       of its lock, each CPU's cache of freed ranges up
+//!                       to `retain` (4 MiB), and a cache of freed ranges
+//!                       to 1 MiB by class; purges made with the lock
+//!                       released (`large/purge.rs`)
 //! ```
 //!
 //! `free(p)` needs no size: the address says which part owns `p` (each has
