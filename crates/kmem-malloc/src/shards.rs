@@ -75,7 +75,7 @@ static CPUS: [large::CpuCaches; MAX_SHARDS] = [const { large::CpuCaches::new() }
 /// Held while a shard is built; a fork takes it first.
 static BUILD: Lock<()> = Lock::new(());
 /// Shards in use (0 before [`init`]).
-static COUNT: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// The next thread's shard, before the modulo.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// The return policy a shard is built with (`mallopt` changes it).

@@ -215,6 +215,45 @@ fn blocks_freed_on_another_thread() {
     check().unwrap();
 }
 
+/// Each large block goes back to the arena that made it, whoever frees,
+/// reallocates or measures it.
+#[test]
+fn large_blocks_go_back_to_the_arena_that_made_them() {
+    // SAFETY: a C call with valid arguments (the library starts).
+    unsafe { free(malloc(1)) };
+    let (a0, a1) = (shards::get(0).unwrap(), shards::get(1).unwrap());
+    assert!(!core::ptr::eq(a0, a1));
+    let ps = kmem_sys::page_size();
+    let x = a0.alloc(300 << 10, ps, false).unwrap().addr;
+    let y = a1.alloc(300 << 10, ps, false).unwrap().addr;
+    assert!(core::ptr::eq(shards::owner(x).unwrap(), a0));
+    assert!(core::ptr::eq(shards::owner(y).unwrap(), a1));
+    // SAFETY: C calls on the live blocks just made (a thread of any
+    // arena may free them).
+    unsafe {
+        assert!(malloc_usable_size(y as *mut c_void) >= 300 << 10);
+        (y as *mut u8).write_bytes(7, 300 << 10);
+        let z = realloc(y as *mut c_void, 2 << 20) as usize;
+        assert!(
+            core::ptr::eq(shards::owner(z).unwrap(), a1),
+            "moved in its arena"
+        );
+        assert_eq!(*((z + (300 << 10) - 1) as *const u8), 7);
+        let w = std::thread::spawn(move || {
+            free(x as *mut c_void);
+            free(z as *mut c_void);
+        });
+        w.join().unwrap();
+    }
+    let st = shards::stats().unwrap();
+    assert!(st.segments >= 2);
+    check().unwrap();
+    // A starting thread's arena is one of those in use.
+    let n = shards::COUNT.load(Ordering::Relaxed);
+    assert!((1..=shards::MAX_SHARDS).contains(&n));
+    assert!((shards::next_index() as usize) < n);
+}
+
 /// A thread's TLS word starts as the address of `NEW` (`.tdata`): a
 /// thread that has not started, with an empty front cache, shared and
 /// never written.
