@@ -40,36 +40,31 @@ use crate::{large_grew, NTA};
 /// Most shards.
 pub(crate) const MAX_SHARDS: usize = 8;
 
-/// A shard, built once (under [`BUILD`]) and never dropped.
-struct Shard {
-    ready: AtomicBool,
-    large: UnsafeCell<MaybeUninit<Large>>,
-}
+/// The shards' arenas, each built once (under [`BUILD`]) and never
+/// dropped; [`READY`] says which.
+struct Larges([UnsafeCell<MaybeUninit<Large>>; MAX_SHARDS]);
 
-// SAFETY: written once under BUILD before `ready` is set (Release); read
-// only after `ready` is seen set (Acquire). Large is Sync.
-unsafe impl Sync for Shard {}
+// SAFETY: an arena is written once under BUILD before its READY flag is
+// set (Release), and read only after the flag is seen set (Acquire).
+// Large is Sync.
+unsafe impl Sync for Larges {}
 
-impl Shard {
-    const fn new() -> Shard {
-        Shard {
-            ready: AtomicBool::new(false),
-            large: UnsafeCell::new(MaybeUninit::uninit()),
-        }
-    }
+static LARGES: Larges = Larges([const { UnsafeCell::new(MaybeUninit::uninit()) }; MAX_SHARDS]);
+/// Which arenas are built: flags apart from the arenas (24 KiB each), so
+/// that a look at all of them reads one line, not a page of each (a read
+/// of an untouched page of `.bss` is a page fault).
+static READY: [AtomicBool; MAX_SHARDS] = [const { AtomicBool::new(false) }; MAX_SHARDS];
 
-    #[inline]
-    fn get(&self) -> Option<&Large> {
-        if self.ready.load(Ordering::Acquire) {
-            // SAFETY: `ready` is set after the value was written, once.
-            Some(unsafe { (*self.large.get()).assume_init_ref() })
-        } else {
-            None
-        }
+/// Arena `i`, if built.
+#[inline]
+fn built_one(i: usize) -> Option<&'static Large> {
+    if READY[i].load(Ordering::Acquire) {
+        // SAFETY: the flag is set after the arena was written, once.
+        Some(unsafe { (*LARGES.0[i].get()).assume_init_ref() })
+    } else {
+        None
     }
 }
-
-static SHARDS: [Shard; MAX_SHARDS] = [const { Shard::new() }; MAX_SHARDS];
 /// Each shard's CPU caches (see `large::CpuCaches`).
 static CPUS: [large::CpuCaches; MAX_SHARDS] = [const { large::CpuCaches::new() }; MAX_SHARDS];
 /// Held while a shard is built; a fork takes it first.
@@ -122,11 +117,11 @@ pub(crate) fn next_index() -> u8 {
 /// [`init`] (the library is initialising).
 #[inline]
 pub(crate) fn get(i: usize) -> Option<&'static Large> {
-    let s = &SHARDS[i % MAX_SHARDS];
-    if let Some(l) = s.get() {
+    let i = i % MAX_SHARDS;
+    if let Some(l) = built_one(i) {
         return Some(l);
     }
-    build(i % MAX_SHARDS)
+    build(i)
 }
 
 #[cold]
@@ -135,13 +130,13 @@ fn build(i: usize) -> Option<&'static Large> {
         return None;
     }
     let _b = BUILD.lock();
-    if SHARDS[i].get().is_none() {
+    if built_one(i).is_none() {
         // `Large` is 24 KiB, built on the stack: not on the caller's, which
         // may be the smallest POSIX allows (see the library's `init`).
         BUILDING.store(i, Ordering::Relaxed);
         kmem_sys::stack::run_on_own_stack(BUILD_STACK, build_c);
     }
-    SHARDS[i].get()
+    built_one(i)
 }
 
 /// Stack for a shard's build.
@@ -152,19 +147,18 @@ static BUILDING: AtomicUsize = AtomicUsize::new(0);
 /// Builds shard [`BUILDING`] (under [`BUILD`], on a stack of its own).
 extern "C" fn build_c() {
     let i = BUILDING.load(Ordering::Relaxed);
-    let s = &SHARDS[i];
     let l = Large::new(stored_policy(), &NTA.source().0, large_grew, &CPUS[i]);
     if NO_MOVE.load(Ordering::Relaxed) {
         l.forbid_moves();
     }
-    // SAFETY: under BUILD, before `ready`: no reader yet, one writer.
-    unsafe { (*s.large.get()).write(l) };
-    s.ready.store(true, Ordering::Release);
+    // SAFETY: under BUILD, before its flag: no reader yet, one writer.
+    unsafe { (*LARGES.0[i].get()).write(l) };
+    READY[i].store(true, Ordering::Release);
 }
 
 /// Every shard built so far, in order.
 pub(crate) fn built() -> impl Iterator<Item = &'static Large> {
-    SHARDS.iter().filter_map(Shard::get)
+    (0..MAX_SHARDS).filter_map(built_one)
 }
 
 /// The shard whose segments hold `a`.
