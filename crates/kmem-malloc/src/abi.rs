@@ -366,8 +366,11 @@ pub(crate) extern "C" fn print_stats() {
     if let Some(st) = crate::shards::stats() {
         say!(
             "kmem: large: {} live ranges ({} KiB) in {} segments, {} freed ranges cached ({} KiB) and {} on CPUs ({} KiB), {} KiB freed and still backed, {} purges ({} KiB given back), {} moved by their pages ({} KiB still in {} mappings apart); lock {} taken, {} contended",
-            (st.arena.busy_blocks as usize).saturating_sub(st.cached_ranges + st.cpu_ranges),
-            (st.arena.busy_bytes as usize).saturating_sub(st.cached_bytes + st.cpu_bytes) >> 10,
+            (st.arena.busy_blocks as usize)
+                .saturating_sub(st.cached_ranges + st.cpu_ranges + st.out_ranges),
+            (st.arena.busy_bytes as usize)
+                .saturating_sub(st.cached_bytes + st.cpu_bytes + st.out_bytes)
+                >> 10,
             st.segments,
             st.cached_ranges,
             st.cached_bytes >> 10,

@@ -99,8 +99,10 @@ pub fn info() -> Mallinfo2 {
         ..Mallinfo2::default()
     };
     if let Some(st) = crate::shards::stats() {
-        m.hblks += (st.arena.busy_blocks as usize).saturating_sub(st.cached_ranges + st.cpu_ranges);
-        m.hblkhd += (st.arena.busy_bytes as usize).saturating_sub(st.cached_bytes + st.cpu_bytes);
+        m.hblks += (st.arena.busy_blocks as usize)
+            .saturating_sub(st.cached_ranges + st.cpu_ranges + st.out_ranges);
+        m.hblkhd += (st.arena.busy_bytes as usize)
+            .saturating_sub(st.cached_bytes + st.cpu_bytes + st.out_bytes);
         m.keepcost += st.dirty_bytes + st.cached_bytes + st.cpu_bytes;
     }
     m

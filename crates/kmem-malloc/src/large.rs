@@ -460,7 +460,7 @@ impl Large {
             if s.out.any() && waits < 4 {
                 waits += 1;
                 drop(s);
-                self.wait_for_purges();
+                self.give_back_all();
                 s = self.lock();
                 continue;
             }
@@ -774,7 +774,8 @@ impl Large {
         // after, and its pieces become fresh mappings again. Refused, it
         // stays free and dirty, for the policy.
         let (first, len) = ((p - g.base() + keep) / ps, (n - keep) / ps);
-        if !out.stash(g, i, first, len, ps) {
+        let stashed = out.stash(g, i, first, len, ps);
+        if !stashed {
             let mut renewed = remap::Renewed::default();
             if g.purge_pages(first, len, ps, &mut renewed).is_ok() {
                 g.map(Map::Dirty).clear_range(first, len);
@@ -787,6 +788,12 @@ impl Large {
         }
         s.busy -= n - keep;
         self.publish_top(s, i);
+        // A tail out for its purge is busy in the arena, live nowhere: when
+        // it is all that lies above the range, the range is the highest
+        // (its free takes the top trim, not a CPU's cache).
+        if stashed && self.tops[i].load(Ordering::Relaxed) == p + n {
+            self.tops[i].store(p + keep, Ordering::Relaxed);
+        }
         keep
     }
 

@@ -192,7 +192,7 @@ impl Large {
         self.purge_down_to(&mut s, 0, Map::Dirty);
         drop(s);
         // Returns once they are given back, by this thread or another.
-        self.wait_for_purges();
+        self.give_back_all();
     }
 
     /// Changes the return policy (`mallopt(M_TRIM_THRESHOLD)`); it applies

@@ -3,11 +3,12 @@
 //! ```text
 //!   under the lock    the return policy picks a dirty run of free pages;
 //!     (stash)         it is taken out of its arena (busy there, live
-//!                     nowhere: its length words stay 0) into a slot, its
+//!                     nowhere: its length words stay 0) into a slot
+//!                     marked with the critical section that took it, its
 //!                     pages counted given back, its old bits cleared
-//!   lock dropped      the thread that drops it becomes the finisher if
-//!     (Locked)        none is at work; otherwise that one takes its runs
-//!   no lock           madvise(MADV_DONTNEED) of each run in flight
+//!   lock dropped      the thread gives back the runs its own section took
+//!     (Locked)        out: it takes the gate, claims them under the lock
+//!   no lock           madvise(MADV_DONTNEED) of each
 //!   under the lock    each run freed into its arena again (it merges),
 //!     (put back)      dirty bits cleared (a refused call: counted dirty
 //!                     again), moved pages renewed, the top lowered
@@ -17,14 +18,15 @@
 //! milliseconds; with the lock held, every other thread's large request
 //! that missed its CPU's cache waited as long (a thread allocating and
 //! freeing blocks of 128-640 KiB beside one freeing 256 MiB blocks: its
-//! worst pair 18.9 ms, the whole free). The finisher holds the gate while
-//! it works (`fork` takes it before the state's lock, so a child never
-//! inherits a run in flight), and works until no run waits: a thread that
-//! stashes while it works hands its runs to it under the lock, so none is
-//! left behind. A run out of its arena is no fit for an allocation; one
-//! that finds no fit anywhere waits for the finisher (the gate) before it
-//! reserves a new segment. Past [`OUT_SLOTS`] runs out at once, a purge
-//! gives pages back under the lock, as it did before.
+//! worst pair 18.9 ms, the whole free). Each thread gives back what it took
+//! out, so no thread works for others for long; the gate, held across the
+//! calls, makes purges one at a time and lets `fork` take it before the
+//! state's lock, so that no run is in flight in a child (one that waits
+//! is given back by the child itself). A run out of its arena is no fit
+//! for an allocation: one that finds no fit anywhere, and `malloc_trim`,
+//! give back every run that waits and wait for any in flight before they
+//! go on. Past [`OUT_SLOTS`] runs out at once, a purge gives pages back
+//! under the lock, as it did before.
 
 use core::mem::ManuallyDrop;
 use core::ops::{Deref, DerefMut};
@@ -48,16 +50,25 @@ struct Slot {
     /// First page and length in pages, in the segment.
     first: usize,
     len: usize,
-    /// Taken by the finisher (its `madvise` under way or done).
+    /// The critical section that took it out ([`Out::section`]).
+    section: u64,
+    /// Claimed by a thread that gives it back (its `madvise` under way or
+    /// done).
     flight: bool,
 }
 
 impl Slot {
+    /// Whether it waits to be given back, taken out by `section`.
+    fn is_waiting(&self, section: u64) -> bool {
+        self.region.is_some() && !self.flight && self.section == section
+    }
+
     const FREE: Slot = Slot {
         region: None,
         seg: 0,
         first: 0,
         len: 0,
+        section: 0,
         flight: false,
     };
 }
@@ -67,10 +78,12 @@ pub(super) struct Out {
     slots: [Slot; OUT_SLOTS],
     /// Slots in use.
     used: usize,
-    /// Slots in use and not in flight: runs that wait for the finisher.
+    /// Slots in use and not in flight: runs that wait to be given back.
     waiting: usize,
-    /// A thread has the finisher's part (see the module's head).
-    pub(super) finisher: bool,
+    /// The current critical section's number (each `Locked` takes the
+    /// next): the runs a section takes out are the ones its unlock gives
+    /// back.
+    pub(super) section: u64,
 }
 
 impl Out {
@@ -79,7 +92,7 @@ impl Out {
             slots: [Slot::FREE; OUT_SLOTS],
             used: 0,
             waiting: 0,
-            finisher: false,
+            section: 0,
         }
     }
 
@@ -123,6 +136,7 @@ impl Out {
             seg,
             first,
             len,
+            section: self.section,
             flight: false,
         };
         self.used += 1;
@@ -149,12 +163,20 @@ impl Out {
     }
 }
 
-/// The arena's state, locked; when it is dropped with runs waiting and no
-/// finisher at work, the dropping thread gives them back (see the module's
-/// head).
+/// The arena's state, locked; when it is dropped, the runs this critical
+/// section took out are given back (see the module's head).
 pub(super) struct Locked<'a> {
     large: &'a Large,
     g: ManuallyDrop<LockGuard<'a, State>>,
+}
+
+/// Which runs [`Large::give_back`] takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// Those one critical section took out.
+    Section(u64),
+    /// Every run waiting.
+    All,
 }
 
 impl Deref for Locked<'_> {
@@ -172,79 +194,85 @@ impl DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        let out = &mut self.g.out;
-        let finish = out.waiting > 0 && !out.finisher;
-        out.finisher |= finish;
+        let out = &self.g.out;
+        let mine = out.waiting > 0 && out.slots.iter().any(|x| x.is_waiting(out.section));
+        let section = out.section;
         // SAFETY: dropped once, here, and not used after.
         unsafe { ManuallyDrop::drop(&mut self.g) };
-        if finish {
-            self.large.finish_purges();
+        if mine {
+            self.large.give_back(Which::Section(section));
         }
     }
 }
 
 impl Large {
-    /// Takes the arena's lock (see [`Locked`]).
+    /// Takes the arena's lock (see [`Locked`]): a new critical section.
     pub(super) fn lock(&self) -> Locked<'_> {
+        let mut g = self.state.lock();
+        g.out.section = g.out.section.wrapping_add(1);
         Locked {
             large: self,
-            g: ManuallyDrop::new(self.state.lock()),
+            g: ManuallyDrop::new(g),
         }
     }
 
     /// Takes the arena's lock if it is free now.
     pub(super) fn try_lock(&self) -> Option<Locked<'_>> {
-        let g = self.state.try_lock()?;
+        let mut g = self.state.try_lock()?;
+        g.out.section = g.out.section.wrapping_add(1);
         Some(Locked {
             large: self,
             g: ManuallyDrop::new(g),
         })
     }
 
-    /// Waits until no finisher is at work: the runs out of their arenas
-    /// when it was called are back in them (or have a finisher that has not
-    /// started yet).
-    pub(super) fn wait_for_purges(&self) {
-        drop(self.gate.lock());
+    /// Gives back every run out of its arena: those that wait, by this
+    /// thread, after any that another thread has in flight.
+    pub(super) fn give_back_all(&self) {
+        self.give_back(Which::All);
     }
 
-    /// The finisher's part: gives back every waiting run, with no lock
-    /// held during the system calls, until none waits.
+    /// Gives back the runs `which` names that still wait (`All`: any, those
+    /// another section took out too), with no lock held during the system
+    /// calls. Holds the gate throughout: runs are in flight one thread's
+    /// at a time.
     #[cold]
-    fn finish_purges(&self) {
+    fn give_back(&self, which: Which) {
         let _gate = self.gate.lock();
         let ps = self.page;
-        loop {
-            let mut mine = [(0usize, Slot::FREE); OUT_SLOTS];
-            let mut k = 0;
-            {
-                let mut s = self.state.lock();
-                if s.out.waiting == 0 {
-                    s.out.finisher = false;
-                    return;
-                }
-                for (j, x) in s.out.slots.iter_mut().enumerate() {
-                    if x.region.is_some() && !x.flight {
-                        x.flight = true;
-                        mine[k] = (j, *x);
-                        k += 1;
-                    }
-                }
-                s.out.waiting = 0;
-            }
-            #[cfg(test)]
-            if let Some(f) = *self.before_purge.lock().unwrap() {
-                f(self);
-            }
-            let mut ok = [false; OUT_SLOTS];
-            for (o, &(_, x)) in ok.iter_mut().zip(&mine[..k]) {
-                if let Some(r) = x.region {
-                    *o = r.purge(x.first * ps, x.len * ps).is_ok();
-                }
-            }
+        let mut mine = [(0usize, Slot::FREE); OUT_SLOTS];
+        let mut k = 0;
+        {
             let mut s = self.state.lock();
-            self.put_back(&mut s, &mine[..k], &ok);
+            let out = &mut s.out;
+            for (j, x) in out.slots.iter_mut().enumerate() {
+                let take = match which {
+                    Which::Section(n) => x.is_waiting(n),
+                    Which::All => x.region.is_some() && !x.flight,
+                };
+                if take {
+                    x.flight = true;
+                    mine[k] = (j, *x);
+                    k += 1;
+                }
+            }
+            out.waiting -= k;
         }
+        if k == 0 {
+            return;
+        }
+        #[cfg(test)]
+        if let Some(f) = *self.before_purge.lock().unwrap() {
+            f(self);
+        }
+        let mut ok = [false; OUT_SLOTS];
+        for (o, &(_, x)) in ok.iter_mut().zip(&mine[..k]) {
+            if let Some(r) = x.region {
+                *o = r.purge(x.first * ps, x.len * ps).is_ok();
+            }
+        }
+        let mut s = self.state.lock();
+        self.put_back(&mut s, &mine[..k], &ok);
     }
 
     /// Frees the runs of `slots` (in flight, given back when `ok`) into
@@ -253,6 +281,7 @@ impl Large {
         let ps = self.page;
         let mut renewed = Renewed::default();
         let mut touched = [false; MAX_SEGMENTS];
+        let mut given = 0;
         for (&(j, x), &ok) in slots.iter().zip(ok) {
             s.out.slots[j] = Slot::FREE;
             s.out.used -= 1;
@@ -274,14 +303,17 @@ impl Large {
                     renewed.add(g.renew(x.first, x.len, ps, false));
                 }
                 g.map(Map::Dirty).clear_range(x.first, x.len);
-                s.purges += 1;
-                s.purged_pages += x.len as u64;
+                given += x.len;
             } else {
                 // A refused call leaves the pages backed and dirty.
                 s.dirty_pages += x.len;
             }
         }
         renewed.apply(s);
+        if given > 0 {
+            s.purges += 1;
+            s.purged_pages += given as u64;
+        }
         for i in (0..s.n).filter(|&i| touched[i]) {
             self.lower_top(s, i);
             self.publish_top(s, i);
@@ -310,10 +342,9 @@ impl Large {
         }
     }
 
-    /// After a fork, in the child: the thread that had taken the
-    /// finisher's part (waiting for the gate) is not there; the next
-    /// unlock with runs waiting takes it.
+    /// After a fork, in the child: runs that threads not in the child had
+    /// taken out (they waited for the gate) are given back now.
     pub(crate) fn fork_child(&self) {
-        self.state.lock().out.finisher = false;
+        self.give_back_all();
     }
 }

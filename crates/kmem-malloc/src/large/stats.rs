@@ -26,6 +26,10 @@ pub(crate) struct LargeStats {
     pub cached_bytes: usize,
     pub cpu_ranges: usize,
     pub cpu_bytes: usize,
+    /// Freed runs out of the arena while they are given back to the OS
+    /// (`large/purge.rs`; counted busy in `arena`).
+    pub out_ranges: usize,
+    pub out_bytes: usize,
     pub lock: LockStats,
 }
 
@@ -57,6 +61,8 @@ impl LargeStats {
             cached_bytes: a.cached_bytes + b.cached_bytes,
             cpu_ranges: a.cpu_ranges + b.cpu_ranges,
             cpu_bytes: a.cpu_bytes + b.cpu_bytes,
+            out_ranges: a.out_ranges + b.out_ranges,
+            out_bytes: a.out_bytes + b.out_bytes,
             lock: a.lock + b.lock,
         }
     }
@@ -92,8 +98,15 @@ impl Large {
             cached_bytes: s.cache.bytes,
             cpu_ranges: 0,
             cpu_bytes: 0,
+            out_ranges: 0,
+            out_bytes: 0,
             lock: LockStats::default(),
         };
+        let (mut out_ranges, mut out_bytes) = (0, 0);
+        s.out.each(|_, _, pages| {
+            out_ranges += 1;
+            out_bytes += pages * self.page;
+        });
         // The CPUs' ranges under the arena's lock (the allowed order), so
         // that none moves between the arena and a CPU while they are
         // counted: they stay a part of the arena's busy ranges.
@@ -107,6 +120,8 @@ impl Large {
             lock: self.state.stats(),
             cpu_ranges,
             cpu_bytes,
+            out_ranges,
+            out_bytes,
             ..r
         }
     }

@@ -901,6 +901,7 @@ fn a_purge_gives_pages_back_without_the_arenas_lock() {
         CALLS.fetch_add(1, Ordering::Relaxed);
         assert!(!l.state.is_locked(), "the arena's lock is held");
         l.check().unwrap();
+        assert!(l.stats().out_ranges >= 1);
         let mut out = Vec::new();
         l.state
             .lock()
@@ -945,8 +946,10 @@ fn a_purge_gives_pages_back_without_the_arenas_lock() {
     large.check().unwrap();
 }
 
-/// A run left waiting by a thread that had taken the finisher's part and
-/// is not in the child of a fork is given back at the child's next unlock.
+/// A run taken out by a thread that is not in the child of a fork (it
+/// waited for the gate when the fork came) is given back by the child;
+/// one that waits is given back by a request that finds no fit, or by
+/// `malloc_trim`, whoever took it out.
 #[test]
 fn runs_left_waiting_at_a_fork_are_given_back_in_the_child() {
     let large = quiet_large();
@@ -961,25 +964,38 @@ fn runs_left_waiting_at_a_fork_are_given_back_in_the_child() {
         1024 * ps,
         "below a live block: kept"
     );
-    let mut s = large.lock();
-    large.purge_down_to(&mut s, 0, Map::Dirty);
-    assert!(s.out.any());
-    // As if another thread had taken the finisher's part, then forked.
-    s.out.finisher = true;
-    drop(s);
-    large.check().unwrap();
+    // Taken out by a section whose unlock does not come (as if another
+    // thread's, stopped before its gate).
+    let stranded = |large: &Large| {
+        let mut s = large.lock();
+        large.purge_down_to(&mut s, 0, Map::Dirty);
+        assert!(s.out.any());
+        s.out.section = s.out.section.wrapping_add(1);
+        drop(s);
+        large.check().unwrap();
+        assert!(large.state.lock().out.any(), "nothing gave it back");
+    };
+    stranded(&large);
     large.fork_prepare();
     // SAFETY: this thread took them just above.
     unsafe { large.fork_release() };
     large.fork_child();
-    assert!(large.state.lock().out.any(), "nothing gives it back yet");
-    // The child's next unlock of the arena.
-    drop(large.lock());
     let st = large.stats();
     assert!(!large.state.lock().out.any());
     assert_eq!((st.dirty_bytes, st.purged_bytes), (0, 1024 * ps as u64));
     large.check().unwrap();
+    // Again, given back by malloc_trim.
     large.free(b).unwrap();
+    let c = large.alloc(1024 * ps, ps, false).unwrap().addr;
+    let d = large.alloc(1024 * ps, ps, false).unwrap().addr;
+    // SAFETY: ours, 1024 pages.
+    unsafe { core::ptr::write_bytes(c as *mut u8, 1, 1024 * ps) };
+    large.free(c).unwrap();
+    stranded(&large);
+    large.trim();
+    assert!(!large.state.lock().out.any());
+    assert_eq!(large.stats().dirty_bytes, 0);
+    large.free(d).unwrap();
     large.check().unwrap();
 }
 

@@ -369,15 +369,16 @@ impl<P: PageSource> SlabArena<P> {
             let mut n = 1u32;
             let mut tail = head;
             loop {
+                // More blocks than are out: a loop (a list overwritten).
+                if n > (*s).used {
+                    fatal_corruption(head as usize);
+                }
                 let next = decode(tail, (*tail).next, link);
                 if next == end_of(s) {
                     break;
                 }
                 tail = next;
                 n += 1;
-            }
-            if n > (*s).used {
-                fatal_corruption(head as usize);
             }
             (*tail).next = encode((*s).free, link);
             (*s).free = head;
