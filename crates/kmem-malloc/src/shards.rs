@@ -54,17 +54,6 @@ static LARGES: Larges = Larges([const { UnsafeCell::new(MaybeUninit::uninit()) }
 /// that a look at all of them reads one line, not a page of each (a read
 /// of an untouched page of `.bss` is a page fault).
 static READY: [AtomicBool; MAX_SHARDS] = [const { AtomicBool::new(false) }; MAX_SHARDS];
-
-/// Arena `i`, if built.
-#[inline]
-fn built_one(i: usize) -> Option<&'static Large> {
-    if READY[i].load(Ordering::Acquire) {
-        // SAFETY: the flag is set after the arena was written, once.
-        Some(unsafe { (*LARGES.0[i].get()).assume_init_ref() })
-    } else {
-        None
-    }
-}
 /// Each shard's CPU caches (see `large::CpuCaches`).
 static CPUS: [large::CpuCaches; MAX_SHARDS] = [const { large::CpuCaches::new() }; MAX_SHARDS];
 /// Held while a shard is built; a fork takes it first.
@@ -78,8 +67,20 @@ static RETAIN: AtomicUsize = AtomicUsize::new(0);
 static DELAY_MS: AtomicUsize = AtomicUsize::new(0);
 /// `KMEM_OPTIONS=nomove`: shards are built with moves forbidden.
 static NO_MOVE: AtomicBool = AtomicBool::new(false);
-/// Set by [`init`]: a built shard's state is what this module says.
+/// Set by [`init`] once shard 0 is built (before, the library is
+/// initialising: its large requests go to nta).
 static STARTED: AtomicU8 = AtomicU8::new(0);
+
+/// Arena `i`, if built.
+#[inline]
+fn built_one(i: usize) -> Option<&'static Large> {
+    if READY[i].load(Ordering::Acquire) {
+        // SAFETY: the flag is set after the arena was written, once.
+        Some(unsafe { (*LARGES.0[i].get()).assume_init_ref() })
+    } else {
+        None
+    }
+}
 
 /// Sets the shards up (the library's initialisation, once, on its own
 /// stack): how many, the policy and options they are built with; builds

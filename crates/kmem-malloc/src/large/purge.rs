@@ -322,7 +322,7 @@ impl Large {
 
     /// Lowers segment `i`'s top to just above the last dirty page of the
     /// free block that reaches the segment's end, if there is one.
-    pub(super) fn lower_top(&self, s: &mut State, i: usize) {
+    fn lower_top(&self, s: &mut State, i: usize) {
         let Some(g) = s.segs[i].as_mut() else {
             return;
         };
