@@ -110,24 +110,17 @@ const BEST_FIT_MIN: u64 = 64 << 10;
 /// Best fit leaves fewer and smaller holes between large blocks, and holes
 /// are backed memory that counts in RSS: 20 live blocks of 5-25 MiB
 /// replaced 500 times peaked at 478 MB by first fit and 452 MB by best
-/// fit (glibc: 441 MB). The scan is bounded (64 blocks, a few hundred
-/// nanoseconds), small beside a request of 64 KiB or more; a shorter one
+/// fit (glibc: 441 MB). The search (`VmapArena::best_fit`) visits only the
+/// blocks large enough and the tree's paths to them, and runs while a
+/// segment has at most 64 free blocks (a walk over all of them was a fifth
+/// of a thread's time replacing blocks of 64-256 KiB); a shorter request (a
+/// small block aligned past a page, which nta does not serve) takes the
 /// (a small block aligned past a page, which nta does not serve) takes the
 /// first fit: with 64 such blocks live, the scan was half of each
 /// `posix_memalign(64 KiB, 100)` and `free` (1.3 -> 0.56 us a pair).
 fn place(arena: &mut VmapArena<NodeSource>, need: u64, align: u64) -> Result<u64> {
     if need >= BEST_FIT_MIN && arena.free_block_count() <= BEST_FIT_BLOCKS {
-        let mut best: Option<(u64, u64, u64)> = None;
-        for b in arena.free_blocks() {
-            let fits = b
-                .start
-                .checked_next_multiple_of(align)
-                .is_some_and(|x| x <= b.end() && b.end() - x >= need);
-            if fits && best.is_none_or(|(waste, _, _)| b.size - need < waste) {
-                best = Some((b.size - need, b.start, b.end()));
-            }
-        }
-        if let Some((_, lo, hi)) = best {
+        if let Some((lo, hi)) = arena.best_fit(need, align) {
             return arena.alloc_in(need, align, lo, hi);
         }
     }

@@ -9,6 +9,7 @@ use crate::rbtree::{Aug, MaxAug, NoAug, Tree};
 use floors::Floors;
 use merge::{merge_insert, Merged};
 
+mod best;
 mod blocks;
 mod check;
 mod fast;

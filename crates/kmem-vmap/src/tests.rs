@@ -685,3 +685,65 @@ fn a_parked_hole_stays_parked_beside_other_requests() {
     let s = a.stats();
     assert_eq!((s.busy_blocks, s.busy_bytes), (5, 10));
 }
+
+/// The best fit of a walk over every free block (the lowest of equals).
+fn best_by_walk(a: &VmapArena<FixedSource<'static>>, size: u64, align: u64) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64, u64)> = None;
+    for b in a.free_blocks() {
+        let fits = b
+            .start
+            .checked_next_multiple_of(align)
+            .is_some_and(|x| x <= b.end() && b.end() - x >= size);
+        if fits && best.is_none_or(|(w, _, _)| b.size - size < w) {
+            best = Some((b.size - size, b.start, b.end()));
+        }
+    }
+    best.map(|(_, s, e)| (s, e))
+}
+
+/// `best_fit` picks the block a walk over every free block picks, after
+/// any mix of allocations (aligned, in ranges), frees and lazy frees: the
+/// parked area, the aside and top blocks, and the pruned subtrees included.
+#[test]
+fn best_fit_agrees_with_a_walk_over_every_block() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..20 {
+        let mut a = arena(0x10_0000, 0x10_0000 + 4096 * PAGE);
+        let mut live: Vec<u64> = Vec::new();
+        for step in 0..600 {
+            let r = next();
+            match r % 5 {
+                0..=2 => {
+                    let size = (1 + r % 24) * PAGE;
+                    let align = PAGE << ((r >> 8) % 3);
+                    if let Ok(p) = a.alloc(size, align) {
+                        live.push(p);
+                    }
+                }
+                3 if !live.is_empty() => {
+                    let p = live.swap_remove((r >> 8) as usize % live.len());
+                    a.free(p).unwrap();
+                }
+                4 if !live.is_empty() => {
+                    let p = live.swap_remove((r >> 8) as usize % live.len());
+                    a.free_lazy(p).unwrap();
+                }
+                _ => {}
+            }
+            let size = (1 + next() % 32) * PAGE;
+            let align = PAGE << (next() % 4);
+            assert_eq!(
+                a.best_fit(size, align),
+                best_by_walk(&a, size, align),
+                "round {round} step {step}: {size:#x} at {align:#x}"
+            );
+        }
+        a.check().unwrap();
+    }
+}
