@@ -34,7 +34,10 @@
 //! block, else right. A block of at least `size` can still fail once its start
 //! is rounded up to `align`; the walk then goes on in address order (up
 //! through the parents, no recursion), so the result stays the lowest fit.
-//! The chosen block is split in one of four ways (the seed's names):
+//! `best_fit(size, align)` names instead the free block where the request
+//! leaves the least over (the lowest of equals), for `alloc_in` to cut:
+//! a depth-first search that enters only subtrees whose `max` is at least
+//! `size`. The chosen block is split in one of four ways (the seed's names):
 //!
 //! ```text
 //!   FL  |xxxxxxxxxxxxxxxx|   the whole block: its node becomes the busy node
