@@ -115,7 +115,6 @@ const BEST_FIT_MIN: u64 = 64 << 10;
 /// segment has at most 64 free blocks (a walk over all of them was a fifth
 /// of a thread's time replacing blocks of 64-256 KiB); a shorter request (a
 /// small block aligned past a page, which nta does not serve) takes the
-/// (a small block aligned past a page, which nta does not serve) takes the
 /// first fit: with 64 such blocks live, the scan was half of each
 /// `posix_memalign(64 KiB, 100)` and `free` (1.3 -> 0.56 us a pair).
 fn place(arena: &mut VmapArena<NodeSource>, need: u64, align: u64) -> Result<u64> {
@@ -136,12 +135,13 @@ pub(crate) struct Large {
     /// Published segments (Release after their bounds).
     nsegs: AtomicUsize,
     state: Lock<State>,
-    /// Held by the thread that gives back the runs a purge took out of
-    /// their arenas, while it works (`large/purge.rs`); taken before
-    /// `state` (by a fork, and by a request that found no fit).
+    /// Held while a thread gives back runs a purge took out of their
+    /// arenas (`large/purge.rs`): by each unlock whose section took some
+    /// out, a request that found no fit, `malloc_trim` and a fork; taken
+    /// with no other lock of the arena's held.
     gate: Lock<()>,
-    /// Called by the finisher with its runs in flight, before it gives
-    /// them back (tests look at the arena then).
+    /// Called with runs in flight (the gate held), before they are given
+    /// back (tests look at the arena then).
     #[cfg(test)]
     before_purge: std::sync::Mutex<Option<fn(&Large)>>,
     /// Each segment's length words, one a page (`u32`): the length in
@@ -219,7 +219,8 @@ struct State {
     /// Freed ranges of 16 to 256 pages kept whole for the next request of
     /// their class (see `cache`): busy in their arenas, not in `busy`.
     cache: Cache,
-    /// Purges, and pages given back by them, over all time.
+    /// Purges (a batch of runs given back with the lock released, or one
+    /// pass under it), and pages given back by them, over all time.
     purges: u64,
     purged_pages: u64,
     /// Ranges moved by their pages ([`Large::remap`]), over all time.

@@ -203,7 +203,8 @@ const _: () = assert!(core::mem::offset_of!(Slab, remote) == 64);
 /// TLS slot in its GOT at a page offset of 8, its tiny `malloc` ran 1.5x
 /// slower (sh6bench 108 -> 163 ms, the same instructions), after an
 /// unrelated change had moved the GOT. They lie in the first line's second
-/// half now, and kmem-malloc's tests check its GOT slot against them.
+/// half now, and `kmem bench malloc` warns when the library's GOT slot
+/// lies among them.
 pub const SLAB_HOT_BYTES: core::ops::Range<usize> =
     core::mem::offset_of!(Slab, used)..core::mem::offset_of!(Slab, free) + 8;
 const _: () = assert!(core::mem::offset_of!(Slab, used) + 4 == core::mem::offset_of!(Slab, free));

@@ -702,8 +702,9 @@ fn best_by_walk(a: &VmapArena<FixedSource<'static>>, size: u64, align: u64) -> O
 }
 
 /// `best_fit` picks the block a walk over every free block picks, after
-/// any mix of allocations (aligned, in ranges), frees and lazy frees: the
-/// parked area, the aside and top blocks, and the pruned subtrees included.
+/// any mix of allocations (aligned ones too), frees and lazy frees: the
+/// parked area, the aside and top blocks, and the pruned subtrees
+/// included; a size of 0 fits nowhere.
 #[test]
 fn best_fit_agrees_with_a_walk_over_every_block() {
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -745,5 +746,7 @@ fn best_fit_agrees_with_a_walk_over_every_block() {
             );
         }
         a.check().unwrap();
+        assert_eq!(a.best_fit(0, PAGE), None);
     }
+    assert_eq!(arena(0x1000, 0x1000 + 4 * PAGE).best_fit(0, PAGE), None);
 }

@@ -22,7 +22,10 @@
 //! out, so no thread works for others for long; the gate, held across the
 //! calls, makes purges one at a time and lets `fork` take it before the
 //! state's lock, so that no run is in flight in a child (one that waits
-//! is given back by the child itself). A run out of its arena is no fit
+//! is given back by the child itself). A thread whose own section took
+//! runs out still waits at the gate for another thread's batch (a thread
+//! that takes none out waits for nothing): the wait moved from every large
+//! request to those that give memory back. A run out of its arena is no fit
 //! for an allocation: one that finds no fit anywhere, and `malloc_trim`,
 //! give back every run that waits and wait for any in flight before they
 //! go on. Past [`OUT_SLOTS`] runs out at once, a purge gives pages back

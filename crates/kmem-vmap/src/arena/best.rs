@@ -16,9 +16,13 @@ impl<P: PageSource> VmapArena<P> {
     /// fits. The same block as a walk over [`free_blocks`](Self::free_blocks)
     /// that keeps the best, but the tree's subtrees whose largest block is
     /// smaller than `size` are never entered: the blocks visited are those
-    /// large enough and the path to them.
+    /// large enough and the path to them. A `size` of 0 fits nowhere
+    /// (`alloc` refuses it too).
     pub fn best_fit(&self, size: u64, align: u64) -> Option<(u64, u64)> {
         debug_assert!(align.is_power_of_two());
+        if size == 0 {
+            return None;
+        }
         let mut best: Option<(u64, u64, u64)> = None;
         let mut consider = |start: u64, end: u64| {
             let fits = start
@@ -59,9 +63,13 @@ impl<P: PageSource> VmapArena<P> {
                 consider(n.start(), n.end());
             }
             for c in [n.left(), n.right()] {
-                if c.max_or_0() >= size && sp < DEPTH {
-                    stack[sp] = c;
-                    sp += 1;
+                // (A null child's max reads 0, below any `size`.)
+                if c.max_or_0() >= size {
+                    debug_assert!(sp < DEPTH, "a tree deeper than any of 2^64 bytes");
+                    if sp < DEPTH {
+                        stack[sp] = c;
+                        sp += 1;
+                    }
                 }
             }
         }

@@ -301,7 +301,7 @@ fn tls_slot_aliasing(lib: &std::path::Path) -> Option<String> {
     let text = String::from_utf8_lossy(&o.stdout);
     let slot = text
         .lines()
-        .find(|l| l.contains("TPOFF64"))
+        .find(|l| l.split_whitespace().nth(2) == Some("R_X86_64_TPOFF64"))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|a| u64::from_str_radix(a, 16).ok())?;
     let at = aliases(slot, kmem_nta::slab::SLAB_HOT_BYTES)?;
